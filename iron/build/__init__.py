@@ -1,0 +1,1 @@
+"""Building: the artifact store, the doit task graph and model bundles."""

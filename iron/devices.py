@@ -1,0 +1,55 @@
+"""Devices: what ``Operator.resolve`` needs to know about where an operator will run.
+
+The numbers for the NPUs come from the devices' documentation (see FACTS.md): npu1
+(Phoenix / Hawk Point, AIE2) has 4 usable columns, npu2 (Strix / Krackan, AIE2P) has 8; each
+compute tile has 64 KiB of data memory; each column's shim tile has two DMA channels into the
+array and two out of it.  On the host CPU a "column" is a worker thread, so its column count is
+the number of cores, and its local memory is a core's L2 cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import DeviceError
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device kind, as the legality rules and the default tunables see it."""
+
+    name: str
+    kind: str  # "cpu" or "npu": selects the target that compiles and runs
+    columns: int  # usable AIE columns; on the cpu, worker threads
+    tile_memory: int  # bytes of data memory per compute tile (cpu: L2 per core)
+    shim_channels: int  # DMA channels per column and direction (host -> array, array -> host)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _cpu() -> Device:
+    return Device("cpu", "cpu", columns=os.cpu_count() or 1, tile_memory=512 * 1024,
+                  shim_channels=1 << 30)
+
+
+_NPUS = {
+    "npu1": Device("npu1", "npu", columns=4, tile_memory=64 * 1024, shim_channels=2),
+    "npu2": Device("npu2", "npu", columns=8, tile_memory=64 * 1024, shim_channels=2),
+}
+
+DEVICE_NAMES = ("cpu", *_NPUS)
+
+
+def device(name: str | Device | None = None) -> Device:
+    """The device called ``name``; ``None`` means ``$IRON_DEVICE``, else the host ``cpu``."""
+    if isinstance(name, Device):
+        return name
+    if name is None:
+        name = os.environ.get("IRON_DEVICE") or "cpu"
+    if name == "cpu":
+        return _cpu()
+    if name in _NPUS:
+        return _NPUS[name]
+    raise DeviceError(f"unknown device {name!r}: iron knows {', '.join(DEVICE_NAMES)}")

@@ -1,0 +1,292 @@
+"""Graphs and programs: a graph's ``body`` is recorded into a program of resolved steps.
+
+Recording runs ``body`` on symbolic tensors.  Each ``Op.step(...)`` inside it takes its shape
+params from the inputs, its semantic params from the call, and each tunable from the call, else
+the graph's profile, else ``Operator.resolve`` (see ``iron.profile``).  The result, a
+``Program``, lists the resolved operator instances in order; a target compiles and runs it, and
+``Program.reference`` evaluates it with every operator's numpy maths.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .devices import Device, device as get_device
+from .errors import FieldError, ShapeError
+from .operator import Operator
+from .profile import Profile, as_profile
+from .tensor import Tensor, TensorSpec, bfloat16, dtype_by_name
+
+_recording: contextvars.ContextVar[Recording] = contextvars.ContextVar("iron_recording")
+
+
+def current_recording() -> Recording:
+    try:
+        return _recording.get()
+    except LookupError:
+        raise ShapeError("Op.step(...) records a step of a graph: call it inside a Graph's body, "
+                         "while the graph is recorded or run") from None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One resolved operator instance and the tensors (by index) it reads and writes."""
+
+    op: Operator
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass
+class Program:
+    """A recorded graph: its tensors, its steps in order, its inputs and outputs."""
+
+    device: Device
+    tensors: list[Tensor]
+    steps: list[Step]
+    inputs: list[int]
+    outputs: list[int]
+
+    @property
+    def ops(self) -> list[Operator]:
+        return [s.op for s in self.steps]
+
+    def named(self, kind: str) -> dict[str, Tensor]:
+        return {t.name: t for t in self.tensors if t.kind == kind}
+
+    def reference(self, args: Sequence[np.ndarray], weights: Mapping[str, np.ndarray] = {},
+                  state: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run every step's numpy reference maths, rounding each output to its dtype once.
+
+        ``state`` (name -> array) is read and updated in place, so a caller can carry a KV
+        cache across calls; missing state starts at zero.
+        """
+        env: dict[int, np.ndarray] = {}
+        state = {} if state is None else state
+        for t, a in zip((self.tensors[i] for i in self.inputs), args):
+            env[t.index] = upcast(np.asarray(a))
+        for t in self.tensors:
+            if t.kind == "weight":
+                if t.name not in weights:
+                    raise ShapeError(f"weight {t.name!r} {t.shape} is not bound")
+                env[t.index] = upcast(np.asarray(weights[t.name]))
+            elif t.kind == "state":
+                env[t.index] = upcast(state.get(t.name, np.zeros(t.shape, t.dtype)))
+        for s in self.steps:
+            result = s.op.reference(*(env[i] for i in s.inputs))
+            result = result if isinstance(result, tuple) else (result,)
+            for i, r in zip(s.outputs, result):
+                env[i] = upcast(np.asarray(r).astype(self.tensors[i].dtype))
+        for t in self.tensors:
+            if t.kind == "state":
+                state[t.name] = env[t.index].astype(t.dtype)
+        return [env[i].astype(self.tensors[i].dtype) for i in self.outputs]
+
+    def to_json(self) -> dict[str, Any]:
+        """The program as data: what a bundle stores, from which ``from_json`` rebuilds it."""
+        return {"device": self.device.name,
+                "tensors": [t.spec() for t in self.tensors],
+                "steps": [{"operator": type(s.op).__name__, "fields": s.op.config(),
+                           "inputs": list(s.inputs), "outputs": list(s.outputs)}
+                          for s in self.steps],
+                "inputs": self.inputs, "outputs": self.outputs}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Program:
+        tensors = [Tensor(i, tuple(t["shape"]), dtype_by_name(t["dtype"]), t["kind"], t["name"])
+                   for i, t in enumerate(doc["tensors"])]
+        steps = [Step(Operator.registry[s["operator"]](**s["fields"]), tuple(s["inputs"]),
+                      tuple(s["outputs"])) for s in doc["steps"]]
+        return cls(get_device(doc["device"]), tensors, steps, list(doc["inputs"]),
+                   list(doc["outputs"]))
+
+
+def upcast(a: np.ndarray) -> np.ndarray:
+    """Reference maths runs in float32; integer tensors (tokens, positions) stay integers."""
+    return a if a.dtype.kind in "iu" else a.astype(np.float32)
+
+
+class Recording:
+    """The program under construction while a graph's body runs."""
+
+    def __init__(self, dev: Device, profile: Profile):
+        self.device = dev
+        self.profile = profile
+        self.tensors: list[Tensor] = []
+        self.steps: list[Step] = []
+        self.by_name: dict[str, Tensor] = {}
+
+    def tensor(self, shape: tuple[int, ...], dtype: Any, kind: str = "temp",
+               name: str | None = None) -> Tensor:
+        if name is not None:
+            known = self.by_name.get(name)
+            if known is not None:
+                if (known.shape, np.dtype(known.dtype), known.kind) != (
+                        tuple(shape), np.dtype(dtype), kind):
+                    raise ShapeError(f"{kind} {name!r} declared twice with different shapes: "
+                                     f"{known} and {tuple(shape)}")
+                return known
+        t = Tensor(len(self.tensors), tuple(int(n) for n in shape), dtype, kind, name)
+        self.tensors.append(t)
+        if name is not None:
+            self.by_name[name] = t
+        return t
+
+    def add_step(self, cls: type[Operator], inputs: tuple[Tensor, ...],
+                 fields: Mapping[str, Any]) -> Tensor | tuple[Tensor, ...]:
+        where = f"{cls.__name__}.step"
+        cls.check_field_names(fields, where)
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Tensor) or self.tensors[t.index] is not t:
+                raise ShapeError(f"{where}: input {i} is a {type(t).__name__}, not a tensor of "
+                                 "this graph; pass the body's arguments or earlier steps' outputs")
+        shape = cls.shape_params(*inputs)
+        for name, value in fields.items():
+            if name in shape and shape[name] != value:
+                raise FieldError(f"{where}: {name}={value!r} disagrees with the inputs, which "
+                                 f"give {name}={shape[name]!r}")
+        try:
+            op = cls(**{**fields, **shape})
+        except TypeError as e:
+            raise FieldError(f"{where}: {e}; its params are {', '.join(cls.params())}") from None
+        op.signature(*inputs)  # shape errors before any tunable is looked at
+        call = {n for n in cls.tunables() if fields.get(n) is not None}
+        sources = {n: "the call" for n in call}
+        chosen = {}
+        for name, (value, entry) in self.profile.lookup(op).items():
+            if name not in call:
+                chosen[name] = value
+                sources[name] = entry.describe()
+        op = dataclasses.replace(op, **chosen).resolve(self.device, sources)
+        outputs = []
+        for i, (shape_, dtype) in enumerate(op.signature(*inputs)):
+            alias = cls.inplace.get(i)
+            outputs.append(inputs[alias] if alias is not None else self.tensor(shape_, dtype))
+        self.steps.append(Step(op, tuple(t.index for t in inputs),
+                               tuple(t.index for t in outputs)))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+class Graph:
+    """A model: subclass it and write ``body``, calling operators' ``step``.
+
+    A graph is bound to a device (``iron.device()`` unless told otherwise) and may carry a
+    profile (a ``Profile``, a JSON file, or a folder holding ``<device>.json``) and named
+    weights (``graph.weights``) that ``self.weight(...)`` tensors in ``body`` read.
+    """
+
+    def __init__(self, device: Device | str | None = None, profile: Any = None):
+        self.device = get_device(device)
+        self.profile = profile
+        self.weights: dict[str, np.ndarray] = {}
+
+    def body(self, *inputs: Tensor) -> Tensor | tuple[Tensor, ...]:
+        raise NotImplementedError(f"{type(self).__name__} must define body()")
+
+    # ---- state that survives a subclass forgetting super().__init__() ------------------------
+
+    @property
+    def device(self) -> Device:
+        return self.__dict__.get("_device") or get_device()
+
+    @device.setter
+    def device(self, value: Device | str | None) -> None:
+        self.__dict__["_device"] = get_device(value)
+
+    @property
+    def profile(self) -> Any:
+        return self.__dict__.get("_profile")
+
+    @profile.setter
+    def profile(self, value: Any) -> None:
+        if isinstance(value, (str, os.PathLike)) and not os.path.exists(value):
+            raise FileNotFoundError(f"profile {os.fspath(value)!r} does not exist")
+        if isinstance(value, (str, os.PathLike)) and os.path.isfile(value):
+            Profile.load(value)  # report a malformed file at assignment, not at first run
+        self.__dict__["_profile"] = value
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        return self.__dict__.setdefault("_weights", {})
+
+    @weights.setter
+    def weights(self, value: Mapping[str, np.ndarray]) -> None:
+        self.__dict__["_weights"] = dict(value)
+
+    # ---- declarations inside body --------------------------------------------------------
+
+    def weight(self, name: str, shape: tuple[int, ...], dtype: Any = bfloat16) -> Tensor:
+        """A named tensor bound once, from ``graph.weights`` or a bundle (model parameters)."""
+        return current_recording().tensor(shape, dtype, "weight", name)
+
+    def state(self, name: str, shape: tuple[int, ...], dtype: Any = bfloat16) -> Tensor:
+        """A named tensor that persists across calls, starting at zero (e.g. a KV cache)."""
+        return current_recording().tensor(shape, dtype, "state", name)
+
+    # ---- recording and running -----------------------------------------------------------
+
+    def record(self, *shapes: Any, **named_shapes: Any) -> Program:
+        """Record ``body`` at the given input shapes (tuples, or ``iron.spec(shape, dtype)``)."""
+        try:
+            bound = inspect.signature(self.body).bind(*shapes, **named_shapes)
+        except TypeError as e:
+            raise ShapeError(f"{type(self).__name__}.record: {e}") from None
+        rec = Recording(self.device, as_profile(self.profile, self.device.name))
+        token = _recording.set(rec)
+        try:
+            args = {name: rec.tensor(s.shape, s.dtype, "input", name)
+                    for name, s in ((n, as_spec(v)) for n, v in bound.arguments.items())}
+            result = self.body(**args)
+        finally:
+            _recording.reset(token)
+        outputs = result if isinstance(result, tuple) else (result,)
+        for o in outputs:
+            if not isinstance(o, Tensor):
+                raise ShapeError(f"{type(self).__name__}.body must return tensors, got {o!r}")
+        return Program(self.device, rec.tensors, rec.steps,
+                       [t.index for t in args.values()], [o.index for o in outputs])
+
+    def record_like(self, arrays: Sequence[np.ndarray]) -> Program:
+        return self.record(*(TensorSpec(tuple(np.shape(a)), np.asarray(a).dtype) for a in arrays))
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Record, resolve, compile what is missing (cached) and run on the bound device."""
+        from .targets import executable_for
+
+        arrays = tuple(np.asarray(a) for a in arrays)
+        key = (self.device.name, profile_key(self.profile, self.device),
+               tuple((a.shape, a.dtype.str) for a in arrays))
+        cache = self.__dict__.setdefault("_executables", {})
+        exe = cache.get(key)
+        if exe is None:
+            exe = cache[key] = executable_for(self.record_like(arrays))
+            exe.bind_weights(self.weights)
+        outputs = exe.run(arrays)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def reference(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """The same steps under the same profile, computed with numpy reference maths."""
+        outputs = self.record_like(arrays).reference(arrays, self.weights)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def as_spec(value: Any) -> TensorSpec:
+    if isinstance(value, TensorSpec):
+        return value
+    if isinstance(value, int):
+        return TensorSpec((value,))
+    if isinstance(value, (tuple, list)) and all(isinstance(n, int) for n in value):
+        return TensorSpec(tuple(value))
+    raise ShapeError(f"an input shape is a tuple of ints or iron.spec(shape, dtype), got {value!r}")
+
+
+def profile_key(profile: Any, dev: Device) -> str:
+    """The profile's current content: an edited profile file makes the graph record again."""
+    return as_profile(profile, dev.name).dumps()

@@ -1,0 +1,143 @@
+/* iron_cpu.h: helpers shared by the cpu kernels of iron.
+ *
+ * Every kernel is compiled once per resolved operator instance with its shape parameters and
+ * tunables baked in as integer macros IRON_<FIELD>; float parameters arrive as the IEEE-754
+ * float32 bit pattern IRON_<FIELD>_BITS and are read with iron_f32_from_bits().
+ *
+ * Numerics: bf16 inputs are widened to float32 (exact), all arithmetic is float32, and each
+ * output element is rounded to bf16 once, round-to-nearest-even (NaN stays a quiet NaN).
+ *
+ * Only AVX2 + FMA intrinsics are used, so the kernels run on any x86-64-v3 machine.
+ */
+#ifndef IRON_CPU_H
+#define IRON_CPU_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The one symbol each kernel .so exports: inputs in order, then outputs in order. */
+void iron_kernel(void *const *args);
+
+/* ---- scalars ---------------------------------------------------------------------------- */
+
+static inline float iron_f32_from_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float iron_bf16_to_f32(uint16_t h) {
+    return iron_f32_from_bits((uint32_t)h << 16);
+}
+
+/* Round-to-nearest-even; NaN -> quiet NaN of the same sign. Branch-free so loops vectorise. */
+static inline uint16_t iron_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : rounded;
+    return (uint16_t)(r >> 16);
+}
+
+/* ---- AVX2, 8 lanes ---------------------------------------------------------------------- */
+
+/* 8 bf16 -> 8 float32: zero-extend u16 to u32, shift left 16. */
+static inline __m256 iron_load8_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* 8 float32 -> 8 bf16, the same rounding as iron_f32_to_bf16. */
+static inline void iron_store8_bf16(uint16_t *p, __m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_srli_epi32(_mm256_blendv_epi8(r, qnan, isnan), 16);
+    /* packus works per 128-bit lane: [r0..r3 r0..r3 | r4..r7 r4..r7]; keep qwords 0 and 2 */
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
+static inline float iron_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float iron_hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- small vector routines over n elements (any n) -------------------------------------- */
+
+/* sum_i a[i] * b[i], a in bf16, b in float32. */
+static inline float iron_dot_bf16_f32(const uint16_t *a, const float *b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(iron_load8_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(iron_load8_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(iron_load8_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
+    float s = iron_hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += iron_bf16_to_f32(a[i]) * b[i];
+    return s;
+}
+
+/* acc[i] = acc[i] * scale + p * v[i], v in bf16. */
+static inline void iron_scale_axpy_bf16(float *acc, float scale, float p, const uint16_t *v,
+                                        int n) {
+    __m256 vs = _mm256_set1_ps(scale), vp = _mm256_set1_ps(p);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + i), vs);
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vp, iron_load8_bf16(v + i), a));
+    }
+    for (; i < n; i++) acc[i] = acc[i] * scale + p * iron_bf16_to_f32(v[i]);
+}
+
+/* sum_i x[i]^2, x in bf16. */
+static inline float iron_sumsq_bf16(const uint16_t *x, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = iron_load8_bf16(x + i), b = iron_load8_bf16(x + i + 8);
+        acc0 = _mm256_fmadd_ps(a, a, acc0);
+        acc1 = _mm256_fmadd_ps(b, b, acc1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = iron_load8_bf16(x + i);
+        acc0 = _mm256_fmadd_ps(a, a, acc0);
+    }
+    float s = iron_hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) {
+        float v = iron_bf16_to_f32(x[i]);
+        s += v * v;
+    }
+    return s;
+}
+
+/* max_i x[i], x in bf16, n >= 1. */
+static inline float iron_max_bf16(const uint16_t *x, int n) {
+    float m = iron_bf16_to_f32(x[0]);
+    int i = 0;
+    if (n >= 8) {
+        __m256 acc = iron_load8_bf16(x);
+        for (i = 8; i + 8 <= n; i += 8) acc = _mm256_max_ps(acc, iron_load8_bf16(x + i));
+        m = iron_hmax8(acc);
+    }
+    for (; i < n; i++) m = fmaxf(m, iron_bf16_to_f32(x[i]));
+    return m;
+}
+
+#endif /* IRON_CPU_H */

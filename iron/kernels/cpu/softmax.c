@@ -1,0 +1,49 @@
+/* softmax: out = exp(x - max(x)) / sum(exp(x - max(x))), per row, in float32.
+ *
+ * args: x (ROWS, SIZE) bf16 -> out (ROWS, SIZE) bf16.
+ * macros:
+ *   IRON_ROWS             rows
+ *   IRON_SIZE             row length
+ *   IRON_TILE_SIZE        rows per tile; tiles are the parallel items
+ *   IRON_NUM_AIE_COLUMNS  worker threads
+ * legality (checked in Python): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
+ * The exponentials are kept in a per-thread float32 buffer of SIZE floats (malloc'd when large).
+ */
+#include "iron_cpu.h"
+
+#if !defined(IRON_ROWS) || !defined(IRON_SIZE) || !defined(IRON_TILE_SIZE) \
+    || !defined(IRON_NUM_AIE_COLUMNS)
+#error "softmax.c needs IRON_ROWS, IRON_SIZE, IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
+#endif
+
+/* one row: e[] holds exp(x - max) until the sum is known */
+static void softmax_row(const uint16_t *x, uint16_t *out, float *e) {
+    const float m = iron_max_bf16(x, IRON_SIZE);
+    float s = 0.0f;
+    for (long i = 0; i < IRON_SIZE; i++) {
+        e[i] = expf(iron_bf16_to_f32(x[i]) - m);
+        s += e[i];
+    }
+    const float inv = 1.0f / s;
+    for (long i = 0; i < IRON_SIZE; i++) out[i] = iron_f32_to_bf16(e[i] * inv);
+}
+
+void iron_kernel(void *const *args) {
+    const uint16_t *x = args[0];
+    uint16_t *out = args[1];
+
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
+        if (IRON_NUM_AIE_COLUMNS > 1)
+    for (long t = 0; t < IRON_ROWS / IRON_TILE_SIZE; t++) {
+#if IRON_SIZE <= 16384
+        float e[IRON_SIZE];
+#else
+        float *e = malloc(sizeof(float) * IRON_SIZE);
+#endif
+        for (long r = t * IRON_TILE_SIZE; r < (t + 1) * IRON_TILE_SIZE; r++)
+            softmax_row(x + r * IRON_SIZE, out + r * IRON_SIZE, e);
+#if IRON_SIZE > 16384
+        free(e);
+#endif
+    }
+}

@@ -1,0 +1,36 @@
+/* swiglu: out[r, i] = silu(x[r, i]) * x[r, SIZE + i]  (gate half first, then the up half).
+ *
+ * args: x (ROWS, 2 * SIZE) bf16 -> out (ROWS, SIZE) bf16.
+ * macros:
+ *   IRON_ROWS             rows (tokens; 1 in decode)
+ *   IRON_SIZE             output columns (half the input width)
+ *   IRON_TILE_SIZE        columns per tile; tiles of the SIZE dimension are the parallel items
+ *   IRON_NUM_AIE_COLUMNS  worker threads
+ *   IRON_NUM_CHANNELS     NPU DMA channels per column; accepted and ignored on the cpu
+ * legality (checked in Python): SIZE % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
+ */
+#include "iron_cpu.h"
+
+#if !defined(IRON_ROWS) || !defined(IRON_SIZE) || !defined(IRON_TILE_SIZE) \
+    || !defined(IRON_NUM_AIE_COLUMNS)
+#error "swiglu.c needs IRON_ROWS, IRON_SIZE, IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
+#endif
+
+void iron_kernel(void *const *args) {
+    const uint16_t *x = args[0];
+    uint16_t *out = args[1];
+
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
+        if (IRON_NUM_AIE_COLUMNS > 1)
+    for (long t = 0; t < IRON_SIZE / IRON_TILE_SIZE; t++) {
+        for (long r = 0; r < IRON_ROWS; r++) {
+            const uint16_t *gate = x + r * 2L * IRON_SIZE;
+            const uint16_t *up = gate + IRON_SIZE;
+            uint16_t *o = out + r * (long)IRON_SIZE;
+            for (long i = t * IRON_TILE_SIZE; i < (t + 1) * IRON_TILE_SIZE; i++) {
+                float g = iron_bf16_to_f32(gate[i]);
+                o[i] = iron_f32_to_bf16(g / (1.0f + expf(-g)) * iron_bf16_to_f32(up[i]));
+            }
+        }
+    }
+}

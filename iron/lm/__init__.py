@@ -1,0 +1,1 @@
+"""The Llama application: checkpoints, GGUF import, decoder graphs and generation."""

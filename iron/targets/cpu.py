@@ -1,0 +1,253 @@
+"""The cpu target: every resolved instance becomes a shared library, called through the C ABI.
+
+Each operator's kernel ``iron/kernels/cpu/<kernel>.c`` is compiled once per resolved instance
+with its params and tunables baked in as ``-DIRON_<FIELD>=<int>`` constants, ``-O3
+-march=native`` and OpenMP threads for ``num_aie_columns``.  Every library exports
+``void iron_kernel(void *const *args)`` taking its inputs then its outputs.  A program runs
+through ``runtime.c``'s ``iron_exec``: one ctypes call walks the whole list of steps, so the
+Python cost of a call does not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..build.store import Entry, Store, artifact_key
+from ..errors import CompileError, DeviceError, ShapeError
+from ..graph import Program
+from ..operator import Operator
+from ..paths import KERNELS_DIR
+
+RECIPE_VERSION = 1
+SOURCE_DIR = KERNELS_DIR / "cpu"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+LIBRARY = "kernel.so"
+
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> tuple[str, str]:
+    """The C compiler (``$CC`` or ``cc``) and its identity: path, version and target."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        raise DeviceError("the cpu target needs a C compiler: none found as $CC or cc on PATH "
+                          "(install gcc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    machine = subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True).stdout
+    return cc, f"{os.path.realpath(cc)} | {version.splitlines()[0]} | {machine.strip()}"
+
+
+@functools.lru_cache(maxsize=None)
+def host_identity() -> str:
+    """What ``-march=native`` depends on: the host CPU's model and feature flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    fields = dict(re.findall(r"^(model name|flags)\s*:\s*(.*)$", info, re.M))
+    return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
+
+
+def source_closure(source: Path) -> dict[str, str]:
+    """The sha256 of a kernel source and of every local header it includes, by file name."""
+    digests, todo = {}, [source]
+    while todo:
+        path = todo.pop()
+        if path.name in digests:
+            continue
+        text = path.read_bytes()
+        digests[path.name] = hashlib.sha256(text).hexdigest()
+        for name in re.findall(rb'^\s*#\s*include\s*"([^"]+)"', text, re.M):
+            todo.append(path.parent / name.decode())
+    return dict(sorted(digests.items()))
+
+
+def kernel_source(kernel: str) -> Path:
+    path = SOURCE_DIR / f"{kernel}.c"
+    if not path.is_file():
+        raise CompileError(f"no cpu kernel {path}")
+    return path
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that goes into one compiled library, and the key it hashes to."""
+
+    name: str  # the kernel's name, e.g. "gemv"; "runtime" for the executor
+    macros: tuple[tuple[str, int], ...]
+    description: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return artifact_key(self.description)
+
+
+def recipe_for(op: Operator | None) -> Recipe:
+    """The recipe of an operator instance (or, for ``None``, of the program executor)."""
+    name = "runtime" if op is None else op.kernel
+    macros = tuple(sorted(({} if op is None else op.kernel_macros()).items()))
+    for macro, value in macros:
+        if type(value) is not int or not re.fullmatch(r"IRON_[A-Z0-9_]+", macro):
+            raise CompileError(f"refusing to pass {macro}={value!r} to the compiler: only "
+                               "IRON_* integer constants are allowed")
+    cc, identity = compiler()
+    description = {
+        "recipe": RECIPE_VERSION, "target": "cpu", "kernel": name,
+        "operator": None if op is None else type(op).__name__,
+        "fields": None if op is None else op.config(),
+        "sources": source_closure(kernel_source(name)),
+        "compiler": identity, "host": host_identity(), "flags": list(FLAGS),
+        "macros": dict(macros),
+    }
+    return Recipe(name, macros, description)
+
+
+def compile_recipe(recipe: Recipe, store: Store | None = None) -> Entry:
+    """The store entry of ``recipe``, compiling it if needed; a failure leaves nothing behind."""
+    store = store or Store()
+    cc, _ = compiler()
+
+    def build(folder: Path) -> None:
+        command = [cc, *FLAGS, f"-I{SOURCE_DIR}",
+                   *(f"-D{m}={v}" for m, v in recipe.macros),
+                   str(kernel_source(recipe.name)), "-o", str(folder / LIBRARY)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            what = recipe.description["operator"] or recipe.name
+            raise CompileError(f"compiling {what} {recipe.description['fields'] or ''} failed:\n"
+                               f"$ {' '.join(command)}\n{result.stderr.strip()}")
+
+    return store.get_or_build(recipe.key, recipe.description, build)
+
+
+def compile_op(op: Operator, store: Store | None = None) -> Entry:
+    return compile_recipe(recipe_for(op), store)
+
+
+def compile_all(ops: Sequence[Operator | None], store: Store | None = None,
+                jobs: int | None = None) -> list[Entry]:
+    """Compile the distinct recipes of ``ops`` (in parallel), returning an entry per op."""
+    recipes = [recipe_for(op) for op in ops]
+    distinct = {r.key: r for r in recipes}
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        entries = dict(zip(distinct, pool.map(lambda r: compile_recipe(r, store),
+                                              distinct.values())))
+    return [entries[r.key] for r in recipes]
+
+
+# ---- running ------------------------------------------------------------------------------
+
+KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
+
+
+@functools.lru_cache(maxsize=None)
+def load_library(path: str) -> ctypes.CDLL:
+    return ctypes.CDLL(path)
+
+
+def kernel_address(library: Path) -> int:
+    return ctypes.cast(load_library(str(library)).iron_kernel, ctypes.c_void_p).value
+
+
+class Executable:
+    """A program compiled for the cpu: its buffers are allocated once and reused across calls.
+
+    Weights are bound once (``bind_weights``), state tensors start at zero and persist, inputs
+    are bound per call without a copy when they already have the right dtype and layout.
+    """
+
+    def __init__(self, program: Program, libraries: Sequence[Path], runtime: Path):
+        self.program = program
+        self.buffers: dict[int, np.ndarray] = {}
+        for t in program.tensors:
+            if t.kind in ("temp", "state"):
+                self.buffers[t.index] = np.zeros(t.shape, t.dtype)
+        self._runtime = load_library(str(runtime))
+        self._runtime.iron_exec.restype = None
+        self._runtime.iron_exec_timed.restype = None
+        n = len(program.steps)
+        self._fns = (ctypes.c_void_p * n)(*(kernel_address(p) for p in libraries))
+        self._args = [(ctypes.c_void_p * (len(s.inputs) + len(s.outputs)))()
+                      for s in program.steps]
+        self._arg_table = (ctypes.c_void_p * n)(*(ctypes.addressof(a) for a in self._args))
+        self._slots: dict[int, list[tuple[int, int]]] = {}  # tensor -> (step, arg) slots
+        for i, s in enumerate(program.steps):
+            args = list(s.inputs) + [o for k, o in enumerate(s.outputs)
+                                     if k not in type(s.op).inplace]
+            for j, t in enumerate(args):
+                self._slots.setdefault(t, []).append((i, j))
+        for index, buf in self.buffers.items():
+            self._point(index, buf)
+        self._bound: set[int] = set(self.buffers)
+
+    def _point(self, index: int, array: np.ndarray) -> None:
+        address = array.ctypes.data
+        for i, j in self._slots.get(index, ()):
+            self._args[i][j] = address
+
+    def _conform(self, index: int, array: np.ndarray, what: str) -> np.ndarray:
+        t = self.program.tensors[index]
+        if tuple(array.shape) != t.shape:
+            raise ShapeError(f"{what} has shape {tuple(array.shape)}, the program expects "
+                             f"{t.shape}")
+        return np.ascontiguousarray(array, dtype=t.dtype)
+
+    def bind_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Point the program at its weights (kept alive here; converted once if needed)."""
+        for name, t in self.program.named("weight").items():
+            if name not in weights:
+                raise ShapeError(f"weight {name!r} {t.shape} is not bound")
+            self.buffers[t.index] = self._conform(t.index, weights[name], f"weight {name!r}")
+            self._point(t.index, self.buffers[t.index])
+            self._bound.add(t.index)
+
+    def state(self, name: str) -> np.ndarray:
+        return self.buffers[self.program.named("state")[name].index]
+
+    def reset_state(self) -> None:
+        for t in self.program.named("state").values():
+            self.buffers[t.index][...] = 0
+
+    def _bind_inputs(self, arrays: Sequence[np.ndarray]) -> None:
+        if len(arrays) != len(self.program.inputs):
+            raise ShapeError(f"the program takes {len(self.program.inputs)} inputs, "
+                             f"got {len(arrays)}")
+        for index, a in zip(self.program.inputs, arrays):
+            a = self._conform(index, a, f"input {self.program.tensors[index].name!r}")
+            self.buffers[index] = a
+            self._point(index, a)
+        missing = [t for t in self.program.tensors if t.kind == "weight"
+                   and t.index not in self._bound]
+        if missing:
+            raise ShapeError(f"weight {missing[0].name!r} is not bound; call bind_weights first")
+
+    def run(self, arrays: Sequence[np.ndarray], copy: bool = True) -> list[np.ndarray]:
+        """Run every step once; return the outputs (copies unless ``copy=False``)."""
+        self._bind_inputs(arrays)
+        self._runtime.iron_exec(len(self._args), self._fns, self._arg_table)
+        return [self.buffers[i].copy() if copy else self.buffers[i]
+                for i in self.program.outputs]
+
+    def run_timed(self, arrays: Sequence[np.ndarray], seconds: np.ndarray) -> list[np.ndarray]:
+        """``run``, adding each step's wall time to ``seconds`` (float64, one per step)."""
+        self._bind_inputs(arrays)
+        self._runtime.iron_exec_timed(len(self._args), self._fns, self._arg_table,
+                                      seconds.ctypes.data_as(ctypes.c_void_p))
+        return [self.buffers[i].copy() for i in self.program.outputs]
+
+
+def load(program: Program, store: Store | None = None) -> Executable:
+    """Compile what is missing and return a ready ``Executable``."""
+    *entries, runtime = compile_all([*program.ops, None], store)
+    return Executable(program, [e.file(LIBRARY) for e in entries], runtime.file(LIBRARY))
