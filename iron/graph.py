@@ -241,9 +241,19 @@ class Graph:
         rec = Recording(self.device, as_profile(self.profile, self.device.name))
         token = _recording.set(rec)
         try:
-            args = {name: rec.tensor(s.shape, s.dtype, "input", name)
-                    for name, s in ((n, as_spec(v)) for n, v in bound.arguments.items())}
-            result = self.body(**args)
+            params = inspect.signature(self.body).parameters
+            tensors, call_args, call_kwargs = [], [], {}
+            for name, value in bound.arguments.items():
+                variadic = params[name].kind == inspect.Parameter.VAR_POSITIONAL
+                for i, v in enumerate(value if variadic else (value,)):
+                    s = as_spec(v)
+                    t = rec.tensor(s.shape, s.dtype, "input", f"{name}{i}" if variadic else name)
+                    tensors.append(t)
+                    if variadic or params[name].kind == inspect.Parameter.POSITIONAL_ONLY:
+                        call_args.append(t)
+                    else:
+                        call_kwargs[name] = t
+            result = self.body(*call_args, **call_kwargs)
         finally:
             _recording.reset(token)
         outputs = result if isinstance(result, tuple) else (result,)
@@ -251,7 +261,7 @@ class Graph:
             if not isinstance(o, Tensor):
                 raise ShapeError(f"{type(self).__name__}.body must return tensors, got {o!r}")
         return Program(self.device, rec.tensors, rec.steps,
-                       [t.index for t in args.values()], [o.index for o in outputs])
+                       [t.index for t in tensors], [o.index for o in outputs])
 
     def record_like(self, arrays: Sequence[np.ndarray]) -> Program:
         return self.record(*(TensorSpec(tuple(np.shape(a)), np.asarray(a).dtype) for a in arrays))

@@ -178,7 +178,10 @@ class Operator:
 
     def check(self, dev: Device, sources: Mapping[str, str]) -> None:
         """Raise ``ResolveError`` for the first rule this resolved instance breaks."""
-        for r in self.rules(dev):
+        # a broken rule among values someone chose is reported before one among defaults
+        broken = sorted((r for r in self.rules(dev) if not r.ok),
+                        key=lambda r: any(DEFAULT_SOURCE in sources.get(n, "") for n in r.fields))
+        for r in broken[:1]:
             if not r.ok:
                 named = ", ".join(
                     f"{n}={getattr(self, n)!r} (from {sources.get(n, 'the call')})"

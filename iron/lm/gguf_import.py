@@ -208,11 +208,13 @@ def unpermute_rows(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
     return w.reshape(n_heads, head_dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
-def _field(reader: Any, key: str, default: Any = None, required: bool = True) -> Any:
+def _field(reader: Any, source: str, key: str, default: Any = None,
+           required: bool = True) -> Any:
     f = reader.fields.get(key)
     if f is None:
         if required:
-            raise CheckpointError(f"GGUF metadata key {key!r} is missing")
+            raise CheckpointError(f"{source}: GGUF metadata key {key!r} is missing; "
+                                  "the file is not a complete llama.cpp Llama model")
         return default
     return f.contents()
 
@@ -224,52 +226,57 @@ def _float32_decimal(v: float) -> float:
 
 def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
     """The Llama config from GGUF metadata, plus token ids and the chat template."""
-    arch = _field(reader, "general.architecture")
+    arch = _field(reader, source, "general.architecture")
     if arch != "llama":
         raise CheckpointError(f"{source}: general.architecture = {arch!r}; only 'llama' GGUF "
                               "files convert")
+    def req(key: str) -> Any:
+        return _field(reader, source, key)
+
+    def opt(key: str, default: Any) -> Any:
+        return _field(reader, source, key, default, required=False)
+
     a = "llama."
-    hidden = int(_field(reader, a + "embedding_length"))
-    heads = int(_field(reader, a + "attention.head_count"))
-    kv = int(_field(reader, a + "attention.head_count_kv", heads, required=False))
-    head_dim = int(_field(reader, a + "attention.key_length", hidden // heads, required=False))
-    rope_dims = int(_field(reader, a + "rope.dimension_count", head_dim, required=False))
+    hidden = int(req(a + "embedding_length"))
+    heads = int(req(a + "attention.head_count"))
+    kv = int(opt(a + "attention.head_count_kv", heads))
+    head_dim = int(opt(a + "attention.key_length", hidden // heads))
+    rope_dims = int(opt(a + "rope.dimension_count", head_dim))
     if rope_dims != head_dim:
         raise CheckpointError(f"{source}: rope.dimension_count = {rope_dims} differs from "
                               f"head_dim = {head_dim}; partial RoPE is not supported")
-    if _field(reader, a + "rope.scaling.type", None, required=False) not in (None, "none"):
+    if opt(a + "rope.scaling.type", None) not in (None, "none"):
         raise CheckpointError(f"{source}: rope scaling in GGUF metadata is not supported")
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise CheckpointError(f"{source}: has a rope_freqs tensor (Llama 3.1 rope scaling), "
                               "which this converter does not translate")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    vocab = int(_field(reader, a + "vocab_size", len(tokens), required=False))
+    tokens = req("tokenizer.ggml.tokens")
+    vocab = int(opt(a + "vocab_size", len(tokens)))
+    t = "tokenizer.ggml."
     extra = {
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id", None, required=False),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id", None, required=False),
-        "unk_token_id": _field(reader, "tokenizer.ggml.unknown_token_id", None, required=False),
-        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id", None, required=False),
-        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False,
-                                     required=False)),
-        "chat_template": _field(reader, "tokenizer.chat_template", None, required=False),
+        "bos_token_id": opt(t + "bos_token_id", None),
+        "eos_token_id": opt(t + "eos_token_id", None),
+        "unk_token_id": opt(t + "unknown_token_id", None),
+        "pad_token_id": opt(t + "padding_token_id", None),
+        "add_bos_token": bool(opt(t + "add_bos_token", False)),
+        "chat_template": opt("tokenizer.chat_template", None),
     }
     data = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, a + "feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, a + "block_count")),
+        "intermediate_size": int(req(a + "feed_forward_length")),
+        "num_hidden_layers": int(req(a + "block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
         "head_dim": head_dim,
         "vocab_size": vocab,
-        "rms_norm_eps": _float32_decimal(_field(reader, a + "attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32_decimal(_field(reader, a + "rope.freq_base", 10000.0,
-                                              required=False)),
+        "rms_norm_eps": _float32_decimal(req(a + "attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_decimal(opt(a + "rope.freq_base", 10000.0)),
         "rope_scaling": None,
         "tie_word_embeddings": "output.weight" not in names,
-        "max_position_embeddings": int(_field(reader, a + "context_length")),
+        "max_position_embeddings": int(_field(reader, source, a + "context_length")),
         "bos_token_id": extra["bos_token_id"],
         "eos_token_id": extra["eos_token_id"],
     }
@@ -284,17 +291,17 @@ def build_tokenizer(reader: Any, source: str) -> Any:
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    model = _field(reader, "tokenizer.ggml.model")
+    model = _field(reader, source, "tokenizer.ggml.model")
     if model != "gpt2":
         raise CheckpointError(f"{source}: tokenizer.ggml.model = {model!r}; only 'gpt2' "
                               "(byte-level BPE) tokenizers convert")
-    pre = _field(reader, "tokenizer.ggml.pre", "default", required=False)
+    pre = _field(reader, source, "tokenizer.ggml.pre", "default", required=False)
     if pre != "smollm":
         raise CheckpointError(f"{source}: tokenizer.ggml.pre = {pre!r}; only the 'smollm' "
                               "pre-tokenizer (digits, then GPT-2 byte-level) is implemented")
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
-    types = list(_field(reader, "tokenizer.ggml.token_type"))
-    merges_raw = list(_field(reader, "tokenizer.ggml.merges"))
+    tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, source, "tokenizer.ggml.token_type"))
+    merges_raw = list(_field(reader, source, "tokenizer.ggml.merges", [], required=False))
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise CheckpointError(f"{source}: the GGUF vocabulary has duplicate token strings")
@@ -410,7 +417,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     source = str(gguf_path)
     config, extra = gguf_config(reader, source)
     tokenizer = build_tokenizer(reader, source)
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
     tensors = _convert_tensors(reader, config, source)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,10 @@
  * legality (checked in Python): M % TILE_SIZE_OUTPUT == 0,
  *   TILE_SIZE_OUTPUT % TILE_SIZE_INPUT == 0.
  *
- * Memory-bandwidth bound: x is converted to float32 once per call; W is streamed once, 8 bf16
- * at a time widened to float32 in registers, into TILE_SIZE_INPUT * CHAINS accumulators
- * (CHAINS independent FMA chains per row keep the FMA latency hidden when few rows are
- * blocked together).
+ * Memory-bandwidth bound: x is converted to float32 once per call (stored permuted, see
+ * even8/odd8); W is streamed once, 16 bf16 per 32-byte load widened to float32 in registers
+ * without shuffles, into 2 * UNROLL accumulators per row (at least 4 independent FMA chains
+ * in flight), TILE_SIZE_INPUT rows sharing each load of x.
  */
 #include "iron_cpu.h"
 
@@ -27,34 +27,59 @@ IRON_TILE_SIZE_OUTPUT, IRON_NUM_AIE_COLUMNS"
 #endif
 
 #define TI IRON_TILE_SIZE_INPUT
-#define CHAINS (TI >= 4 ? 1 : 4 / TI)  /* accumulators per row of W */
-#define KSTEP (8 * CHAINS)             /* k advanced per iteration of the main loop */
+#define UNROLL (TI >= 2 ? 1 : 2)  /* 16-element steps per iteration: >= 4 FMA chains */
+#define KSTEP (16 * UNROLL)
+#define K16 (IRON_K / 16 * 16)    /* k below K16 is done 16 at a time, the rest scalar */
+#define KP ((IRON_K + 7) / 8 * 8)   /* row stride of the float32 copy of x (32-byte rows) */
 
-/* TI rows of W (row stride K) times one float32 vector xf; results to out[0], out[1], ... */
-static inline void gemv_block(const uint16_t *w, const float *xf, uint16_t *out) {
-    __m256 acc[TI][CHAINS];
+/* 16 bf16 loaded as 8 u32: the low halves are the even elements, the high halves the odd
+ * ones; widening them needs one shift or one mask, no shuffle. x is stored permuted to
+ * match: within each 16-block, xp = x[0, 2, .., 14], x[1, 3, .., 15]. */
+static inline __m256 even8(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+static inline __m256 odd8(__m256i v) {
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+static void permute_x(const uint16_t *x, float *xp) {
+    for (long k = 0; k < K16; k += 16)
+        for (int i = 0; i < 8; i++) {
+            xp[k + i] = iron_bf16_to_f32(x[k + 2 * i]);
+            xp[k + 8 + i] = iron_bf16_to_f32(x[k + 2 * i + 1]);
+        }
+    for (long k = K16; k < IRON_K; k++) xp[k] = iron_bf16_to_f32(x[k]);
+}
+
+/* TI rows of W (row stride K) times one permuted float32 vector xp -> out[0 .. TI-1] */
+static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out) {
+    __m256 acc[TI][2 * UNROLL];
     for (int t = 0; t < TI; t++)
-        for (int c = 0; c < CHAINS; c++) acc[t][c] = _mm256_setzero_ps();
+        for (int c = 0; c < 2 * UNROLL; c++) acc[t][c] = _mm256_setzero_ps();
     long k = 0;
     for (; k < IRON_K / KSTEP * KSTEP; k += KSTEP) {
-        for (int c = 0; c < CHAINS; c++) {
-            const __m256 xv = _mm256_loadu_ps(xf + k + 8 * c);
+        for (int u = 0; u < UNROLL; u++) {
+            const __m256 xe = _mm256_load_ps(xp + k + 16 * u);
+            const __m256 xo = _mm256_load_ps(xp + k + 16 * u + 8);
             for (int t = 0; t < TI; t++) {
-                const __m256 wv = iron_load8_bf16(w + t * (long)IRON_K + k + 8 * c);
-                acc[t][c] = _mm256_fmadd_ps(wv, xv, acc[t][c]);
+                const __m256i v =
+                    _mm256_loadu_si256((const __m256i *)(w + t * (long)IRON_K + k + 16 * u));
+                acc[t][2 * u] = _mm256_fmadd_ps(even8(v), xe, acc[t][2 * u]);
+                acc[t][2 * u + 1] = _mm256_fmadd_ps(odd8(v), xo, acc[t][2 * u + 1]);
             }
         }
     }
-    for (; k < IRON_K / 8 * 8; k += 8) {
-        const __m256 xv = _mm256_loadu_ps(xf + k);
-        for (int t = 0; t < TI; t++)
-            acc[t][0] = _mm256_fmadd_ps(iron_load8_bf16(w + t * (long)IRON_K + k), xv, acc[t][0]);
+    for (; k < K16; k += 16) { /* only when UNROLL = 2 and K % 32 == 16 */
+        const __m256 xe = _mm256_load_ps(xp + k), xo = _mm256_load_ps(xp + k + 8);
+        for (int t = 0; t < TI; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + t * (long)IRON_K + k));
+            acc[t][0] = _mm256_fmadd_ps(even8(v), xe, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(odd8(v), xo, acc[t][1]);
+        }
     }
     for (int t = 0; t < TI; t++) {
-        for (int c = 1; c < CHAINS; c++) acc[t][0] = _mm256_add_ps(acc[t][0], acc[t][c]);
+        for (int c = 1; c < 2 * UNROLL; c++) acc[t][0] = _mm256_add_ps(acc[t][0], acc[t][c]);
         float s = iron_hsum8(acc[t][0]);
-        for (long kk = IRON_K / 8 * 8; kk < IRON_K; kk++)
-            s += iron_bf16_to_f32(w[t * (long)IRON_K + kk]) * xf[kk];
+        for (long kk = K16; kk < IRON_K; kk++)
+            s += iron_bf16_to_f32(w[t * (long)IRON_K + kk]) * xp[kk];
         out[t] = iron_f32_to_bf16(s);
     }
 }
@@ -64,12 +89,12 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[1];
     uint16_t *out = args[2];
 
-#if IRON_BATCHES * IRON_K <= 65536
-    _Alignas(32) float xf[IRON_BATCHES * IRON_K];
+#if IRON_BATCHES * KP <= 65536
+    _Alignas(32) float xf[IRON_BATCHES * KP];
 #else
-    float *xf = aligned_alloc(32, sizeof(float) * (((long)IRON_BATCHES * IRON_K + 7) / 8 * 8));
+    float *xf = aligned_alloc(32, sizeof(float) * IRON_BATCHES * KP);
 #endif
-    for (long i = 0; i < (long)IRON_BATCHES * IRON_K; i++) xf[i] = iron_bf16_to_f32(x[i]);
+    for (long b = 0; b < IRON_BATCHES; b++) permute_x(x + b * IRON_K, xf + b * KP);
 
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
         if (IRON_NUM_AIE_COLUMNS > 1)
@@ -77,10 +102,10 @@ void iron_kernel(void *const *args) {
         const long m_end = (item + 1) * IRON_TILE_SIZE_OUTPUT;
         for (long m = item * IRON_TILE_SIZE_OUTPUT; m < m_end; m += TI)
             for (long b = 0; b < IRON_BATCHES; b++)
-                gemv_block(W + m * IRON_K, xf + b * IRON_K, out + b * (long)IRON_M + m);
+                gemv_block(W + m * IRON_K, xf + b * KP, out + b * (long)IRON_M + m);
     }
 
-#if IRON_BATCHES * IRON_K > 65536
+#if IRON_BATCHES * KP > 65536
     free(xf);
 #endif
 }

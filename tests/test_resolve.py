@@ -1,0 +1,138 @@
+"""Operator.resolve: defaults per device and the legality rules, whatever the value's source."""
+
+import numpy as np
+import pytest
+
+import iron
+from iron.operators import AXPY, GEMM, GEMV, Attention, RMSNorm
+
+
+class Scaled(iron.Graph):
+    def __init__(self, dev="cpu", **call):
+        super().__init__(dev)
+        self.call = call
+
+    def body(self, x, y):
+        return AXPY.step(x, y, scalar_factor=1.5, **self.call)
+
+
+@pytest.mark.parametrize("dev", ["cpu", "npu1", "npu2"])
+@pytest.mark.parametrize("op", [
+    AXPY(size=2048, scalar_factor=1.5), GEMV(M=1536, K=576), GEMM(M=64, K=576, N=1536),
+    RMSNorm(rows=4, size=576, weighted=True),
+    Attention(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=2048)])
+def test_resolve_fills_every_tunable_legally(dev, op):
+    r = op.resolve(dev)
+    assert all(getattr(r, n) is not None for n in r.tunables())
+    setting = {n: getattr(r, n) for n in r.tunables()}
+    assert setting in r.legal_settings(dev)
+    assert op.tile_size if hasattr(op, "tile_size") and op.tile_size else True
+    assert getattr(op, op.tunables()[0]) is None  # resolve returns a copy
+
+
+def test_npu_defaults_follow_the_column_count():
+    op = AXPY(size=4096, scalar_factor=1.0)
+    assert op.resolve("npu1").num_aie_columns == 4
+    assert op.resolve("npu2").num_aie_columns == 8
+    assert op.resolve("cpu").num_aie_columns == iron.device("cpu").columns
+
+
+def test_record_works_for_every_device():
+    for dev in ("cpu", "npu1", "npu2"):
+        op = Scaled(dev).record(x=(4096,), y=(4096,)).ops[0]
+        assert op.size == 4096 and op.num_aie_columns >= 1
+
+
+def test_too_many_columns_names_instance_field_value_source_and_rule():
+    graph = Scaled("npu2", num_aie_columns=16)
+    with pytest.raises(iron.ResolveError) as e:
+        graph.record(x=(4096,), y=(4096,))
+    message = str(e.value)
+    assert message.startswith("AXPY(size=4096, scalar_factor=1.5) on npu2: num_aie_columns=16 "
+                              "(from the call)")
+    assert "num_aie_columns <= 8" in message
+
+
+def test_tile_that_does_not_divide_names_the_profile_entry():
+    graph = Scaled()
+    graph.profile = iron.Profile().add(AXPY, size=2048, tile_size=1000)
+    with pytest.raises(iron.ResolveError) as e:
+        graph.record(x=(2048,), y=(2048,))
+    message = str(e.value)
+    assert 'tile_size=1000 (from profile entry {"operator": "AXPY", "size": 2048' in message
+    assert "size % (num_aie_columns * tile_size) == 0" in message
+    assert "legal settings include" in message
+
+
+def test_default_source_is_named_when_the_default_cannot_fit():
+    # 16 columns given by the constructor leave no legal default tile for npu1
+    with pytest.raises(iron.ResolveError, match=r"num_aie_columns=16 \(from the constructor\)"):
+        AXPY(size=2048, scalar_factor=1.0, num_aie_columns=16).resolve("npu1")
+    with pytest.raises(iron.ResolveError, match=r"tile_m=7 \(from the default of "
+                       r"Operator.resolve on npu1\).*M % \(tile_m \* 4\) == 0"):
+        GEMM(M=7, K=3, N=5).resolve("npu1")
+
+
+@pytest.mark.parametrize("value", [2.0, "4", 0, -2, True])
+def test_call_with_a_non_integer_tunable_is_rejected(value):
+    with pytest.raises(iron.ResolveError, match=r"num_aie_columns=.* \(from the call\) breaks "
+                       r"the rule: a tunable is a positive integer"):
+        Scaled(num_aie_columns=value).record(x=(2048,), y=(2048,))
+
+
+def test_npu_memory_and_channel_rules():
+    with pytest.raises(iron.ResolveError, match="tile memory"):
+        AXPY(size=65536, scalar_factor=1.0, tile_size=16384, num_aie_columns=1).resolve("npu2")
+    with pytest.raises(iron.ResolveError, match="shim channels"):
+        AXPY(size=4096, scalar_factor=1.0, num_channels=2).resolve("npu2")
+    assert AXPY(size=4096, scalar_factor=1.0, num_channels=1).resolve("npu2")
+
+
+def test_unknown_field_and_missing_param_at_the_call():
+    class Bad(iron.Graph):
+        def body(self, x, y):
+            return AXPY.step(x, y, scalar=1.5)
+
+    with pytest.raises(iron.FieldError, match="AXPY has no field 'scalar'.*scalar_factor"):
+        Bad().record((8,), (8,))
+
+    class Missing(iron.Graph):
+        def body(self, x, y):
+            return AXPY.step(x, y)
+
+    with pytest.raises(iron.FieldError, match="scalar_factor"):
+        Missing().record((8,), (8,))
+
+
+def test_shape_mismatch_is_reported_at_the_step():
+    with pytest.raises(iron.ShapeError, match="input 1 has shape"):
+        Scaled().record(x=(2048,), y=(1024,))
+
+
+def test_step_outside_a_graph_is_an_error():
+    with pytest.raises(iron.ShapeError, match="inside a Graph's body"):
+        AXPY.step(np.zeros(4), np.zeros(4), scalar_factor=1.0)
+
+
+def test_unknown_device():
+    with pytest.raises(iron.DeviceError, match="unknown device 'tpu'"):
+        iron.device("tpu")
+
+
+def test_device_from_environment(monkeypatch):
+    monkeypatch.setenv("IRON_DEVICE", "npu1")
+    assert iron.device().name == "npu1"
+    assert Scaled.__mro__[1]().device.name == "npu1"
+
+
+def test_running_on_an_npu_is_a_clear_error():
+    x = np.ones(4096, iron.bfloat16)
+    with pytest.raises(iron.DeviceError, match="cannot compile or run on npu2"):
+        Scaled("npu2")(x, x)
+
+
+def test_program_fields_are_attributes():
+    program = Scaled().record(x=(1024,), y=(1024,))
+    op = program.ops[0]
+    assert op.size == 1024 and op.scalar_factor == 1.5
+    assert isinstance(op.num_aie_columns, int)

@@ -1,0 +1,108 @@
+"""A small random Llama-3-style checkpoint for tests: every loader feature, a few hundred KB.
+
+``write_tiny_llama(dir, seed)`` writes llama3 rope scaling, an untied ``lm_head``, grouped-query
+attention, two bfloat16 safetensors shards with ``model.safetensors.index.json``, and a real
+``tokenizer.json``: byte-level BPE without merges, where token id ``b`` is byte ``b`` (0..255)
+followed by four special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 260,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    # original_max_position_embeddings 64 puts head_dim 16's eight wavelengths (6.3 .. 19869)
+    # into all three regimes of the llama3 rule: kept (< 16), smoothed, slowed (> 64).
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 512,
+    "bos_token_id": 256,
+    "eos_token_id": [257, 258],
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "torch_dtype": "bfloat16",
+}
+SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|pad|>"]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table used by byte-level BPE."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def write_tokenizer(path: Path) -> None:
+    """Byte-level BPE without merges: id b is byte b; specials follow at 256.."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    table = bytes_to_unicode()
+    vocab = {table[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in SPECIAL_TOKENS])
+    tok.save(str(path))
+
+
+def tiny_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
+    """Random float32 weights in Hugging Face names: N(0, 0.02) matrices, norms near 1."""
+    from iron.lm.checkpoint import LlamaConfig, expected_tensors
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in expected_tensors(LlamaConfig.from_dict(config)).items():
+        if name.endswith("norm.weight"):
+            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+def write_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
+    """Write the tiny checkpoint into ``directory`` (created) and return it."""
+    from safetensors.numpy import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {n: w.astype(ml_dtypes.bfloat16) for n, w in tiny_weights(TINY_CONFIG, seed).items()}
+    shards = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
+    for name, w in weights.items():
+        first = name.startswith(("model.embed_tokens", "model.layers.0."))
+        shards["model-00001-of-00002.safetensors" if first else
+               "model-00002-of-00002.safetensors"][name] = w
+    weight_map = {}
+    for file, tensors in shards.items():
+        save_file(tensors, str(directory / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in tensors})
+    total = sum(w.nbytes for w in weights.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (directory / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
+    write_tokenizer(directory / "tokenizer.json")
+    return directory
