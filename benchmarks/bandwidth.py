@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 _UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_VERBOSE", "GOTOBLAS_MAIN_FREE")
@@ -91,27 +93,65 @@ def l3_cache_bytes() -> int | None:
     return best[1] if best else None
 
 
+def _machine_busy_s() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def measure(threads: int = 2, mib: int = 128, repeats: int = 15, cols: int = 4096) -> dict:
-    """Run the measurement in a fresh interpreter; return everything it found (``gb_s`` is the
-    median-based figure, in 1e9 bytes per second)."""
+    """Run the measurement once in a fresh interpreter; return everything it found (``gb_s`` is
+    the median-based figure, in 1e9 bytes per second; ``other_cores`` is how many cores other
+    processes kept busy meanwhile, None where /proc/stat is missing)."""
     env = {k: v for k, v in os.environ.items() if k not in _UNSET}
     for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[k] = str(threads)
+    busy0, kids0, t0 = _machine_busy_s(), _children_cpu_s(), time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(threads), str(mib), str(repeats), str(cols)],
         env=env, check=True, capture_output=True, text=True,
     )
+    wall, busy1 = time.perf_counter() - t0, _machine_busy_s()
     info = json.loads(out.stdout.strip().splitlines()[-1])
     info.update(threads=threads, mib=mib, repeats=repeats, unset=[k for k in _UNSET if k in os.environ])
+    info["other_cores"] = (None if busy0 is None or busy1 is None else
+                           max(0.0, ((busy1 - busy0) - (_children_cpu_s() - kids0)) / wall))
     l3 = l3_cache_bytes()
     info["l3_bytes"] = l3
     info["fits_in_l3"] = bool(l3 and info["bytes"] <= l3)
     return info
 
 
+def measure_clean(threads: int = 2, mib: int = 128, repeats: int = 15, max_other_cores: float = 0.1,
+                  attempts: int = 5) -> dict:
+    """``measure`` until other processes kept at most ``max_other_cores`` cores busy (up to
+    ``attempts`` times); otherwise the least disturbed attempt, with ``clean`` False."""
+    tries = []
+    for _ in range(max(1, attempts)):
+        info = measure(threads, mib, repeats)
+        tries.append(info)
+        if info["other_cores"] is None or info["other_cores"] <= max_other_cores:
+            info["clean"] = True
+            info["attempts"] = len(tries)
+            return info
+    best = min(tries, key=lambda i: i["other_cores"])
+    best["clean"] = False
+    best["attempts"] = len(tries)
+    return best
+
+
 def streaming_bandwidth(threads: int = 2, mib: int = 128) -> float:
-    """Streaming read bandwidth in GB/s (1e9 bytes/s), median of 15 runs."""
-    return measure(threads, mib)["gb_s"]
+    """Streaming read bandwidth in GB/s (1e9 bytes/s), median of 15 gemv runs, retried (up to 5
+    times) while other processes are busy on the machine."""
+    return measure_clean(threads, mib)["gb_s"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--max-other-cores", type=float, default=0.1)
+    ap.add_argument("--attempts", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    info = measure(a.threads, a.mib, a.repeats)
+    info = measure_clean(a.threads, a.mib, a.repeats, a.max_other_cores, a.attempts)
     if a.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -131,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
           f"best {info['gb_s_best']:.1f})")
     print(f"numpy {info['numpy']}, OpenBLAS kernel {kernel}"
           + (f", threadpoolctl threads {tp[0].get('num_threads')}" if info.get("threadpoolctl") else ", no threadpoolctl"))
+    if not info["clean"]:
+        print(f"note: other processes kept {info['other_cores']:.2f} cores busy during the least disturbed of "
+              f"{info['attempts']} attempts: the figure is low")
     if info["fits_in_l3"]:
         print(f"note: the matrix fits in the reported L3 ({info['l3_bytes'] >> 20} MiB): this may be cache, not DRAM, "
               f"bandwidth; try a larger --mib")

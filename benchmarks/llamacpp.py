@@ -267,6 +267,40 @@ def gguf_for(dtype: str = "F16", downloads: Path | str | None = None, models: Pa
 # llama.cpp
 # --------------------------------------------------------------------------------------------
 
+class CpuAccount:
+    """How many cores other processes kept busy during an interval: the machine's busy time from
+    /proc/stat minus this process's own CPU time (all its threads), over the wall time. Linux
+    only; ``other_cores`` is None elsewhere. A benchmark run with other_cores well above 0 on a
+    2-core machine was disturbed."""
+
+    def __enter__(self) -> "CpuAccount":
+        self.other_cores: float | None = None
+        self._t0, self._busy0, self._self0 = time.perf_counter(), _machine_busy_s(), _self_cpu_s()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self._t0
+        busy1 = _machine_busy_s()
+        if self._busy0 is None or busy1 is None or wall <= 0:
+            return
+        other = (busy1 - self._busy0) - (_self_cpu_s() - self._self0)
+        self.other_cores = max(0.0, other / wall)
+
+
+def _machine_busy_s() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait; no guest
+    except (OSError, ValueError):
+        return None
+
+
+def _self_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (MiB; Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -375,7 +409,8 @@ class LlamaCpp:
         is sampled, so it spans n_new - 1 decode steps although its own ``predicted_per_second``
         divides n_new by it.
         If ``return_ids``, a second, untimed call gets the generated token ids (``token_ids``);
-        ``text`` is the timed call's text.
+        ``text`` is the timed call's text. ``other_cores``: how many cores other processes kept
+        busy during the timed call (see ``CpuAccount``).
         """
         n_prompt = len(prompt_token_ids)
         if n_prompt + n_new > self.n_ctx:
@@ -391,9 +426,10 @@ class LlamaCpp:
                 chunks.append(chunk)
 
         req = self._request(prompt_token_ids, n_new, stream=True)
-        t0 = time.perf_counter()
-        self._server.handle_completions(req, on_chunk)
-        t_end = time.perf_counter()
+        with CpuAccount() as acct:
+            t0 = time.perf_counter()
+            self._server.handle_completions(req, on_chunk)
+            t_end = time.perf_counter()
 
         token_times: list[float] = []
         text_parts: list[str] = []
@@ -418,6 +454,7 @@ class LlamaCpp:
             "n_new": n_new,
             "n_streamed": len(token_times),
             "total_s": t_end - t0,
+            "other_cores": acct.other_cores,
             "text": "".join(text_parts),
             "llama_timings": timings,
             "usage": usage,
@@ -456,23 +493,47 @@ def prompt_ids(llm: LlamaCpp, n: int, text: str = DEFAULT_TEXT) -> list[int]:
 
 
 def bench(dtype: str = "F16", threads: int = 2, prompt_tokens: int = 128, new_tokens: int = 128,
-          repeats: int = 3, prompt_token_ids: list[int] | None = None, n_ctx: int | None = None) -> dict:
-    """Load the SmolLM2 GGUF of ``dtype``, do one untimed warm-up generation, then ``repeats``
-    timed ones; return the median figures plus every run."""
+          repeats: int = 3, prompt_token_ids: list[int] | None = None, n_ctx: int | None = None,
+          max_other_cores: float | None = None, max_attempts: int | None = None) -> dict:
+    """Load the SmolLM2 GGUF of ``dtype``, do one untimed warm-up generation, then timed ones
+    until ``repeats`` of them count; return the median figures plus every counted run.
+
+    With ``max_other_cores`` set, a run during which other processes kept more than that many
+    cores busy does not count (it is listed under ``discarded``), up to ``max_attempts`` runs
+    (default 4 * repeats); if too few runs were clean, the least disturbed ones are used and
+    ``clean`` is False."""
     path = gguf_for(dtype)
     ctx = n_ctx or max(512, prompt_tokens + new_tokens + 16)
+    attempts = max_attempts or (repeats if max_other_cores is None else 4 * repeats)
+    runs: list[dict] = []
+    discarded: list[dict] = []
     with LlamaCpp(path, n_threads=threads, n_ctx=ctx) as llm:
         ids = list(prompt_token_ids) if prompt_token_ids is not None else prompt_ids(llm, prompt_tokens)
         llm.generate(ids, min(new_tokens, 16), return_ids=False)  # warm-up
-        runs = [llm.generate(ids, new_tokens, return_ids=(i == repeats - 1)) for i in range(repeats)]
+        for _ in range(attempts):
+            r = llm.generate(ids, new_tokens, return_ids=False)
+            oc = r.get("other_cores")
+            if max_other_cores is not None and oc is not None and oc > max_other_cores:
+                discarded.append(r)
+            else:
+                runs.append(r)
+            if len(runs) >= repeats:
+                break
+        clean = len(runs) >= repeats
+        if not clean:
+            runs = sorted(runs + discarded, key=lambda r: r.get("other_cores") or 0.0)[:repeats]
+            discarded = [r for r in discarded if r not in runs]
+        token_ids = llm.generated_ids(ids, new_tokens)
         load_s = llm.load_s
-    keys = ["ttft_s", "prefill_tok_s", "decode_tok_s", "llama_prefill_tok_s", "llama_decode_tok_s", "total_s"]
-    med = {k: statistics.median(r[k] for r in runs if k in r) for k in keys if any(k in r for r in runs)}
+    keys = ["ttft_s", "prefill_tok_s", "decode_tok_s", "llama_prefill_tok_s", "llama_decode_tok_s", "total_s",
+            "other_cores"]
+    med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None)
+           for k in keys if any(r.get(k) is not None for r in runs)}
     return {
         "dtype": dtype.upper(), "threads": threads, "prompt_tokens": len(ids), "new_tokens": new_tokens,
         "repeats": repeats, "model_path": str(path), "model_bytes": path.stat().st_size,
-        "load_s": load_s, "median": med, "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in runs],
-        "token_ids": runs[-1].get("token_ids"), "prompt_token_ids": ids, "peak_rss_mib": peak_rss_mib(),
+        "load_s": load_s, "median": med, "clean": clean, "runs": runs, "discarded": discarded,
+        "token_ids": token_ids, "prompt_token_ids": ids, "peak_rss_mib": peak_rss_mib(),
     }
 
 
@@ -483,11 +544,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="F16", choices=["Q4_1", "F16", "BF16", "F32"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-other-cores", type=float, default=None,
+                    help="discard runs during which other processes kept more cores busy than this")
     ap.add_argument("--prompt-ids", type=Path, help="JSON file with a list of prompt token ids")
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     a = ap.parse_args(argv)
     ids = json.loads(a.prompt_ids.read_text()) if a.prompt_ids else None
-    r = bench(a.dtype, a.threads, a.prompt_tokens, a.new_tokens, a.repeats, ids)
+    r = bench(a.dtype, a.threads, a.prompt_tokens, a.new_tokens, a.repeats, ids,
+              max_other_cores=a.max_other_cores)
     if a.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -497,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  time to first token  {m['ttft_s'] * 1e3:8.1f} ms")
     print(f"  prefill              {m['prefill_tok_s']:8.1f} tok/s   (llama.cpp timings: {m.get('llama_prefill_tok_s', float('nan')):.1f})")
     print(f"  decode               {m['decode_tok_s']:8.1f} tok/s   (llama.cpp timings: {m.get('llama_decode_tok_s', float('nan')):.1f})")
-    print(f"  load {r['load_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB")
+    print(f"  load {r['load_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB, other processes kept "
+          f"{m.get('other_cores', float('nan')):.2f} cores busy (median)"
+          + ("" if r["clean"] else f"  [NOT CLEAN: {len(r['discarded'])} disturbed runs discarded]"))
     print(f"  first new ids {r['token_ids'][:12]}")
     return 0
 

@@ -565,3 +565,16 @@ def _check_tensors(directory: Path, config: LlamaConfig,
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise CheckpointError(f"{directory}: {len(problems)} tensor problem(s) against "
                               f"config.json:\n  {listed}{more}")
+
+
+def open_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file as a read-only memory-mapped view, by name."""
+    path = Path(path)
+    start, infos = read_safetensors_header(path)
+    mm = _memmap(path, start)
+    tensors = {}
+    for name, info in infos.items():
+        view = mm[info.begin:info.end].view(SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
+        view.flags.writeable = False
+        tensors[name] = view
+    return tensors

@@ -212,6 +212,17 @@ class Executable:
             self._point(t.index, self.buffers[t.index])
             self._bound.add(t.index)
 
+    def bind_state(self, states: Mapping[str, np.ndarray]) -> None:
+        """Share state buffers (a KV cache) with other programs: they must already fit."""
+        for name, t in self.program.named("state").items():
+            if name in states:
+                array = states[name]
+                if array.shape != t.shape or array.dtype != t.dtype or not array.flags.c_contiguous:
+                    raise ShapeError(f"state {name!r} must be a C-contiguous {t.dtype} array of "
+                                     f"shape {t.shape}")
+                self.buffers[t.index] = array
+                self._point(t.index, array)
+
     def state(self, name: str) -> np.ndarray:
         return self.buffers[self.program.named("state")[name].index]
 

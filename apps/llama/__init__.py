@@ -1,0 +1,58 @@
+"""The Llama application: a decoder over any Llama-architecture checkpoint in Hugging Face
+layout; by default the embedded SmolLM2-135M-Instruct (see iron.lm.gguf_import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from iron.lm.checkpoint import Checkpoint
+
+from .model import kernel_weights, record
+
+#: Prompt rows per prefill call; longer prompts take several chunks, the last one padded.
+PREFILL_CHUNK = 32
+#: KV cache positions a bundle holds, unless the model's own context is shorter.
+DEFAULT_CONTEXT = 2048
+DEFAULT_PROMPT = "Once upon a time, there was a little"
+
+
+class App:
+    name = "llama"
+
+    def __init__(self, checkpoint: str | Path | None = None, context: int | None = None,
+                 chunk: int = PREFILL_CHUNK):
+        if checkpoint is None:
+            from iron.lm.gguf_import import ensure_default_checkpoint
+            from iron.paths import build_dir
+
+            checkpoint = ensure_default_checkpoint(build_dir())
+        self.checkpoint = Checkpoint.open(checkpoint)
+        self.config = self.checkpoint.config
+        limit = self.config.max_position_embeddings
+        self.context = min(int(context or DEFAULT_CONTEXT), limit)
+        self.chunk = int(chunk)
+
+    def programs(self, device, profile) -> dict:
+        return record(self.config, self.context, self.chunk, device, profile)
+
+    def weights(self) -> Iterator[tuple[str, np.ndarray]]:
+        return kernel_weights(self.checkpoint, self.config)
+
+    def files(self) -> dict[str, Path]:
+        return {"tokenizer.json": self.checkpoint.tokenizer_path,
+                "config.json": self.checkpoint.directory / "config.json"}
+
+    def sources(self) -> list[Path]:
+        return sorted(p for p in self.checkpoint.directory.iterdir() if p.is_file())
+
+    def meta(self) -> dict[str, Any]:
+        c = self.config
+        eos = c.eos_token_id
+        return {"context": self.context, "chunk": self.chunk, "vocab_size": c.vocab_size,
+                "hidden_size": c.hidden_size, "bos_token_id": c.bos_token_id,
+                "eos_token_ids": list(eos) if isinstance(eos, tuple) else
+                ([] if eos is None else [eos]),
+                "default_prompt": DEFAULT_PROMPT}

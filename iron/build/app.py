@@ -1,0 +1,51 @@
+"""Applications: what the build graph, the bundler and the tuner need to know about a model.
+
+An application is a package ``apps.<name>`` whose ``App(checkpoint=None, **options)`` class
+provides:
+
+- ``name``: the application's name (``llama``);
+- ``programs(device, profile) -> dict[str, Program]``: its graphs, recorded and resolved;
+- ``weights() -> Iterator[(name, array)]``: every weight the programs bind, in the layout the
+  kernels read (this is where e.g. gate and up projections are stacked);
+- ``files() -> dict[str, Path]``: files the bundle carries as they are (``tokenizer.json``);
+- ``meta() -> dict``: JSON data the runtime needs (model config, special tokens, ...);
+- ``sources() -> list[Path]``: the files the bundle depends on (the checkpoint's).
+
+Profiles live in ``profiles/<app>/<device>.json``; a missing file means "defaults only".
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from ..errors import IronError
+from ..paths import project_root
+from ..profile import Profile
+
+
+def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
+    """The application ``apps.<name>``, opened on ``checkpoint`` (its default when None)."""
+    try:
+        module = importlib.import_module(f"apps.{name}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("apps", f"apps.{name}"):
+            raise
+        raise IronError(f"unknown application {name!r}: no package apps/{name}") from None
+    return module.App(checkpoint, **options)
+
+
+def profiles_dir() -> Path:
+    root = project_root()
+    return (root if root else Path.cwd()) / "profiles"
+
+
+def profile_path(app: str, device: str) -> Path:
+    return profiles_dir() / app / f"{device}.json"
+
+
+def app_profile(app: str, device: str) -> Profile:
+    """The committed profile of ``app`` on ``device``; an empty one if there is none yet."""
+    path = profile_path(app, device)
+    return Profile.load(path) if path.exists() else Profile(device=device)

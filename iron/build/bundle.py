@@ -1,0 +1,149 @@
+"""Model bundles: everything needed to run an application on one device, in one folder.
+
+``build/<app>/<device>/`` holds ``manifest.json`` (the recorded programs, which kernel library
+each step calls, the application's metadata and the hash of every file), ``kernels/*.so`` (the
+compiled instances and the executor), ``weights.safetensors`` (in the layout the kernels read),
+the application's files (``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile
+it was built with).  It runs from any folder, without a compiler.
+
+A bundle is written into a temporary folder beside its destination and swapped into place, so
+an interrupted build leaves the previous bundle intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from ..errors import BundleError
+from ..graph import Program
+from ..profile import Profile
+from ..util import atomic_write_bytes, sha256_file
+from .store import Store
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+
+
+def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None) -> Path:
+    """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``."""
+    from ..targets import cpu
+
+    if device.kind != "cpu":
+        from ..targets import npu
+
+        npu.load(next(iter(app.programs(device, profile).values())))  # refuses clearly
+    out = Path(out)
+    recover(out)
+    programs: dict[str, Program] = app.programs(device, profile)
+    ops = [op for p in programs.values() for op in p.ops]
+    entries = cpu.compile_all([*ops, None], store)
+    libraries = {e.key: e.file(cpu.LIBRARY) for e in entries}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        (tmp / "kernels").mkdir()
+        for key, lib in libraries.items():
+            shutil.copy2(lib, tmp / "kernels" / f"{key}.so")
+        keys = iter(e.key for e in entries)
+        manifest_programs = {}
+        for name, program in programs.items():
+            doc = program.to_json()
+            doc["kernels"] = [f"kernels/{next(keys)}.so" for _ in program.steps]
+            manifest_programs[name] = doc
+        runtime = f"kernels/{next(keys)}.so"
+        save_file(dict(app.weights()), str(tmp / WEIGHTS))
+        for name, src in app.files().items():
+            shutil.copy2(src, tmp / name)
+        (tmp / "profile.json").write_text(profile.dumps())
+        files = {str(p.relative_to(tmp)): sha256_file(p)
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest = {"format": FORMAT, "app": app.name, "device": device.name,
+                    "programs": manifest_programs, "runtime": runtime, "meta": app.meta(),
+                    "files": files}
+        atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        swap_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def swap_into_place(new: Path, out: Path) -> None:
+    old = out.with_name(f".old-{out.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        os.rename(out, old)
+    os.rename(new, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover(out: Path) -> None:
+    """Put back a bundle left aside by a build killed between its two renames."""
+    old = out.with_name(f".old-{out.name}")
+    if not out.exists() and (old / MANIFEST).exists():
+        os.rename(old, out)
+
+
+@dataclass
+class Bundle:
+    """An opened bundle: its manifest, with paths resolved inside its folder."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, verify: bool = False) -> Bundle:
+        """Open a bundle; ``verify`` re-hashes every file (the weights included)."""
+        path = Path(path)
+        recover(path)
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise BundleError(f"{path}: not a bundle (no {MANIFEST}); build one with `doit`")
+        except ValueError as e:
+            raise BundleError(f"{path / MANIFEST}: damaged manifest ({e})") from None
+        if manifest.get("format") != FORMAT:
+            raise BundleError(f"{path}: bundle format {manifest.get('format')!r}, this iron "
+                              f"reads format {FORMAT}; rebuild it")
+        bundle = cls(path, manifest)
+        for name, digest in manifest["files"].items():
+            file = path / name
+            if not file.is_file():
+                raise BundleError(f"{path}: {name} is missing")
+            if (verify or name.endswith(".so")) and sha256_file(file) != digest:
+                raise BundleError(f"{path}: {name} does not match its manifest hash")
+        return bundle
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.manifest["meta"]
+
+    def program(self, name: str) -> Program:
+        return Program.from_json(self.manifest["programs"][name])
+
+    def weights(self) -> dict[str, np.ndarray]:
+        from ..lm.checkpoint import open_safetensors
+
+        return open_safetensors(self.path / WEIGHTS)
+
+    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
+        """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
+        from ..targets.cpu import Executable
+
+        doc = self.manifest["programs"][name]
+        exe = Executable(self.program(name), [self.path / k for k in doc["kernels"]],
+                         self.path / self.manifest["runtime"])
+        exe.bind_weights(self.weights() if weights is None else weights)
+        return exe
+
+    def file(self, name: str) -> Path:
+        return self.path / name

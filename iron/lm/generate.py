@@ -1,0 +1,198 @@
+"""Text generation on a Llama bundle: prefill in chunks, decode token by token, sample.
+
+The bundle holds three programs that share one KV cache: ``prefill`` (a chunk of prompt
+tokens), ``decode`` (one token) and ``head`` (logits of one hidden state).  Each call is one
+ctypes call into the compiled executor, so Python work per token is a few small array writes
+and the sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..build.bundle import Bundle
+from ..errors import IronError
+
+
+def chat_prompt(text: str) -> str:
+    """The ChatML template of SmolLM2-Instruct for a single user turn."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass
+class Sampler:
+    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p sampling."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        logits = logits.astype(np.float32).ravel()
+        if self.temperature <= 0:
+            return int(np.argmax(logits))
+        logits = logits / self.temperature
+        order = np.argsort(-logits)
+        if self.top_k > 0:
+            order = order[: self.top_k]
+        p = np.exp(logits[order] - logits[order[0]])
+        p /= p.sum()
+        if self.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(p), self.top_p)) + 1
+            order, p = order[:keep], p[:keep] / p[:keep].sum()
+        return int(self.rng.choice(order, p=p))
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    time_to_first_token: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first over the time they took (the first comes from prefill)."""
+        n = self.new_tokens - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+                "time_to_first_token_s": self.time_to_first_token,
+                "prefill_tokens_per_s": self.prefill_tokens_per_second,
+                "decode_tokens_per_s": self.decode_tokens_per_second}
+
+
+class LlamaModel:
+    """A loaded Llama bundle: forward passes with a persistent KV cache."""
+
+    def __init__(self, bundle: Bundle | str | Path):
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
+        meta = self.bundle.meta
+        self.context, self.chunk = meta["context"], meta["chunk"]
+        self.eos = set(meta["eos_token_ids"])
+        weights = self.bundle.weights()
+        self.decode_exe = self.bundle.executable("decode", weights)
+        self.prefill_exe = self.bundle.executable("prefill", weights)
+        self.head_exe = self.bundle.executable("head", weights)
+        self.kv = {name: np.zeros(t.shape, t.dtype)
+                   for name, t in self.decode_exe.program.named("state").items()}
+        self.decode_exe.bind_state(self.kv)
+        self.prefill_exe.bind_state(self.kv)
+        self.position = 0
+        self._one = np.zeros(1, np.int32)
+        self._pos = np.zeros(1, np.int32)
+
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.bundle.file("tokenizer.json")))
+
+    def reset(self) -> None:
+        """Forget the conversation: later tokens start at position 0 (old cache rows are
+        overwritten before they are read)."""
+        self.position = 0
+
+    def _check_room(self, n: int) -> None:
+        if self.position + n > self.context:
+            raise IronError(f"{self.position + n} tokens do not fit the bundle's context of "
+                            f"{self.context} positions; shorten the prompt or rebuild with a "
+                            "larger context")
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Run prompt tokens through the model in chunks; return the last one's logits."""
+        self._check_room(len(tokens))
+        hidden = None
+        for start in range(0, len(tokens), self.chunk):
+            part = tokens[start:start + self.chunk]
+            ids = np.zeros(self.chunk, np.int32)  # the last chunk is padded: its extra rows
+            ids[: len(part)] = part  # write cache rows past the prompt, overwritten later
+            pos = np.arange(self.position, self.position + self.chunk, dtype=np.int32)
+            (out,) = self.prefill_exe.run([ids, pos], copy=False)
+            hidden = out[len(part) - 1: len(part)]
+            self.position += len(part)
+        return self.head(hidden)
+
+    def prefill_hidden(self, tokens: list[int]) -> np.ndarray:
+        """Hidden states of every prompt token (for accuracy checks of the prefill path)."""
+        self._check_room(len(tokens))
+        rows = []
+        for start in range(0, len(tokens), self.chunk):
+            part = tokens[start:start + self.chunk]
+            ids = np.zeros(self.chunk, np.int32)
+            ids[: len(part)] = part
+            pos = np.arange(self.position, self.position + self.chunk, dtype=np.int32)
+            rows.append(self.prefill_exe.run([ids, pos])[0][: len(part)])
+            self.position += len(part)
+        return np.concatenate(rows)
+
+    def head(self, hidden: np.ndarray) -> np.ndarray:
+        return self.head_exe.run([hidden], copy=False)[0][0]
+
+    def decode(self, token: int) -> np.ndarray:
+        """Feed one token at the current position; return the next token's logits."""
+        self._check_room(1)
+        self._one[0], self._pos[0] = token, self.position
+        (hidden,) = self.decode_exe.run([self._one, self._pos], copy=False)
+        self.position += 1
+        return self.head(hidden)
+
+    def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler | None = None,
+                 on_token: Callable[[int], None] | None = None) -> tuple[list[int], Stats]:
+        """Generate up to ``max_new_tokens`` after ``prompt``, stopping at an end token."""
+        if not prompt:
+            raise IronError("the prompt is empty: give at least one token")
+        sampler = sampler or Sampler()
+        self._check_room(len(prompt) + max_new_tokens - 1 if max_new_tokens else len(prompt))
+        self.reset()
+        stats = Stats(prompt_tokens=len(prompt))
+        start = time.perf_counter()
+        logits = self.prefill(prompt)
+        stats.prefill_seconds = time.perf_counter() - start
+        out: list[int] = []
+        decode_start = None
+        while len(out) < max_new_tokens:
+            token = sampler(logits)
+            out.append(token)
+            if decode_start is None:
+                decode_start = time.perf_counter()
+                stats.time_to_first_token = decode_start - start
+            if on_token:
+                on_token(token)
+            if token in self.eos or len(out) == max_new_tokens:
+                break
+            logits = self.decode(token)
+        stats.new_tokens = len(out)
+        if decode_start is not None:
+            stats.decode_seconds = time.perf_counter() - decode_start
+        return out, stats
+
+
+class TextStream:
+    """Turns tokens into the text each adds, holding back an incomplete multi-byte character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.tokens, self.shown = tokenizer, [], ""
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.shown = text[len(self.shown):], text
+        return new
