@@ -3,6 +3,7 @@ layout; by default the embedded SmolLM2-135M-Instruct (see iron.lm.gguf_import).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,6 +48,10 @@ class App:
 
     def sources(self) -> list[Path]:
         return sorted(p for p in self.checkpoint.directory.iterdir() if p.is_file())
+
+    def run_command(self, bundle: Path, prompt: str | None = None) -> list[str]:
+        return [sys.executable, "-m", "iron.lm.run", str(bundle),
+                "--prompt", prompt or DEFAULT_PROMPT, "--max-new-tokens", "64"]
 
     def meta(self) -> dict[str, Any]:
         c = self.config

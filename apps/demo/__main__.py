@@ -1,0 +1,26 @@
+"""Run the demo bundle once on a fixed input and check it against the numpy reference:
+``python -m apps.demo BUNDLE``."""
+
+import sys
+
+import numpy as np
+
+import iron
+from iron.build.bundle import Bundle
+
+
+def main(path: str) -> int:
+    bundle = Bundle.open(path)
+    exe = bundle.executable("block")
+    x = np.linspace(-1, 1, bundle.meta["dim"], dtype=np.float32).reshape(1, -1)
+    x = x.astype(iron.bfloat16)
+    (out,) = exe.run([x])
+    (ref,) = bundle.program("block").reference([x], bundle.weights())
+    err = float(np.max(np.abs(out.astype(np.float32) - ref.astype(np.float32))))
+    print(f"demo block: out[:4] = {out[0, :4].astype(np.float32)}, max |out - reference| = "
+          f"{err:.3g}")
+    return 0 if err < 0.05 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

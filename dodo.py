@@ -1,0 +1,42 @@
+"""The build: ``doit`` builds the Llama bundle for the cpu on the embedded checkpoint.
+
+    doit                          # checkpoint, compile every instance, bundle
+    doit generate prompt="Hello"  # ... then generate text (doit reserves the name "run")
+    doit tune                     # rewrite profiles/<app>/<device>.json
+    doit gc                       # drop cache entries nothing references
+    doit device=npu2 app=demo checkpoint=DIR ...   # selections; see iron/build/tasks.py
+"""
+
+from doit import create_after, get_var
+
+from iron.build.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit reads DOIT_CONFIG)
+
+graph = BuildGraph(get_var)
+
+
+def task_checkpoint():
+    return graph.task_checkpoint()
+
+
+@create_after(executed="checkpoint")
+def task_compile():
+    yield from graph.task_compile()
+
+
+@create_after(executed="checkpoint")
+def task_bundle():
+    return graph.task_bundle()
+
+
+@create_after(executed="checkpoint")
+def task_generate():
+    return graph.task_generate()
+
+
+def task_tune():
+    return graph.task_tune()
+
+
+@create_after(executed="checkpoint")
+def task_gc():
+    return graph.task_gc()

@@ -1,0 +1,129 @@
+"""The tuning log: one JSON line per measured candidate, so a tune resumes where it stopped.
+
+A record is keyed by the candidate's artifact key, which already hashes the kernel source, the
+compiler and every field value: a re-run measures only what changed.  Each line is flushed and
+fsynced before the next candidate starts, so killing the tuner loses at most the candidate in
+flight, and a torn last line (a kill mid-write) is ignored on the next load.
+
+Records::
+
+    {"key": ..., "status": "started"}                      about to run this candidate
+    {"key": ..., "status": "ok", "median": s, ...}         measured
+    {"key": ..., "status": "rejected", "reason": ...}      failed to compile, check or finish
+    {"key": ..., "status": "interrupted"}                  the user stopped it mid-measurement
+
+A candidate that was ``started`` twice without a result crashed or hung the tuner twice (a
+kernel that never returns cannot be stopped in-process): the next run rejects it instead of
+trying a third time.  One start is retried, so a kill in the middle of a run costs nothing.
+Records measured by another benchmark ``method`` are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: ``started`` marks left without a result after which a candidate is rejected.
+CRASH_LIMIT = 2
+
+
+@dataclass(frozen=True)
+class Record:
+    """The outcome of one candidate: a time (``median`` seconds per run) or a rejection."""
+
+    key: str
+    status: str  # "ok" or "rejected"
+    operator: str = ""
+    fields: dict[str, Any] = field(default_factory=dict, compare=False)
+    median: float | None = None
+    spread: float | None = None  # interquartile range / median
+    runs: int = 0
+    reason: str = ""
+    method: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"key": self.key, "status": self.status, "method": self.method,
+               "operator": self.operator, "fields": self.fields}
+        if self.ok:
+            doc.update(median=self.median, spread=self.spread, runs=self.runs)
+        else:
+            doc["reason"] = self.reason
+        return doc
+
+
+class TuneLog:
+    """The records of one log file, for one benchmark method; appends are durable."""
+
+    def __init__(self, path: str | os.PathLike, method: str, fresh: bool = False):
+        self.path = Path(path)
+        self.method = method
+        self.records: dict[str, Record] = {}
+        self.starts: dict[str, int] = {}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self.path.write_bytes(b"")
+        elif self.path.exists():
+            self._read()
+        self._file = open(self.path, "ab")
+        if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+            self._file.write(b"\n")  # end a torn last line, so the next record starts clean
+
+    def _read(self) -> None:
+        for line in self.path.read_bytes().splitlines():
+            try:
+                doc = json.loads(line)
+                key, status = doc["key"], doc["status"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line from a kill mid-write
+            if status == "started":
+                self.starts[key] = self.starts.get(key, 0) + 1
+                continue
+            self.starts.pop(key, None)
+            if status not in ("ok", "rejected") or doc.get("method") != self.method:
+                continue
+            self.records[key] = Record(
+                key, status, doc.get("operator", ""), doc.get("fields", {}),
+                doc.get("median"), doc.get("spread"), doc.get("runs", 0),
+                doc.get("reason", ""), self.method)
+
+    def get(self, key: str) -> Record | None:
+        """The logged outcome of ``key``, a rejection if it crashed the tuner twice, or None."""
+        record = self.records.get(key)
+        if record is None and self.starts.get(key, 0) >= CRASH_LIMIT:
+            return Record(key, "rejected", reason=f"crashed or hung the tuner {self.starts[key]} "
+                          "times (started, never finished)", method=self.method)
+        return record
+
+    def start(self, key: str) -> None:
+        self._write({"key": key, "status": "started"})
+        self.starts[key] = self.starts.get(key, 0) + 1
+
+    def interrupted(self, key: str) -> None:
+        self._write({"key": key, "status": "interrupted"})
+        self.starts.pop(key, None)
+
+    def add(self, record: Record) -> None:
+        self._write(record.to_json())
+        self.records[record.key] = record
+        self.starts.pop(record.key, None)
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        self._file.write(json.dumps(doc, sort_keys=True).encode() + b"\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TuneLog:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

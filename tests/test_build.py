@@ -1,0 +1,139 @@
+"""The doit build graph (SPEC §5), run for real with the doit CLI in a temporary copy of the
+project, on the small demo application so each build takes seconds."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project's sources (no build/), importable on its own."""
+    copy = tmp_path / "project"
+    copy.mkdir()
+    for name in ("iron", "apps", "profiles"):
+        if (ROOT / name).exists():
+            shutil.copytree(ROOT / name, copy / name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dodo.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, copy / name)
+    (copy / "profiles" / "demo").mkdir(parents=True, exist_ok=True)
+    return copy
+
+
+def doit(project, *args, check=True, env=None):
+    environment = {**os.environ, "PYTHONPATH": str(project), **(env or {})}
+    environment.pop("IRON_BUILD_DIR", None)
+    environment.pop("IRON_CACHE_DIR", None)
+    result = subprocess.run([sys.executable, "-m", "doit", *args, "app=demo"], cwd=project,
+                            capture_output=True, text=True, env=environment, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def executed(result, prefix="compile:"):
+    """Tasks doit ran (lines '.  name'), as opposed to those up to date ('-- name')."""
+    return sorted(line[3:] for line in result.stdout.splitlines()
+                  if line.startswith(".  ") and line[3:].startswith(prefix))
+
+
+def compile_tasks(result):
+    return sorted(line[3:] for line in result.stdout.splitlines()
+                  if line[3:].startswith("compile:"))
+
+
+def set_profile(project, entries):
+    lines = ",\n  ".join(json.dumps(e) for e in entries)
+    (project / "profiles" / "demo" / "cpu.json").write_text(
+        '{"device": "cpu", "entries": [\n  ' + lines + "\n]}\n")
+
+
+def run_bundle(bundle, env=None):
+    return subprocess.run([sys.executable, "-m", "apps.demo", str(bundle)], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_build_then_noop_then_profile_edit_then_revert(project):
+    first = doit(project)
+    assert len(executed(first)) == 5 and executed(first, "bundle") == ["bundle"]
+    second = doit(project)
+    assert executed(second) == [] and executed(second, "bundle") == []
+    assert len(compile_tasks(second)) == 5
+
+    set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
+    edited = doit(project)
+    moved = executed(edited)
+    assert len(moved) == 1 and moved[0].startswith("compile:GEMV-M512-K256-")
+    assert executed(edited, "bundle") == ["bundle"]
+    bundle = json.loads((project / "build/demo/cpu/profile.json").read_text())
+    assert bundle["entries"][0]["tile_size_output"] == 32
+
+    set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 64,
+                           "tile_size_input": 4, "num_aie_columns": 2}])
+    reverted = doit(project)  # the same tunables as the defaults: the first build's artifacts
+    assert executed(reverted) == []
+    assert compile_tasks(reverted) == compile_tasks(second)
+
+
+def test_kernel_source_edit_recompiles_that_operator_only(project):
+    doit(project)
+    silu = project / "iron/kernels/cpu/silu.c"
+    silu.write_text(silu.read_text() + "\n/* edited */\n")
+    result = doit(project)
+    assert [t.split("-")[0] for t in executed(result)] == ["compile:SiLU"]
+    assert executed(result, "bundle") == ["bundle"]
+
+
+def test_invalid_profile_fails_the_build_and_keeps_the_previous_bundle(project):
+    doit(project)
+    manifest = (project / "build/demo/cpu/manifest.json").read_bytes()
+    set_profile(project, [{"operator": "SiLU", "size": 512, "tile_size": 3}])
+    result = doit(project, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "SiLU(size=512) on cpu: tile_size=3 (from profile entry" in output
+    assert "size % (num_aie_columns * tile_size) == 0" in output
+    assert (project / "build/demo/cpu/manifest.json").read_bytes() == manifest
+    ok = run_bundle(project / "build/demo/cpu",
+                    {**os.environ, "PYTHONPATH": str(project)})
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_bundle_runs_elsewhere_without_a_compiler(project, tmp_path):
+    doit(project)
+    moved = tmp_path / "elsewhere" / "bundle"
+    shutil.copytree(project / "build/demo/cpu", moved)
+    env = {"PATH": str(tmp_path / "no-bin"), "PYTHONPATH": str(project), "HOME": str(tmp_path)}
+    result = run_bundle(moved, env)
+    assert result.returncode == 0, result.stderr
+    assert "max |out - reference| = 0" in result.stdout
+
+
+def test_parallel_build_makes_the_same_bundle(project, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(project, other)
+    doit(project, "-n", "1")
+    doit(other, "-n", "2")
+    a = json.loads((project / "build/demo/cpu/manifest.json").read_text())
+    b = json.loads((other / "build/demo/cpu/manifest.json").read_text())
+    assert a == b
+
+
+def test_gc_removes_unreferenced_entries(project):
+    doit(project)
+    set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
+    doit(project)
+    ops = project / "build/ops"
+    before = set(os.listdir(ops))
+    shutil.rmtree(project / "build/demo/cpu")  # the only bundle gone: only current keys stay
+    result = doit(project, "gc")
+    assert "gc: removed 1 cache entries" in result.stdout
+    assert len(set(os.listdir(ops))) == len(before) - 1
