@@ -33,17 +33,6 @@ def tiny(tmp_path: Path) -> Path:
     return write_tiny_llama(tmp_path / "tiny", seed=1)
 
 
-@pytest.fixture(scope="session")
-def smollm2() -> Path:
-    """The converted embedded checkpoint (converted on first use, reused after)."""
-    try:
-        return gguf_import.ensure_default_checkpoint(REPO / "build")
-    except CheckpointError as e:
-        if "could not download" in str(e):
-            pytest.skip(f"embedded checkpoint unavailable offline: {e}")
-        raise
-
-
 def _rewrite_config(directory: Path, **changes) -> None:
     path = directory / "config.json"
     cfg = json.loads(path.read_text())

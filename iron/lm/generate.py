@@ -108,11 +108,11 @@ class LlamaModel:
         overwritten before they are read)."""
         self.position = 0
 
-    def _check_room(self, n: int) -> None:
+    def _check_room(self, n: int, what: str = "") -> None:
         if self.position + n > self.context:
-            raise IronError(f"{self.position + n} tokens do not fit the bundle's context of "
-                            f"{self.context} positions; shorten the prompt or rebuild with a "
-                            "larger context")
+            raise IronError(f"{what or f'{self.position + n} tokens'} do not fit the bundle's "
+                            f"context of {self.context} positions; shorten the prompt or rebuild "
+                            "the bundle with a larger context (doit context=N)")
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
         """Run prompt tokens through the model in chunks; return the last one's logits."""
@@ -158,7 +158,9 @@ class LlamaModel:
         if not prompt:
             raise IronError("the prompt is empty: give at least one token")
         sampler = sampler or Sampler()
-        self._check_room(len(prompt) + max_new_tokens - 1 if max_new_tokens else len(prompt))
+        self.reset()
+        self._check_room(len(prompt) + max(max_new_tokens - 1, 0),
+                         f"a prompt of {len(prompt)} tokens and {max_new_tokens} new tokens")
         self.reset()
         stats = Stats(prompt_tokens=len(prompt))
         start = time.perf_counter()

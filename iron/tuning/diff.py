@@ -60,8 +60,9 @@ def diff(a: Profile, b: Profile) -> list[Change]:
     return changes
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """``diff A B``: print the changes; exit status 0 when equal, 1 when they differ."""
+    out = out or sys.stdout
     parser = argparse.ArgumentParser(prog="python -m iron.profile",
                                      description="Work with iron profile files.")
     commands = parser.add_subparsers(dest="command", required=True)

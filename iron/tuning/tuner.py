@@ -22,6 +22,7 @@ entry survives.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -97,6 +98,12 @@ def instances(programs: Mapping[str, Program]) -> list[Instance]:
     return list(found.values())
 
 
+def traffic(instance: Instance) -> int:
+    """Bytes the instance reads per call of the application's programs, over all its uses."""
+    return instance.uses * sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize
+                               for s in instance.inputs)
+
+
 def candidates(op: Operator, dev: Device | str) -> list[Operator]:
     """Every legal setting of ``op``'s tunables on ``dev``, as frozen resolved operators."""
     return [dataclasses.replace(op, **s) for s in unset(op).legal_settings(dev)]
@@ -145,7 +152,7 @@ def single_step(instance: Instance, op: Operator, dev: Device) -> Program:
     return program
 
 
-def random_input(op: Operator, index: int, s: InputSpec, rng: np.random.Generator) -> np.ndarray:
+def random_input(op: Operator, s: InputSpec, rng: np.random.Generator) -> np.ndarray:
     """An input of realistic values: in-range tokens and positions, weight-sized numbers."""
     if np.dtype(s.dtype) == np.int32:
         n = s.shape[0] if s.shape else 1
@@ -165,7 +172,7 @@ class _InstanceData:
 
     def __init__(self, instance: Instance, program: Program, cold_bytes: int, max_copies: int):
         rng = np.random.default_rng(0)
-        self.base = [random_input(instance.op, i, s, rng) for i, s in enumerate(instance.inputs)]
+        self.base = [random_input(instance.op, s, rng) for s in instance.inputs]
         self.reference = program.reference(self.base)
         cold = sum(a.nbytes for a, s in zip(self.base, instance.inputs) if s.cold)
         copies = min(max_copies, math.ceil(cold_bytes / cold)) if cold else 1
@@ -242,16 +249,15 @@ class CpuBenchmark:
             problem = mismatch(type(op).__name__, out, ref)
             if problem:
                 return Measurement(error=f"wrong result: {problem}")
-        times = [first]
-        for i in range(self.warmup):
-            times.append(self.run_once(exe, data.rotation[i % len(data.rotation)])[1])
+        copies = itertools.cycle(data.rotation)
+        times = [first] + [self.run_once(exe, next(copies))[1] for _ in range(self.warmup)]
         if max(times) > self.timeout:
             return Measurement(error=f"timeout: a run took {max(times):.3g} s, the limit is "
                                f"{self.timeout:g} s")
         runs = max(self.min_runs, min(self.max_runs, math.ceil(self.min_time / times[-1])))
         times = []
-        for i in range(runs):
-            times.append(self.run_once(exe, data.rotation[i % len(data.rotation)])[1])
+        for _ in range(runs):
+            times.append(self.run_once(exe, next(copies))[1])
             if times[-1] > self.timeout:
                 return Measurement(error=f"timeout: a run took {times[-1]:.3g} s, the limit "
                                    f"is {self.timeout:g} s")
@@ -361,7 +367,8 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     found = instances(app.programs(dev, previous))
     work = [(i, candidates(i.op, dev)) for i in select(found, only)]
     fixed = [i for i, c in work if len(c) <= 1]
-    work = [(i, c) for i, c in work if len(c) > 1]
+    # the instances that move the most bytes per model call first: a budget cut hits the rest
+    work = sorted(((i, c) for i, c in work if len(c) > 1), key=lambda w: -traffic(w[0]))
     total = sum(len(c) for _, c in work)
     log = TuneLog(log_path or default_log_path(app.name, dev), bench.method, fresh)
     logged = sum(log.get(bench.key(op)) is not None for _, c in work for op in c)
@@ -369,9 +376,14 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
           f"({logged} already in {log.path}); {len(fixed)} instances with a single legal "
           f"setting skipped" + (f"; budget {budget:g} s" if budget is not None else ""),
           file=out, flush=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5:
+        print(f"warning: the machine is busy (load average {load:.1f}); other processes "
+              "distort the timings, multi-threaded candidates most", file=out, flush=True)
 
     run = _Run(bench, log, deadline, started, total - logged, out)
     try:
+        work = run.baseline(work)
         outcomes = [run.instance(n, len(work), inst, cands)
                     for n, (inst, cands) in enumerate(work, 1)]
     finally:
@@ -428,20 +440,54 @@ class _Run:
               f"{len(todo)} to measure ({self.eta()})", file=self.out, flush=True)
         compiled: dict[str, str | None] = {}
         if todo and self.time_left():
+            began = time.monotonic()
             compiled = self.bench.compile(todo, self.deadline)
-        best: tuple[float, Operator] | None = None
+            failed = sum(e is not None for e in compiled.values())
+            print(f"    compiled {len(compiled)} in {time.monotonic() - began:.0f} s"
+                  + (f", {failed} failed" if failed else ""), file=self.out, flush=True)
+        best: float | None = None
         for op in order:
-            key = keys[op]
-            record = self.log.get(key)
-            if record is None and key in compiled and compiled[key] is not None:
-                record = self._add(key, op, Measurement(error=compiled[key]))
-            elif record is None and key in compiled and self.time_left():
-                record = self._measure(inst, op, key, best[0] if best else None)
-            if record is not None and record.ok and (best is None or record.median < best[0]):
-                best = (record.median, op)
+            record = self._candidate(inst, op, keys[op], compiled, best)
+            if record is not None and record.ok and (best is None or record.median < best):
+                best = record.median
         return self._outcome(inst, order, keys, cands)
 
-    def _measure(self, inst: Instance, op: Operator, key: str, best: float | None) -> Record:
+    def baseline(self, work: list[tuple[Instance, list[Operator]]]
+                 ) -> list[tuple[Instance, list[Operator]]]:
+        """Measure every instance's setting in use, then order the work by its time share.
+
+        The instances that take the most time (median x uses) are tuned first, so a budget cut
+        falls on those that matter least; each gets its old time for the table of moves.
+        """
+        todo = [i for i, _ in work if self.log.get(self.bench.key(i.current)) is None]
+        if todo and self.time_left():
+            print(f"measuring the setting in use of {len(todo)} instances ({self.eta()})",
+                  file=self.out, flush=True)
+            compiled = self.bench.compile([i.current for i in todo], self.deadline)
+            for inst in todo:
+                self._candidate(inst, inst.current, self.bench.key(inst.current), compiled,
+                                None, label=f"{inst.describe()}: ")
+
+        def share(item: tuple[Instance, list[Operator]]) -> float:
+            record = self.log.get(self.bench.key(item[0].current))
+            return -item[0].uses * (record.median if record is not None and record.ok else 0)
+
+        return sorted(work, key=share)
+
+    def _candidate(self, inst: Instance, op: Operator, key: str,
+                   compiled: Mapping[str, str | None], best: float | None,
+                   label: str = "") -> Record | None:
+        """The logged outcome of ``op``, measuring it if it is compiled and time is left."""
+        record = self.log.get(key)
+        if record is None and key in compiled:
+            if compiled[key] is not None:
+                return self._add(key, op, Measurement(error=compiled[key]))
+            if self.time_left():
+                return self._measure(inst, op, key, best, label)
+        return record
+
+    def _measure(self, inst: Instance, op: Operator, key: str, best: float | None,
+                 label: str = "") -> Record:
         self.log.start(key)
         try:
             m = self.bench.measure(inst, op, best)
@@ -455,7 +501,8 @@ class _Run:
         text = (f"{m.median * 1e6:9.1f} us +-{100 * m.spread:.1f}% ({m.runs} runs)"
                 + ("  best so far" if best is None or m.median < best else "")
                 if record.ok else f"rejected: {m.error.splitlines()[0][:150]}")
-        print(f"    {setting_text(op.tunable_values())}  {text}", file=self.out, flush=True)
+        print(f"    {label}{setting_text(op.tunable_values())}  {text}", file=self.out,
+              flush=True)
         return record
 
     def _add(self, key: str, op: Operator, m: Measurement) -> Record:

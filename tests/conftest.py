@@ -1,0 +1,55 @@
+"""Shared fixtures: the embedded checkpoint and its bundle, built once per test session."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # test helpers: opcases, tiny_llama, ...
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The converted embedded checkpoint (converted on first use, reused after)."""
+    from iron.errors import CheckpointError
+    from iron.lm import gguf_import
+
+    try:
+        return gguf_import.ensure_default_checkpoint(REPO / "build")
+    except CheckpointError as e:
+        if "could not download" in str(e):
+            pytest.skip(f"embedded checkpoint unavailable offline: {e}")
+        raise
+
+
+def make_bundle(checkpoint, out, **options):
+    import iron
+    from iron.build.app import load_app
+    from iron.build.bundle import write_bundle
+
+    app = load_app("llama", checkpoint, **options)
+    return write_bundle(app, iron.device("cpu"), iron.Profile(device="cpu"), out)
+
+
+@pytest.fixture(scope="session")
+def smollm2_bundle(smollm2, tmp_path_factory) -> Path:
+    """A SmolLM2 bundle with resolve() defaults (the committed profile is a separate concern)."""
+    return make_bundle(smollm2, tmp_path_factory.mktemp("bundle") / "cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_bundle):
+    from iron.lm.generate import LlamaModel
+
+    return LlamaModel(smollm2_bundle)
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llama_reference import LlamaReference
+
+    return LlamaReference(smollm2)

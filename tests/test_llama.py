@@ -1,0 +1,158 @@
+"""The Llama application against an independent float32 implementation (transformers on
+torch CPU), on the embedded SmolLM2 checkpoint and a tiny Llama-3-style one.
+
+Accuracy is judged as the reference implementation of FACTS.md does: KL divergence between the
+float32 model's next-token distribution and iron's, teacher-forced, mean <= 0.02, p90 <= 0.04,
+max <= 0.2, and top-1 agreement >= 95%.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import make_bundle
+from iron.errors import IronError
+from iron.lm.generate import LlamaModel
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. Meanwhile, in a small village by the sea, "
+    "the fishermen were preparing their boats for the long night ahead, checking nets and "
+    "singing old songs while the children ran along the harbour wall.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+    "fibonacci(n - 2)\n\nfor i in range(10):\n    print(i, fibonacci(i))\n",
+    "Photosynthesis is the process by which green plants use sunlight, water and carbon "
+    "dioxide to make glucose and oxygen. It happens mostly in the leaves, inside chloroplasts, "
+    "where chlorophyll absorbs red and blue light and reflects green light back to our eyes.",
+]
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def kl_stats(ref_logits, logits):
+    """KL(reference || iron) per position, and the top-1 agreement."""
+    p, q = log_softmax(ref_logits), log_softmax(logits)
+    kl = (np.exp(p) * (p - q)).sum(axis=-1)
+    agree = (ref_logits.argmax(-1) == logits.argmax(-1)).mean()
+    return kl, agree
+
+
+def assert_accurate(kl, agree):
+    assert kl.mean() <= 0.02, f"KL mean {kl.mean():.4f}"
+    assert np.percentile(kl, 90) <= 0.04, f"KL p90 {np.percentile(kl, 90):.4f}"
+    assert kl.max() <= 0.2, f"KL max {kl.max():.4f}"
+    assert agree >= 0.95, f"top-1 agreement {agree:.3f}"
+
+
+def decode_logits(model, ids):
+    model.reset()
+    return np.stack([model.decode(t).astype(np.float32) for t in ids])
+
+
+def prefill_logits(model, ids):
+    model.reset()
+    hidden = model.prefill_hidden(ids)
+    return np.stack([model.head(hidden[i:i + 1]).astype(np.float32) for i in range(len(ids))])
+
+
+def token_ids(model, text):
+    return model.tokenizer().encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize("path", ["decode", "prefill"])
+def test_smollm2_matches_float32_reference(smollm2_model, smollm2_reference, path):
+    kls, agrees = [], []
+    for text in TEXTS:
+        ids = token_ids(smollm2_model, text)[:48]
+        assert len(ids) >= 40
+        ref = smollm2_reference.logits(ids)
+        ours = (decode_logits if path == "decode" else prefill_logits)(smollm2_model, ids)
+        kl, agree = kl_stats(ref, ours)
+        kls.append(kl)
+        agrees.append(agree)
+    kl = np.concatenate(kls)
+    print(f"{path}: KL mean {kl.mean():.4f} p90 {np.percentile(kl, 90):.4f} max {kl.max():.4f} "
+          f"top-1 {np.mean(agrees):.3f} over {kl.size} positions")
+    assert_accurate(kl, float(np.mean(agrees)))
+
+
+def test_smollm2_completes_paris_and_tells_a_story(smollm2_model, smollm2_reference):
+    tok = smollm2_model.tokenizer()
+    ids = token_ids(smollm2_model, "The capital of France is")
+    out, _ = smollm2_model.generate(ids, 8)
+    assert "Paris" in tok.decode(out)
+    story_prompt = token_ids(smollm2_model, "Once upon a time, there was a little")
+    story, stats = smollm2_model.generate(story_prompt, 40)
+    text = tok.decode(story)
+    assert len(text.split()) >= 25, text
+    assert story[:10] == smollm2_reference.greedy(story_prompt, 10), text
+    assert stats.new_tokens == 40 and stats.decode_tokens_per_second > 0
+
+
+def test_same_prompt_twice_gives_identical_tokens(smollm2_model):
+    ids = token_ids(smollm2_model, TEXTS[0])[:20]
+    first, _ = smollm2_model.generate(ids, 24)
+    second, _ = smollm2_model.generate(ids, 24)
+    assert first == second
+
+
+@pytest.mark.parametrize("length", [1, 32, 70])
+def test_prompt_of_one_token_one_chunk_and_several_chunks(smollm2_model, smollm2_reference,
+                                                          length):
+    ids = (token_ids(smollm2_model, " ".join(TEXTS)) * 2)[:length]
+    assert smollm2_model.chunk == 32
+    smollm2_model.reset()
+    logits = smollm2_model.prefill(ids).astype(np.float32)
+    ref = smollm2_reference.logits(ids)[-1]
+    kl, _ = kl_stats(ref[None], logits[None])
+    assert kl[0] <= 0.05 and logits.argmax() == ref.argmax()
+
+
+def test_tiny_llama3_checkpoint_matches_reference(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llama_reference import LlamaReference
+    from tiny_llama import write_tiny_llama
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=3)
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["rope_scaling"]["rope_type"] == "llama3"
+    assert not config["tie_word_embeddings"]
+    assert (checkpoint / "model.safetensors.index.json").exists()
+    model = LlamaModel(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
+    ids = list(np.random.default_rng(0).integers(0, 256, 40))
+    ref = LlamaReference(checkpoint).logits(ids)
+    for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
+        kl, agree = kl_stats(ref, ours)
+        assert_accurate(kl, agree)
+        scale = np.abs(ref).max()
+        assert np.abs(ours - ref).max() <= 0.05 * scale
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error(tmp_path):
+    from tiny_llama import write_tiny_llama
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=4)
+    model = LlamaModel(make_bundle(checkpoint, tmp_path / "bundle", context=16, chunk=8))
+    with pytest.raises(IronError, match="a prompt of 20 tokens and 4 new tokens do not fit the bundle's "
+                       "context of 16 positions"):
+        model.generate(list(range(20)), 4)
+    out, _ = model.generate(list(range(10)), 6)  # 10 + 6 - 1 positions fit
+    assert len(out) <= 6
+
+
+def test_run_cli_prints_json(smollm2_bundle):
+    result = subprocess.run([sys.executable, "-m", "iron.lm.run", str(smollm2_bundle),
+                             "--prompt", "The capital of France is", "--max-new-tokens", "6",
+                             "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "Paris" in report["text"] and report["prompt_tokens"] == 5
+    for key in ("time_to_first_token_s", "prefill_tokens_per_s", "decode_tokens_per_s"):
+        assert report[key] > 0

@@ -1,0 +1,402 @@
+"""The tuner (SPEC §7): enumeration, rejection, resume, --only, budget, determinism, refusal.
+
+Most tests run a small fake application (AXPY, GEMV and Embedding steps, decode and prefill)
+with a fake benchmark whose "times" are a fixed function of the setting, so runs are instant and
+repeatable; one test compiles and runs real candidates through the cpu target.
+"""
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+import iron
+from iron.errors import CompileError, DeviceError, IronError
+from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
+from iron.targets import cpu
+from iron.tuning import diff as profile_diff
+from iron.tuning.check import mismatch
+from iron.tuning.log import TuneLog
+from iron.tuning.tuner import CpuBenchmark, Measurement, candidates, instances, tune
+
+
+class Chain(iron.Graph):
+    """x, y -> AXPY -> GEMV with a weight; plus an embedding lookup with one legal setting."""
+
+    def body(self, x, y, tokens):
+        w = self.weight("w", (16, 64))
+        table = self.weight("table", (10, 64))
+        e = Embedding.step(table, tokens)
+        h = AXPY.step(x, y, scalar_factor=2.0)
+        return GEMV.step(w, h), e
+
+
+class FakeApp:
+    name = "fake"
+
+    def __init__(self, graph=Chain):
+        self.graph = graph
+
+    def programs(self, device, profile):
+        g = self.graph(device, profile)
+        tok = iron.spec((1,), np.int32)
+        return {"decode": g.record((64,), (64,), tok), "prefill": g.record((2, 64), (2, 64), tok)}
+
+
+def fake_time(op):
+    """A repeatable pseudo-time per setting: 1 .. 1000 microseconds."""
+    return (zlib.crc32(json.dumps(op.config(), sort_keys=True).encode()) % 1000 + 1) * 1e-6
+
+
+class FakeBench:
+    """Times from ``fake_time``; counts calls; can reject settings or interrupt after N calls."""
+
+    method = "fake"
+
+    def __init__(self, wrong=lambda op: False, interrupt_after=None, sleep=0.0):
+        self.wrong, self.interrupt_after, self.sleep = wrong, interrupt_after, sleep
+        self.measured = []
+
+    def key(self, op):
+        return cpu.recipe_for(op).key
+
+    def compile(self, ops, deadline):
+        return {self.key(op): None for op in ops}
+
+    def measure(self, instance, op, best):
+        if self.interrupt_after is not None and len(self.measured) >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.measured.append(op)
+        time.sleep(self.sleep)
+        if self.wrong(op):
+            return Measurement(error="wrong result: deliberately corrupted")
+        return Measurement(fake_time(op), 0.0, 1)
+
+
+def run(tmp_path, bench, **kw):
+    kw.setdefault("out", open(tmp_path / "out.txt", "a"))
+    return tune(kw.pop("app", FakeApp()), "cpu", benchmark=bench,
+                profile_path=tmp_path / "profiles" / "cpu.json",
+                log_path=tmp_path / "tune.jsonl", **kw)
+
+
+def tunable_count():
+    found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
+    return sum(len(c) for c in (candidates(i.op, "cpu") for i in found) if len(c) > 1)
+
+
+def logged_keys(path):
+    return {json.loads(line)["key"] for line in path.read_text().splitlines()
+            if json.loads(line)["status"] in ("ok", "rejected")}
+
+
+# ---- enumeration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dev", ["cpu", "npu1", "npu2"])
+def test_candidates_are_exactly_the_settings_the_rules_allow(dev):
+    ops = [AXPY(size=2048, scalar_factor=1.0), GEMV(M=576, K=576), GEMM(M=32, K=576, N=96),
+           RMSNorm(rows=8, size=576, weighted=True),
+           Attention(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=256)]
+    for op in ops:
+        device = iron.device(dev)
+        space = op.space(device)
+        names = op.tunables()
+        legal = []
+        for values in itertools.product(*(space[n] for n in names)):
+            cand = op.__class__(**{**op.config(), **dict(zip(names, values))})
+            if all(r.ok for r in cand.rules(device)):
+                legal.append(cand)
+        got = candidates(op, device)
+        assert got == legal and got, op.describe()
+        assert [c.tunable_values() for c in got] == op.legal_settings(device)
+        for c in got:
+            assert c.resolve(device) == c  # resolve accepts every candidate as it is
+
+
+def test_instances_are_deduplicated_and_single_setting_ones_skipped(tmp_path):
+    found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
+    names = sorted(i.describe() for i in found)
+    assert names == sorted([
+        "Embedding(vocab=10, dim=64, rows=1)", "AXPY(size=64, scalar_factor=2.0)",
+        "GEMV(M=16, K=64, batches=1)", "AXPY(size=128, scalar_factor=2.0)",
+        "GEMV(M=16, K=64, batches=2)"])
+    assert all(i.uses == 1 for i in found if not i.describe().startswith("Embedding"))
+    assert [i.uses for i in found if i.describe().startswith("Embedding")] == [2]
+    bench = FakeBench()
+    result = run(tmp_path, bench)
+    assert len(bench.measured) == tunable_count()
+    assert f"{tunable_count()} candidates" in (tmp_path / "out.txt").read_text()
+    assert not any(type(op) is Embedding for op in bench.measured)
+    assert "Embedding" not in result.path.read_text()  # one legal setting: no entry
+
+
+# ---- the chosen setting, the profile file -----------------------------------------------------
+
+
+def test_fastest_valid_setting_wins_and_the_file_is_one_full_entry_per_instance(tmp_path):
+    result = run(tmp_path, FakeBench())
+    assert result.complete
+    lines = result.path.read_text().splitlines()
+    assert len(lines) == 2 + 4 and len(result.profile) == 4
+    for o in result.outcomes:
+        best = min(candidates(o.instance.op, "cpu"), key=fake_time)
+        assert o.best == best
+        entry = [e for e in result.profile.entries if e.operator == type(best).__name__
+                 and dict(e.match) == {p: getattr(best, p) for p in best.params()}]
+        assert len(entry) == 1 and dict(entry[0].sets) == best.tunable_values()
+    # the application picks the tuned settings up
+    again = instances(FakeApp().programs(iron.device("cpu"), iron.Profile.load(result.path)))
+    chosen = {o.instance.op: o.best for o in result.outcomes}
+    assert all(i.current == chosen[i.op] for i in again if i.op in chosen)
+
+
+def test_moved_table_compares_against_the_previous_profile(tmp_path):
+    first = run(tmp_path, FakeBench())
+    changed = [o for o in first.outcomes if o.best != o.instance.current]
+    assert 0 < len(changed) < 4  # two instances' defaults are already the fastest here
+    assert [m.instance for m in first.moved] == [o.instance.describe() for o in changed]
+    for m in first.moved:
+        assert m.gain == pytest.approx(m.old_time / m.new_time) and m.gain >= 1
+    assert "instances moved" in (tmp_path / "out.txt").read_text()
+    second = run(tmp_path, FakeBench())
+    assert second.moved == [] and second.measured_now == 0
+
+
+def test_written_file_is_byte_identical_across_runs_from_the_same_log(tmp_path):
+    run(tmp_path, FakeBench())
+    path = tmp_path / "profiles" / "cpu.json"
+    first = path.read_bytes()
+    path.unlink()
+    bench = FakeBench()
+    run(tmp_path, bench)
+    assert bench.measured == [] and path.read_bytes() == first
+    run(tmp_path, FakeBench())  # previous profile = the tuned one
+    assert path.read_bytes() == first
+    other = tmp_path / "other"
+    other.mkdir()
+    run(other, FakeBench())  # a fresh log with the same timings
+    assert (other / "profiles" / "cpu.json").read_bytes() == first
+
+
+# ---- rejection -------------------------------------------------------------------------------
+
+
+def test_rejected_candidate_is_logged_and_never_chosen_even_if_fastest(tmp_path):
+    fastest = {}
+    for i in instances(FakeApp().programs(iron.device("cpu"), iron.Profile())):
+        c = candidates(i.op, "cpu")
+        if len(c) > 1:
+            fastest[i.op] = min(c, key=fake_time)
+    result = run(tmp_path, FakeBench(wrong=lambda op: op in fastest.values()))
+    for o in result.outcomes:
+        assert o.best is not None and o.best != fastest[o.instance.op]
+        assert o.rejected == 1
+    bad = {cpu.recipe_for(op).key for op in fastest.values()}
+    for line in (tmp_path / "tune.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["key"] in bad and rec["status"] != "started":
+            assert rec["status"] == "rejected" and "deliberately corrupted" in rec["reason"]
+
+
+class CorruptingBench(CpuBenchmark):
+    """The real benchmark, but one setting's kernel output is corrupted after it runs."""
+
+    def __init__(self, corrupt, **kw):
+        super().__init__(min_time=0.005, min_runs=3, **kw)
+        self.corrupt = corrupt
+        self.current = None
+
+    def measure(self, instance, op, best):
+        self.current = op
+        return super().measure(instance, op, best)
+
+    def run_once(self, exe, arrays):
+        outputs, seconds = super().run_once(exe, arrays)
+        if self.current == self.corrupt:
+            outputs[0][0] = outputs[0][0] + 1  # one element off by one
+        return outputs, seconds
+
+
+class OnlyAxpy(iron.Graph):
+    def body(self, x, y):
+        return AXPY.step(x, y, scalar_factor=0.5)
+
+
+class AxpyApp(FakeApp):
+    name = "axpy"
+
+    def programs(self, device, profile):
+        return {"decode": OnlyAxpy(device, profile).record((64,), (64,))}
+
+
+def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monkeypatch):
+    op = AXPY(size=64, scalar_factor=0.5)
+    cands = candidates(op, "cpu")
+    assert len(cands) >= 4
+    wrong, broken = cands[-1], cands[-2]
+    real_compile = cpu.compile_op
+
+    def compile_op(o, store=None):
+        if o == broken:
+            raise CompileError(f"compiling {o.describe(True)} failed: deliberately")
+        return real_compile(o, store)
+
+    monkeypatch.setattr(cpu, "compile_op", compile_op)
+    result = run(tmp_path, CorruptingBench(wrong), app=AxpyApp())
+    (o,) = result.outcomes
+    assert o.measured == len(cands) and o.rejected == 2
+    assert o.best not in (wrong, broken) and o.best in cands
+    records = [json.loads(line) for line in (tmp_path / "tune.jsonl").read_text().splitlines()]
+    rejected = {(tuple(r["fields"][n] for n in op.tunables()), r["reason"].split(":")[0])
+                for r in records if r["status"] == "rejected"}
+    assert rejected == {(tuple(wrong.tunable_values().values()), "wrong result"),
+                        (tuple(broken.tunable_values().values()), "compile error")}
+    assert all(r["median"] > 0 and r["runs"] >= 1 for r in records if r["status"] == "ok")
+
+
+def test_mismatch_reports_the_worst_element():
+    ref = np.linspace(-1, 1, 16, dtype=np.float32)
+    assert mismatch("AXPY", ref.astype(iron.bfloat16), ref) is None
+    out = ref.copy()
+    out[3] += 0.5
+    message = mismatch("AXPY", out, ref)
+    assert "1 of 16 elements off" in message and "(3,)" in message
+    nan = ref.copy()
+    nan[0] = np.nan
+    assert "1 of 16" in mismatch("AXPY", nan, ref)
+
+
+# ---- resume, budget, changed sources ------------------------------------------------------------
+
+
+def test_interrupted_run_resumes_without_remeasuring_and_ends_with_the_same_profile(tmp_path):
+    total = tunable_count()
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, FakeBench(interrupt_after=20))
+    assert not (tmp_path / "profiles" / "cpu.json").exists()  # nothing half-written
+    logged = logged_keys(tmp_path / "tune.jsonl")
+    assert len(logged) == 20
+    bench = FakeBench()
+    resumed = run(tmp_path, bench)
+    assert len(bench.measured) == total - 20
+    assert not {cpu.recipe_for(op).key for op in bench.measured} & logged
+    uninterrupted = tmp_path / "clean"
+    uninterrupted.mkdir()
+    run(uninterrupted, FakeBench())
+    assert resumed.path.read_bytes() == (uninterrupted / "profiles" / "cpu.json").read_bytes()
+
+
+def test_a_kill_mid_write_and_a_candidate_that_crashes_twice(tmp_path):
+    log = tmp_path / "tune.jsonl"
+    log.write_text('{"key": "a", "status": "started"}\n{"key": "b", "status": "started"}\n'
+                   '{"key": "b", "status": "started"}\n{"key": "c", "sta')
+    with TuneLog(log, "m") as t:
+        assert t.get("a") is None  # killed once: tried again
+        assert not t.get("b").ok and "crashed or hung" in t.get("b").reason
+        assert t.get("c") is None
+        t.start("c")
+    assert log.read_text().endswith('sta\n{"key": "c", "status": "started"}\n')
+
+
+def test_budget_stops_midway_keeping_the_best_so_far_and_a_rerun_finishes(tmp_path):
+    total = tunable_count()
+    first = FakeBench(sleep=0.05)
+    partial = run(tmp_path, first, budget=0.6)
+    assert not partial.complete and 3 <= len(first.measured) < total
+    assert partial.seconds < 1.5
+    measured = {o.instance.op: o for o in partial.outcomes if o.best is not None}
+    assert measured  # the first instance got its current setting and more measured
+    for o in partial.outcomes:
+        if o.best is None:  # never measured: keeps the default, no entry
+            assert not any(e.operator == type(o.instance.op).__name__
+                           and dict(e.match) == {p: getattr(o.instance.op, p)
+                                                 for p in o.instance.op.params()}
+                           for e in partial.profile.entries)
+    bench = FakeBench()
+    done = run(tmp_path, bench)
+    assert done.complete and len(bench.measured) == total - len(first.measured)
+
+
+def test_changed_kernel_source_remeasures_only_that_kernel(tmp_path, monkeypatch):
+    run(tmp_path, FakeBench())
+    sources = tmp_path / "kernels"
+    sources.mkdir()
+    for f in cpu.SOURCE_DIR.iterdir():
+        (sources / f.name).write_bytes(f.read_bytes())
+    with open(sources / "gemv.c", "a") as f:
+        f.write("/* edited */\n")
+    monkeypatch.setattr(cpu, "SOURCE_DIR", sources)
+    bench = FakeBench()
+    run(tmp_path, bench)
+    assert bench.measured and all(type(op) is GEMV for op in bench.measured)
+    assert len(bench.measured) == 2 * len(candidates(GEMV(M=16, K=64), "cpu"))
+
+
+def test_fresh_measures_everything_again(tmp_path):
+    run(tmp_path, FakeBench())
+    bench = FakeBench()
+    run(tmp_path, bench, fresh=True)
+    assert len(bench.measured) == tunable_count()
+
+
+# ---- --only ---------------------------------------------------------------------------------
+
+
+def test_only_tunes_the_named_operators_and_keeps_hand_written_entries(tmp_path):
+    path = tmp_path / "profiles" / "cpu.json"
+    hand = (iron.Profile(device="cpu")
+            .add(GEMV, M=16, K=64, batches=1, tile_size_input=1, tile_size_output=4,
+                 num_aie_columns=1)
+            .add(GEMV, num_aie_columns=1))
+    hand.save(path)
+    bench = FakeBench()
+    result = run(tmp_path, bench, only=["AXPY"])
+    assert bench.measured and all(type(op) is AXPY for op in bench.measured)
+    after = iron.Profile.load(path)
+    assert set(hand.entries) <= set(after.entries)
+    assert {e.operator for e in after.entries} == {"AXPY", "GEMV"} and len(after) == 4
+    assert all(m.instance.startswith("AXPY") for m in result.moved)
+    with pytest.raises(IronError, match="no such operator.*AXPY, Embedding, GEMV"):
+        run(tmp_path, FakeBench(), only=["GEMM"])
+    base = FakeBench()
+    run(tmp_path, base, only=["Elementwise"])  # a base class name selects its subclasses
+    assert base.measured == []  # already logged
+
+
+# ---- devices, diff, CLI ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dev", ["npu1", "npu2"])
+def test_npu_devices_are_refused_not_faked(tmp_path, dev):
+    with pytest.raises(DeviceError, match=f"cannot tune for {dev}.*toolchain"):
+        tune(FakeApp(), dev, benchmark=FakeBench(), profile_path=tmp_path / "p.json",
+             log_path=tmp_path / "l.jsonl")
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "l.jsonl").exists()
+
+
+def test_profile_diff_names_moved_added_and_removed_entries(tmp_path, capsys):
+    a = (iron.Profile(device="cpu").add(GEMV, M=16, K=64, tile_size_output=8)
+         .add(AXPY, tile_size=16))
+    b = (iron.Profile(device="cpu").add(GEMV, M=16, K=64, tile_size_output=16)
+         .add(RMSNorm, rows=1, size=64, weighted=True, tile_size=1))
+    a.save(tmp_path / "a.json")
+    b.save(tmp_path / "b.json")
+    text = [c.describe() for c in profile_diff.diff(a, b)]
+    assert text == ["~ GEMV(M=16, K=64): tile_size_output 8 -> 16",
+                    "+ RMSNorm(rows=1, size=64, weighted=True): tile_size=1",
+                    "- AXPY (every instance): tile_size=16"]
+    assert profile_diff.main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
+    assert profile_diff.main(["diff", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    assert "set the same tunables" in capsys.readouterr().out
+
+
+def test_cli_reports_an_unknown_application():
+    done = subprocess.run([sys.executable, "-m", "iron.lm.tune", "nosuchapp"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown application 'nosuchapp'" in done.stderr
