@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Create .venv with iron and its test dependencies (torch comes from the machine's local wheel
-# store when it has one; the reference-model tests skip without it).
+# Create .venv with iron installed from this checkout. `scripts/setup.sh test` adds the test
+# extra: pytest, and torch 2.13.0 CPU + transformers as the independent reference model (pip
+# takes torch from the machine's local wheel store).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
+[ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q -e ".[test]"
+if [ "${1:-}" = test ]; then
+    .venv/bin/pip install -q -e ".[test]"
+else
+    .venv/bin/pip install -q -e .
+fi

@@ -2,5 +2,5 @@
 # Set up (scripts/setup.sh) and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh test
 .venv/bin/python -m pytest -q "$@"

@@ -116,25 +116,5 @@ SWEEP = {
     "Attention": {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 299},
 }
 
-#: (rtol, atol relative to max |reference|) per operator, after both sides round to bf16.
-TOLERANCE = {"GEMV": (0.005, 0.005), "GEMM": (0.005, 0.005), "Attention": (0.01, 0.01)}
-ELEMENTWISE_TOLERANCE = (0.04, 1e-6)
-
-
-def bf16_ulp(x: np.ndarray) -> np.ndarray:
-    """The spacing of bf16 numbers at |x| (8 significant bits)."""
-    _, exponent = np.frexp(np.abs(x).astype(np.float32))
-    return np.ldexp(np.float32(1), exponent - 8).astype(np.float32)
-
-
-def assert_close(name, out, ref):
-    """|out - ref| <= atol + rtol * |ref| + one bf16 ulp of ref: the stated tolerance, plus the
-    one rounding step by which two correct bf16 results of a float32 sum may differ."""
-    rtol, atol = TOLERANCE.get(name, ELEMENTWISE_TOLERANCE)
-    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    bound = atol + rtol * np.abs(ref) + bf16_ulp(ref)
-    bad = np.abs(out - ref) > bound
-    assert not bad.any(), (f"{name}: {bad.sum()} of {bad.size} elements off; worst "
-                           f"|out-ref|={np.abs(out - ref).max():.4g} at "
-                           f"{np.unravel_index(np.argmax(np.abs(out - ref) - bound), ref.shape)}")
+from iron.tuning.check import (ELEMENTWISE_TOLERANCE, TOLERANCE, assert_close,  # noqa: F401
+                                bf16_ulp)

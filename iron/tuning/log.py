@@ -69,14 +69,14 @@ class TuneLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
             self.path.write_bytes(b"")
-        elif self.path.exists():
-            self._read()
+        data = self.path.read_bytes() if self.path.exists() else b""
+        self._read(data)
         self._file = open(self.path, "ab")
-        if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+        if data and not data.endswith(b"\n"):
             self._file.write(b"\n")  # end a torn last line, so the next record starts clean
 
-    def _read(self) -> None:
-        for line in self.path.read_bytes().splitlines():
+    def _read(self, data: bytes) -> None:
+        for line in data.splitlines():
             try:
                 doc = json.loads(line)
                 key, status = doc["key"], doc["status"]

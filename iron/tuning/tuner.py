@@ -40,7 +40,7 @@ from ..graph import Graph, Program
 from ..operator import Operator
 from ..paths import build_dir
 from ..profile import Profile
-from ..tensor import bfloat16, spec
+from ..tensor import spec
 from .check import mismatch
 from .log import Record, TuneLog
 
@@ -167,13 +167,30 @@ def random_input(op: Operator, s: InputSpec, rng: np.random.Generator) -> np.nda
     return (rng.standard_normal(s.shape) * scale).astype(s.dtype)
 
 
+def single_threaded_reference(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``program.reference`` with BLAS on one thread.
+
+    OpenBLAS's helper threads busy-wait for a while after each call; on a small machine they
+    would take the cores the next candidate's kernel threads are timed on.  Without
+    ``threadpoolctl`` we wait for them to go idle instead.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        reference = program.reference(inputs)
+        time.sleep(0.2)
+        return reference
+    with threadpool_limits(1, user_api="blas"):
+        return program.reference(inputs)
+
+
 class _InstanceData:
     """The inputs of one instance, copied so that cold inputs cycle out of the cache."""
 
     def __init__(self, instance: Instance, program: Program, cold_bytes: int, max_copies: int):
         rng = np.random.default_rng(0)
         self.base = [random_input(instance.op, s, rng) for s in instance.inputs]
-        self.reference = program.reference(self.base)
+        self.reference = single_threaded_reference(program, self.base)
         cold = sum(a.nbytes for a, s in zip(self.base, instance.inputs) if s.cold)
         copies = min(max_copies, math.ceil(cold_bytes / cold)) if cold else 1
         self.rotation = [[a.copy() if s.cold and c else a

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .devices import DEVICE_NAMES
-from .errors import FieldError, ProfileError
-from .operator import Operator
-from .util import atomic_write_bytes
+from ..devices import DEVICE_NAMES
+from ..errors import FieldError, ProfileError
+from ..operator import Operator
+from ..util import atomic_write_bytes
 
 
 @dataclass(frozen=True)

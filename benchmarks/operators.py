@@ -1,0 +1,152 @@
+"""Per-operator speed of the cpu kernels on SmolLM2's shapes, next to numpy float32 in one run.
+
+Matrix-vector products stream their weights: each side cycles through enough distinct copies
+of W (more than the 32 MiB L3) that every call reads W from memory, as a decode step does.  For
+GEMV the figure is bytes of W per second (iron reads bf16, numpy float32, so the same shape
+moves half the bytes for iron); for GEMM it is GFLOP/s.  The other operators report time per
+call.  The iron side is one program of many steps, run with one ctypes call, so its time per
+step includes dispatch.
+
+    python benchmarks/operators.py [--profile profiles/llama/cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import iron
+from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attention
+from iron.targets import cpu
+
+L3_BYTES = 32 << 20
+BF16 = iron.bfloat16
+
+GEMV_SHAPES = {"q/o proj": (576, 576), "k/v proj": (192, 576), "gate|up": (3072, 576),
+               "down": (576, 1536), "lm head": (49152, 576)}
+GEMM_SHAPES = {"prefill q/o": (32, 576, 576), "prefill gate|up": (32, 576, 3072),
+               "prefill down": (32, 1536, 576)}
+
+
+class Repeated(iron.Graph):
+    """``copies`` steps of one operator, each on its own weight, so weights stream."""
+
+    def __init__(self, make_step, copies, **graph):
+        super().__init__(**graph)
+        self.make_step, self.copies = make_step, copies
+
+    def body(self, x):
+        return tuple(self.make_step(self, i, x) for i in range(self.copies))
+
+
+def median_seconds(fn, repeats=7, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copies_for(nbytes):
+    return max(2, -(-2 * L3_BYTES // nbytes))
+
+
+def bench_gemv(name, m, k, profile, rng):
+    n = copies_for(m * k * 2)
+    graph = Repeated(lambda g, i, x: GEMV.step(g.weight(f"w{i}", (m, k)), x), n, profile=profile)
+    graph.weights = {f"w{i}": rng.standard_normal((m, k)).astype(BF16) for i in range(n)}
+    x = rng.standard_normal((1, k)).astype(BF16)
+    program = graph.record_like([x])
+    exe = cpu.load(program)
+    exe.bind_weights(graph.weights)
+    ours = median_seconds(lambda: exe.run([x], copy=False)) / n
+    n32 = copies_for(m * k * 4)
+    w32 = [rng.standard_normal((m, k)).astype(np.float32) for _ in range(n32)]
+    x32 = x.astype(np.float32).ravel()
+    theirs = median_seconds(lambda: [w @ x32 for w in w32]) / n32
+    op = program.ops[0]
+    print(f"GEMV {name:15s} {m:>5}x{k:<5} iron {m * k * 2 / ours / 1e9:6.1f} GB/s "
+          f"({ours * 1e6:7.1f} us)  numpy f32 {m * k * 4 / theirs / 1e9:6.1f} GB/s "
+          f"({theirs * 1e6:7.1f} us)  bandwidth ratio {m * k * 2 / ours / (m * k * 4 / theirs):.2f}"
+          f"  time ratio {theirs / ours:.2f}x  [{tunables(op)}]")
+
+
+def bench_gemm(name, m, k, n, profile, rng):
+    a = rng.standard_normal((m, k)).astype(BF16)
+
+    class One(iron.Graph):
+        def body(self, x):
+            return GEMM.step(x, self.weight("w", (n, k)))
+
+    graph = One(profile=profile)
+    graph.weights = {"w": rng.standard_normal((n, k)).astype(BF16)}
+    program = graph.record_like([a])
+    exe = cpu.load(program)
+    exe.bind_weights(graph.weights)
+    ours = median_seconds(lambda: exe.run([a], copy=False))
+    a32, w32 = a.astype(np.float32), graph.weights["w"].astype(np.float32)
+    theirs = median_seconds(lambda: a32 @ w32.T)
+    flops = 2 * m * k * n
+    print(f"GEMM {name:15s} {m}x{k}x{n:<6} iron {flops / ours / 1e9:6.1f} GFLOP/s  numpy f32 "
+          f"{flops / theirs / 1e9:6.1f} GFLOP/s  ratio {theirs / ours:.2f}x  "
+          f"[{tunables(program.ops[0])}]")
+
+
+def bench_small(name, cls, inputs, numpy_fn, profile, fields=None):
+    class One(iron.Graph):
+        def body(self, *xs):
+            return cls.step(*xs, **(fields or {}))
+
+    graph = One(profile=profile)
+    program = graph.record_like(inputs)
+    exe = cpu.load(program)
+    ours = median_seconds(lambda: exe.run(inputs, copy=False), repeats=51)
+    f32 = [a.astype(np.float32) if a.dtype == BF16 else a for a in inputs]
+    theirs = median_seconds(lambda: numpy_fn(*f32), repeats=51)
+    print(f"{name:20s} iron {ours * 1e6:7.1f} us  numpy f32 {theirs * 1e6:7.1f} us  "
+          f"ratio {theirs / ours:.2f}x  [{tunables(program.ops[0])}]")
+
+
+def tunables(op):
+    return ", ".join(f"{n}={getattr(op, n)}" for n in op.tunables())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=None, help="a profile file (default: resolve())")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    for name, (m, k) in GEMV_SHAPES.items():
+        bench_gemv(name, m, k, args.profile, rng)
+    for name, (m, k, n) in GEMM_SHAPES.items():
+        bench_gemm(name, m, k, n, args.profile, rng)
+    x = rng.standard_normal((1, 576)).astype(BF16)
+    w = rng.standard_normal(576).astype(BF16)
+    bench_small("RMSNorm 1x576", RMSNorm, [x, w], lambda x, w: x / np.sqrt(
+        (x * x).mean(-1, keepdims=True) + 1e-5) * w, args.profile)
+    gu = rng.standard_normal((1, 3072)).astype(BF16)
+    bench_small("SwiGLU 1x1536", SwiGLU, [gu], lambda g: g[:, :1536] / (
+        1 + np.exp(-g[:, :1536])) * g[:, 1536:], args.profile)
+    bench_small("Add 576", ElementwiseAdd, [x, x], np.add, args.profile)
+    q = rng.standard_normal((1, 576)).astype(BF16)
+    kc, vc = (rng.standard_normal((3, 2048, 64)).astype(BF16) for _ in range(2))
+    pos = np.array([511], np.int32)
+
+    def attention(q, k, v, pos):
+        n = int(pos[0]) + 1
+        qh = q.reshape(3, 3, 64)
+        s = np.einsum("gqd,gkd->gqk", qh, k[:, :n]) / 8.0
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return np.einsum("gqk,gkd->gqd", p / p.sum(-1, keepdims=True), v[:, :n])
+
+    bench_small("Attention len 512", Attention, [q, kc, vc, pos], attention, args.profile)
+
+
+if __name__ == "__main__":
+    main()
