@@ -256,9 +256,18 @@ def pow2_tiles(n: int, lo: int = 1, hi: int | None = None) -> list[int]:
     return sorted(tiles, reverse=True)
 
 
-def columns(dev: Device) -> list[int]:
-    """Column counts to try, most first: parallelism is the usual first preference."""
-    return list(range(dev.columns, 0, -1))
+#: Below this many bytes of work a cpu thread team costs more than it saves (a fork / join is
+#: a few microseconds; one core streams about 10 KB per microsecond).
+CPU_PARALLEL_BYTES = 64 * 1024
+
+
+def columns(dev: Device, work_bytes: int | None = None) -> list[int]:
+    """Column counts to try, preferred first: all of them, except that on the cpu an operator
+    touching fewer than ``CPU_PARALLEL_BYTES`` prefers a single thread."""
+    counts = list(range(dev.columns, 0, -1))
+    if dev.kind == "cpu" and work_bytes is not None and work_bytes < CPU_PARALLEL_BYTES:
+        counts.reverse()
+    return counts
 
 
 def numel(shape: tuple[int, ...]) -> int:

@@ -56,7 +56,8 @@ def test_precedence_is_decided_per_tunable():
     assert (op.tile_size, op.num_aie_columns) == (256, 1)  # call, profile
     graph.profile = None
     op = resolved(graph)
-    assert op.tile_size == 256 and op.num_aie_columns == iron.device("cpu").columns  # default
+    default = AXPY(size=2048, scalar_factor=1.5, tile_size=256).resolve("cpu")
+    assert op.tile_size == 256 and op.num_aie_columns == default.num_aie_columns  # default
 
 
 def test_call_beats_profile_for_every_tunable():

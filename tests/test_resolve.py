@@ -34,7 +34,13 @@ def test_npu_defaults_follow_the_column_count():
     op = AXPY(size=4096, scalar_factor=1.0)
     assert op.resolve("npu1").num_aie_columns == 4
     assert op.resolve("npu2").num_aie_columns == 8
-    assert op.resolve("cpu").num_aie_columns == iron.device("cpu").columns
+    big = AXPY(size=1 << 20, scalar_factor=1.0)
+    assert big.resolve("cpu").num_aie_columns == iron.device("cpu").columns
+
+
+def test_small_cpu_work_prefers_one_thread():
+    # a thread team's fork and join costs more than 24 KB of elementwise work
+    assert AXPY(size=4096, scalar_factor=1.0).resolve("cpu").num_aie_columns == 1
 
 
 def test_record_works_for_every_device():

@@ -39,7 +39,7 @@ class Elementwise(Operator):
         return [(inputs[0].shape, bfloat16)]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
-        return {"num_aie_columns": columns(dev), "tile_size": pow2_tiles(self.size, lo=16),
+        return {"num_aie_columns": columns(dev, (self.arity + 1) * self.size * 2), "tile_size": pow2_tiles(self.size, lo=16),
                 "num_channels": [1] if dev.kind == "cpu" else [1, 2]}
 
     def rules(self, dev: Device) -> Iterator[Rule]:

@@ -33,7 +33,7 @@ class Embedding(Operator):
         return [((self.rows, self.dim), bfloat16)]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
-        return {"num_aie_columns": columns(dev)}
+        return {"num_aie_columns": columns(dev, 2 * self.rows * self.dim * 2)}
 
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)

@@ -36,7 +36,8 @@ class RowWise(Operator):
         expect_dtype(t, bfloat16, self, what)
 
     def space(self, dev: Device) -> dict[str, list[int]]:
-        return {"num_aie_columns": columns(dev), "tile_size": pow2_tiles(self.rows)}
+        return {"num_aie_columns": columns(dev, self.streams * self.rows * self.size * 2),
+                "tile_size": pow2_tiles(self.rows)}
 
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)
@@ -155,7 +156,8 @@ class SwiGLU(Operator):
         return [((self.size,) if x.ndim == 1 else (self.rows, self.size), bfloat16)]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
-        return {"num_aie_columns": columns(dev), "tile_size": pow2_tiles(self.size, lo=16)}
+        return {"num_aie_columns": columns(dev, 3 * self.rows * self.size * 2),
+                "tile_size": pow2_tiles(self.size, lo=16)}
 
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)
