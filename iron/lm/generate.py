@@ -153,8 +153,10 @@ class LlamaModel:
         return self.head(hidden)
 
     def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler | None = None,
-                 on_token: Callable[[int], None] | None = None) -> tuple[list[int], Stats]:
-        """Generate up to ``max_new_tokens`` after ``prompt``, stopping at an end token."""
+                 on_token: Callable[[int], None] | None = None,
+                 stop_at_eos: bool = True) -> tuple[list[int], Stats]:
+        """Generate up to ``max_new_tokens`` after ``prompt``, stopping at an end token unless
+        ``stop_at_eos`` is False (benchmarks generate a fixed count)."""
         if not prompt:
             raise IronError("the prompt is empty: give at least one token")
         sampler = sampler or Sampler()
@@ -176,7 +178,7 @@ class LlamaModel:
                 stats.time_to_first_token = decode_start - start
             if on_token:
                 on_token(token)
-            if token in self.eos or len(out) == max_new_tokens:
+            if (stop_at_eos and token in self.eos) or len(out) == max_new_tokens:
                 break
             logits = self.decode(token)
         stats.new_tokens = len(out)
