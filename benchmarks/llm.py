@@ -126,7 +126,7 @@ def main() -> None:
         runs["llama.cpp"].append(run_child("llamacpp", args.dtype, "--ids", str(ids_file)))
         print(f"round {round_ + 1}/{args.rounds}: iron {runs['iron'][-1]['decode_tok_s']:.1f} "
               f"tok/s, llama.cpp {runs['llama.cpp'][-1]['decode_tok_s']:.1f} tok/s", flush=True)
-    bandwidth = streaming_bandwidth(threads=2)
+    bandwidth = streaming_bandwidth(threads=2, mib=1024)  # larger than the L3
     weight_bytes = (bundle / "weights.safetensors").stat().st_size
     ceiling = bandwidth * 1e9 / weight_bytes
 
