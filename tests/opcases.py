@@ -6,7 +6,8 @@ import numpy as np
 
 import iron
 from iron.operators import (AXPY, GEMM, GEMV, Attention, CacheWrite, ElementwiseAdd,
-                            ElementwiseMul, Embedding, RMSNorm, RoPE, SiLU, Softmax, SwiGLU)
+                            ElementwiseMul, Embedding, QKVRoPE, RMSNorm, RoPE, SiLU, Softmax,
+                            SwiGLU)
 
 BF16 = iron.bfloat16
 
@@ -65,6 +66,11 @@ def case_inputs(name: str, shape: dict, rng) -> tuple[type, dict, list]:
         x = bf(rng, s["rows"], s["kv_heads"] * s["head_dim"])
         return CacheWrite, {}, [cache, x, np.arange(s["pos"], s["pos"] + s["rows"],
                                                     dtype=np.int32)]
+    if name == "QKVRoPE":
+        width = (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"]
+        k, v = (bf(rng, s["kv_heads"], s["ctx"], s["head_dim"]) for _ in range(2))
+        pos = np.arange(s["pos"], s["pos"] + s["rows"], dtype=np.int32)
+        return QKVRoPE, {}, [bf(rng, s["rows"], width), pos, inv_freq(s["head_dim"]), k, v]
     if name == "Attention":
         q = bf(rng, s["rows"], s["heads"] * s["head_dim"])
         k, v = (bf(rng, s["kv_heads"], s["ctx"], s["head_dim"]) for _ in range(2))
@@ -96,6 +102,9 @@ SHAPES = {
     "CacheWrite": [{"kv_heads": 1, "ctx": 1, "head_dim": 1, "rows": 1, "pos": 0},
                    {"kv_heads": 3, "ctx": 64, "head_dim": 64, "rows": 1, "pos": 63},
                    {"kv_heads": 3, "ctx": 64, "head_dim": 64, "rows": 8, "pos": 60}],
+    "QKVRoPE": [{"rows": 1, "heads": 1, "kv_heads": 1, "head_dim": 2, "ctx": 1, "pos": 0},
+                {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 64, "pos": 63},
+                {"rows": 8, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 36}],
     "Attention": [{"rows": 1, "heads": 1, "kv_heads": 1, "head_dim": 1, "ctx": 1, "pos": 0},
                   {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 0},
                   {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 299},
@@ -114,6 +123,7 @@ SWEEP = {
     "Embedding": {"vocab": 1000, "dim": 576, "rows": 4},
     "CacheWrite": {"kv_heads": 3, "ctx": 64, "head_dim": 64, "rows": 8, "pos": 60},
     "Attention": {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 299},
+    "QKVRoPE": {"rows": 8, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 36},
 }
 
 from iron.tuning.check import (ELEMENTWISE_TOLERANCE, TOLERANCE, assert_close,  # noqa: F401

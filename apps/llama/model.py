@@ -6,7 +6,9 @@ causally over the cache and returns the final-normed hidden states.  ``Head`` tu
 state into logits.  Decode is ``Decoder(rows=1)`` then ``Head``; prefill is
 ``Decoder(rows=chunk)`` over a prompt chunk, then ``Head`` on its last real row.
 
-Weight names are the checkpoint's, except two derived in the kernels' layout at bundle time:
+Weight names are the checkpoint's, except three derived in the kernels' layout at bundle time:
+``model.layers.N.self_attn.qkv_proj.weight`` (q, k and v stacked, so one matrix product
+computes all three and ``QKVRoPE`` rotates them and fills the KV cache),
 ``model.layers.N.mlp.gate_up_proj.weight`` (gate stacked over up, so one matrix product reads
 both and ``SwiGLU`` combines them) and ``rope.inv_freq`` (float32 frequencies, llama3 scaling
 included).
@@ -18,8 +20,8 @@ import numpy as np
 
 import iron
 from iron.lm.checkpoint import LlamaConfig
-from iron.operators import (GEMM, GEMV, Attention, CacheWrite, ElementwiseAdd, Embedding,
-                            RMSNorm, RoPE, SwiGLU)
+from iron.operators import (GEMM, GEMV, Attention, ElementwiseAdd, Embedding, QKVRoPE, RMSNorm,
+                            SwiGLU)
 
 
 def linear(weight: iron.Tensor, x: iron.Tensor) -> iron.Tensor:
@@ -44,14 +46,11 @@ class Decoder(iron.Graph):
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             h = RMSNorm.step(x, w(p + "input_layernorm.weight", (d,)), eps=c.rms_norm_eps)
-            q = linear(w(p + "self_attn.q_proj.weight", (q_dim, d)), h)  # (rows, heads * hd)
-            k = linear(w(p + "self_attn.k_proj.weight", (kv_dim, d)), h)  # (rows, kv_heads * hd)
-            v = linear(w(p + "self_attn.v_proj.weight", (kv_dim, d)), h)  # (rows, kv_heads * hd)
-            q = RoPE.step(q, pos, inv_freq)
-            k = RoPE.step(k, pos, inv_freq)
+            qkv = linear(w(p + "self_attn.qkv_proj.weight", (q_dim + 2 * kv_dim, d)), h)
             cache = (c.num_key_value_heads, self.ctx, hd)
-            k_cache = CacheWrite.step(self.state(f"k_cache.{i}", cache), k, pos)
-            v_cache = CacheWrite.step(self.state(f"v_cache.{i}", cache), v, pos)
+            q, k_cache, v_cache = QKVRoPE.step(  # q: (rows, heads * hd), rotated
+                qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
+                self.state(f"v_cache.{i}", cache))
             a = Attention.step(q, k_cache, v_cache, pos)  # (rows, heads * hd)
             x = ElementwiseAdd.step(x, linear(w(p + "self_attn.o_proj.weight", (d, q_dim)), a))
             h = RMSNorm.step(x, w(p + "post_attention_layernorm.weight", (d,)),
@@ -98,10 +97,15 @@ def kernel_weights(checkpoint, config: LlamaConfig):
 
     bf16 = iron.bfloat16
     yield "rope.inv_freq", inv_freq(config)
+    stacked = {".self_attn.q_proj.": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+               ".mlp.gate_proj.": ("gate_up_proj", ("gate_proj", "up_proj"))}
+    absorbed = (".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.up_proj.")
     for name in checkpoint.tensor_names():
-        if ".mlp.gate_proj." in name:
-            up = checkpoint.tensor(name.replace("gate_proj", "up_proj"))
-            yield (name.replace("gate_proj", "gate_up_proj"),
-                   np.concatenate([checkpoint.tensor(name), up]).astype(bf16))
-        elif ".mlp.up_proj." not in name:
+        first = next((k for k in stacked if k in name), None)
+        if first:
+            fused, parts = stacked[first]
+            old = first.strip(".").split(".")[-1]
+            yield (name.replace(old, fused), np.concatenate(
+                [checkpoint.tensor(name.replace(old, part)) for part in parts]).astype(bf16))
+        elif not any(part in name for part in absorbed):
             yield name, np.asarray(checkpoint.tensor(name)).astype(bf16, copy=False)

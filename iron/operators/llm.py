@@ -10,6 +10,7 @@ from ..devices import Device
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, param,
                         pow2_tiles, rule, tunable)
 from ..tensor import Tensor
+from .rowwise import RoPE
 
 
 class Embedding(Operator):
@@ -88,6 +89,66 @@ class CacheWrite(Operator):
         n = max(0, min(self.rows, self.ctx - start))
         out[:, start:start + n] = x[:n].reshape(n, self.kv_heads, self.head_dim).swapaxes(0, 1)
         return out
+
+
+class QKVRoPE(Operator):
+    """Split a stacked ``q|k|v`` row, rotate q and k (RoPE) and write k and v into the KV cache.
+
+    Inputs: qkv (rows, (heads + 2 * kv_heads) * head_dim), pos int32 (rows,), inv_freq float32
+    (head_dim / 2,), k_cache and v_cache (kv_heads, ctx, head_dim).  Outputs: q rotated
+    (rows, heads * head_dim), and the two caches, updated in place.  It is the composition of
+    ``RoPE`` on q and k and ``CacheWrite`` of k and v, in one step, so one matrix product can
+    compute q, k and v together.
+    """
+
+    kernel = "qkv_rope"
+    inplace = {1: 3, 2: 4}
+    rows: int = param()
+    heads: int = param()
+    kv_heads: int = param()
+    head_dim: int = param()
+    ctx: int = param()
+
+    @classmethod
+    def shape_params(cls, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
+                     v_cache: Tensor) -> dict:
+        kv_heads, ctx, head_dim = cache_shape(k_cache, cls)
+        expect(qkv.ndim == 2 and qkv.shape[1] % head_dim == 0, cls,
+               f"qkv must be (rows, (heads + 2 * kv_heads) * {head_dim}), got {qkv.shape}")
+        heads = qkv.shape[1] // head_dim - 2 * kv_heads
+        expect(heads > 0 and heads % kv_heads == 0, cls,
+               f"qkv width {qkv.shape[1]} leaves {heads} query heads for {kv_heads} KV heads")
+        return {"rows": qkv.shape[0], "heads": heads, "kv_heads": kv_heads,
+                "head_dim": head_dim, "ctx": ctx}
+
+    def signature(self, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
+                  v_cache: Tensor) -> list:
+        expect(v_cache.shape == k_cache.shape, self, f"v_cache has shape {v_cache.shape}, "
+               f"k_cache has {k_cache.shape}")
+        expect(pos.shape == (self.rows,), self, f"pos has shape {pos.shape}, expected "
+               f"({self.rows},)")
+        expect(inv_freq.shape == (self.head_dim // 2,), self,
+               f"inv_freq has shape {inv_freq.shape}, expected ({self.head_dim // 2},)")
+        for t, what in ((qkv, "qkv"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+            expect_dtype(t, bfloat16, self, what)
+        expect_dtype(pos, np.int32, self, "pos")
+        expect_dtype(inv_freq, np.float32, self, "inv_freq")
+        return [((self.rows, self.heads * self.head_dim), bfloat16), (k_cache.shape, bfloat16),
+                (v_cache.shape, bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {}
+
+    def reference(self, qkv, pos, inv_freq, k_cache, v_cache):
+        hd, q_dim, kv_dim = self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        rope = {n: RoPE(rows=self.rows, size=n * hd, heads=n, head_dim=hd)
+                for n in (self.heads, self.kv_heads)}
+        q = rope[self.heads].reference(qkv[:, :q_dim], pos, inv_freq)
+        k = rope[self.kv_heads].reference(qkv[:, q_dim:q_dim + kv_dim], pos, inv_freq)
+        k = k.astype(bfloat16).astype(np.float32)  # RoPE rounds k before it is stored
+        write = CacheWrite(kv_heads=self.kv_heads, ctx=self.ctx, head_dim=hd, rows=self.rows)
+        return (q, write.reference(k_cache, k, pos),
+                write.reference(v_cache, qkv[:, q_dim + kv_dim:], pos))
 
 
 class Attention(Operator):

@@ -190,6 +190,8 @@ class Executable:
         for index, buf in self.buffers.items():
             self._point(index, buf)
         self._bound: set[int] = set(self.buffers)
+        self._overwritten = {s.inputs[i] for s in program.steps
+                             for i in type(s.op).inplace.values()}
 
     def _point(self, index: int, array: np.ndarray) -> None:
         address = array.ctypes.data
@@ -234,8 +236,10 @@ class Executable:
         if len(arrays) != len(self.program.inputs):
             raise ShapeError(f"the program takes {len(self.program.inputs)} inputs, "
                              f"got {len(arrays)}")
-        for index, a in zip(self.program.inputs, arrays):
-            a = self._conform(index, a, f"input {self.program.tensors[index].name!r}")
+        for index, given in zip(self.program.inputs, arrays):
+            a = self._conform(index, given, f"input {self.program.tensors[index].name!r}")
+            if index in self._overwritten and a is given:
+                a = a.copy()  # an in-place step writes this input: never the caller's array
             self.buffers[index] = a
             self._point(index, a)
         missing = [t for t in self.program.tensors if t.kind == "weight"
