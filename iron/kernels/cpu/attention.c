@@ -6,7 +6,8 @@
  * Query row r sits at position pos[0] + r and attends keys 0 .. pos[0] + r inclusive (clamped
  * to the CTX cache positions; a row with no key gives zeros). Query head h reads KV head
  * h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM); softmax and the weighted sum
- * of v are float32 (online softmax over blocks of TILE_SIZE keys); out is rounded to bf16.
+ * of v are float32 (online softmax over blocks of TILE_SIZE keys, exp by iron_exp8 8 keys at a
+ * time); out is rounded to bf16.
  * macros:
  *   IRON_ROWS             query rows (tokens)
  *   IRON_HEADS            query heads
@@ -26,11 +27,12 @@ IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
 #endif
 
 #define GROUP (IRON_HEADS / IRON_KV_HEADS)
+#define BLOCK8 ((IRON_TILE_SIZE + 7) / 8 * 8) /* a key block rounded up to whole vectors */
 
 /* One query head over keys 0 .. len-1 of one KV head. */
 static void attend(const uint16_t *q, const uint16_t *k, const uint16_t *v, long len,
                    uint16_t *out) {
-    float qf[IRON_HEAD_DIM], acc[IRON_HEAD_DIM], score[IRON_TILE_SIZE];
+    float qf[IRON_HEAD_DIM], acc[IRON_HEAD_DIM], score[BLOCK8];
     const float scale = 1.0f / sqrtf((float)IRON_HEAD_DIM);
     for (int d = 0; d < IRON_HEAD_DIM; d++) {
         qf[d] = iron_bf16_to_f32(q[d]) * scale;
@@ -39,20 +41,32 @@ static void attend(const uint16_t *q, const uint16_t *k, const uint16_t *v, long
     float m = -INFINITY, l = 0.0f;
     for (long j0 = 0; j0 < len; j0 += IRON_TILE_SIZE) {
         const long n = len - j0 < IRON_TILE_SIZE ? len - j0 : IRON_TILE_SIZE;
-        float bm = -INFINITY;
-        for (long j = 0; j < n; j++) {
-            score[j] = iron_dot_bf16_f32(k + (j0 + j) * IRON_HEAD_DIM, qf, IRON_HEAD_DIM);
-            bm = fmaxf(bm, score[j]);
+        const uint16_t *kb = k + j0 * IRON_HEAD_DIM, *vb = v + j0 * IRON_HEAD_DIM;
+        /* scores q.k, 8 keys at a time when HEAD_DIM allows; padding up to BLOCK8 is -inf */
+        long j = 0;
+        if (IRON_HEAD_DIM % 8 == 0)
+            for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(score + j, iron_dot8_bf16_f32(kb + j * IRON_HEAD_DIM,
+                                                               IRON_HEAD_DIM, qf, IRON_HEAD_DIM));
+        for (; j < n; j++) score[j] = iron_dot_bf16_f32(kb + j * IRON_HEAD_DIM, qf, IRON_HEAD_DIM);
+        for (; j % 8; j++) score[j] = -INFINITY;
+        /* new running max; p = exp(score - max) (exp(-inf) = 0); the block's sum of p */
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (j = 0; j < n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(score + j));
+        const float mnew = fmaxf(m, iron_hmax8(vmax));
+        const __m256 vmnew = _mm256_set1_ps(mnew);
+        __m256 vsum = _mm256_setzero_ps();
+        for (j = 0; j < n; j += 8) {
+            __m256 p = iron_exp8(_mm256_sub_ps(_mm256_loadu_ps(score + j), vmnew));
+            _mm256_storeu_ps(score + j, p);
+            vsum = _mm256_add_ps(vsum, p);
         }
-        const float mnew = fmaxf(m, bm);
-        float rescale = expf(m - mnew); /* 0 on the first block (m = -inf) */
-        l *= rescale;
-        for (long j = 0; j < n; j++) {
-            const float p = expf(score[j] - mnew);
-            l += p;
-            iron_scale_axpy_bf16(acc, rescale, p, v + (j0 + j) * IRON_HEAD_DIM, IRON_HEAD_DIM);
-            rescale = 1.0f;
-        }
+        /* rescale what came before to the new max, then add this block's p-weighted v rows */
+        const float rescale = expf(m - mnew); /* 0 on the first block (m = -inf) */
+        l = l * rescale + iron_hsum8(vsum);
+        for (int d = 0; d < IRON_HEAD_DIM; d++) acc[d] *= rescale;
+        for (j = 0; j < n; j++)
+            iron_axpy_bf16(acc, score[j], vb + j * IRON_HEAD_DIM, IRON_HEAD_DIM);
         m = mnew;
     }
     const float inv = len > 0 ? 1.0f / l : 0.0f;

@@ -8,6 +8,7 @@
  *   IRON_NUM_AIE_COLUMNS  worker threads
  *   IRON_NUM_CHANNELS     NPU DMA channels per column; accepted and ignored on the cpu
  * legality (checked in Python): SIZE % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
+ * 8 columns at a time with iron_silu8 (vector exp, iron_cpu.h); the tail of a tile uses expf.
  */
 #include "iron_cpu.h"
 
@@ -27,7 +28,13 @@ void iron_kernel(void *const *args) {
             const uint16_t *gate = x + r * 2L * IRON_SIZE;
             const uint16_t *up = gate + IRON_SIZE;
             uint16_t *o = out + r * (long)IRON_SIZE;
-            for (long i = t * IRON_TILE_SIZE; i < (t + 1) * IRON_TILE_SIZE; i++) {
+            const long end = (t + 1) * IRON_TILE_SIZE;
+            long i = t * IRON_TILE_SIZE;
+            for (; i + 8 <= end; i += 8) {
+                __m256 g = iron_load8_bf16(gate + i), u = iron_load8_bf16(up + i);
+                iron_store8_bf16(o + i, _mm256_mul_ps(iron_silu8(g), u));
+            }
+            for (; i < end; i++) {
                 float g = iron_bf16_to_f32(gate[i]);
                 o[i] = iron_f32_to_bf16(g / (1.0f + expf(-g)) * iron_bf16_to_f32(up[i]));
             }
