@@ -8,14 +8,12 @@ and next to the executor's own per-step kernel time (``run_timed``).
     python benchmarks/dispatch.py
 """
 
-import statistics
-import time
-
 import numpy as np
 
 import iron
 from iron.operators import ElementwiseAdd
 from iron.targets import cpu
+from timing import median_seconds
 
 STEPS, SIZE = 300, 16
 
@@ -27,22 +25,11 @@ class Chain(iron.Graph):
         return x
 
 
-def median(fn, repeats=200):
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main():
     x = np.zeros(SIZE, iron.bfloat16)
     y = np.full(SIZE, 1e-3, iron.bfloat16)
     exe = cpu.load(Chain().record_like([x, y]))
-    ours = median(lambda: exe.run([x, y], copy=False))
+    ours = median_seconds(lambda: exe.run([x, y], copy=False), repeats=200, warmup=10)
     seconds = np.zeros(STEPS)
     exe.run_timed([x, y], seconds)
     kernels = seconds.sum()
@@ -54,7 +41,7 @@ def main():
             a = a + y32
         return a
 
-    theirs = median(numpy_loop)
+    theirs = median_seconds(numpy_loop, repeats=200, warmup=10)
     print(f"{STEPS}-step program: iron {ours * 1e6:.1f} us per call ({ours / STEPS * 1e9:.0f} ns "
           f"per step; kernels alone {kernels / STEPS * 1e9:.0f} ns per step), numpy loop "
           f"{theirs * 1e6:.1f} us ({theirs / STEPS * 1e9:.0f} ns per step); ratio "

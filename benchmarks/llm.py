@@ -58,10 +58,7 @@ def child_iron(bundle: str, ids: list[int]) -> dict:
     n = 64
     start = time.perf_counter()
     for token in tokens[:n]:
-        model._one[0], model._pos[0] = token, model.position
-        (hidden,) = exe.run_timed([model._one, model._pos], seconds)
-        head.run_timed([hidden], head_seconds)
-        model.position += 1
+        model.decode(token, (seconds, head_seconds))
     wall = (time.perf_counter() - start) / n
     per_op = collections.Counter()
     for step, t in zip(exe.program.steps, seconds):

@@ -13,14 +13,12 @@ step includes dispatch.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import numpy as np
 
 import iron
 from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attention
 from iron.targets import cpu
+from timing import median_seconds
 
 L3_BYTES = 32 << 20
 BF16 = iron.bfloat16
@@ -40,17 +38,6 @@ class Repeated(iron.Graph):
 
     def body(self, x):
         return tuple(self.make_step(self, i, x) for i in range(self.copies))
-
-
-def median_seconds(fn, repeats=7, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def copies_for(nbytes):

@@ -159,7 +159,7 @@ def test_fastest_valid_setting_wins_and_the_file_is_one_full_entry_per_instance(
 def test_moved_table_compares_against_the_previous_profile(tmp_path):
     first = run(tmp_path, FakeBench())
     changed = [o for o in first.outcomes if o.best != o.instance.current]
-    assert 0 < len(changed) < 4  # two instances' defaults are already the fastest here
+    assert changed  # the pseudo-times make some default slower than another setting
     assert [m.instance for m in first.moved] == [o.instance.describe() for o in changed]
     for m in first.moved:
         assert m.gain == pytest.approx(m.old_time / m.new_time) and m.gain >= 1

@@ -114,56 +114,61 @@ class LlamaModel:
                             f"context of {self.context} positions; shorten the prompt or rebuild "
                             "the bundle with a larger context (doit context=N)")
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        """Run prompt tokens through the model in chunks; return the last one's logits."""
+    def _chunks(self, tokens: list[int]) -> Iterator[np.ndarray]:
+        """Run prompt tokens through the prefill program a chunk at a time; yield each chunk's
+        hidden states (a view of the program's output buffer, valid until the next call)."""
         self._check_room(len(tokens))
-        hidden = None
         for start in range(0, len(tokens), self.chunk):
             part = tokens[start:start + self.chunk]
             ids = np.zeros(self.chunk, np.int32)  # the last chunk is padded: its extra rows
             ids[: len(part)] = part  # write cache rows past the prompt, overwritten later
             pos = np.arange(self.position, self.position + self.chunk, dtype=np.int32)
             (out,) = self.prefill_exe.run([ids, pos], copy=False)
-            hidden = out[len(part) - 1: len(part)]
             self.position += len(part)
-        return self.head(hidden)
+            yield out[: len(part)]
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Run prompt tokens through the model; return the logits after the last one."""
+        if not tokens:
+            raise IronError("the prompt is empty: give at least one token")
+        for hidden in self._chunks(tokens):
+            pass
+        return self.head(hidden[-1:])
 
     def prefill_hidden(self, tokens: list[int]) -> np.ndarray:
         """Hidden states of every prompt token (for accuracy checks of the prefill path)."""
-        self._check_room(len(tokens))
-        rows = []
-        for start in range(0, len(tokens), self.chunk):
-            part = tokens[start:start + self.chunk]
-            ids = np.zeros(self.chunk, np.int32)
-            ids[: len(part)] = part
-            pos = np.arange(self.position, self.position + self.chunk, dtype=np.int32)
-            rows.append(self.prefill_exe.run([ids, pos])[0][: len(part)])
-            self.position += len(part)
-        return np.concatenate(rows)
+        return np.concatenate([h.copy() for h in self._chunks(tokens)])
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
         return self.head_exe.run([hidden], copy=False)[0][0]
 
-    def decode(self, token: int) -> np.ndarray:
-        """Feed one token at the current position; return the next token's logits."""
+    def decode(self, token: int, seconds: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> np.ndarray:
+        """Feed one token at the current position; return the next token's logits.
+
+        With ``seconds`` (one float64 array per step of the decode and the head program), each
+        step's kernel time is added to it: where a token's time goes.
+        """
         self._check_room(1)
         self._one[0], self._pos[0] = token, self.position
-        (hidden,) = self.decode_exe.run([self._one, self._pos], copy=False)
+        if seconds is None:
+            (hidden,) = self.decode_exe.run([self._one, self._pos], copy=False)
+            logits = self.head(hidden)
+        else:
+            (hidden,) = self.decode_exe.run_timed([self._one, self._pos], seconds[0])
+            logits = self.head_exe.run_timed([hidden], seconds[1])[0][0]
         self.position += 1
-        return self.head(hidden)
+        return logits
 
     def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler | None = None,
                  on_token: Callable[[int], None] | None = None,
                  stop_at_eos: bool = True) -> tuple[list[int], Stats]:
         """Generate up to ``max_new_tokens`` after ``prompt``, stopping at an end token unless
         ``stop_at_eos`` is False (benchmarks generate a fixed count)."""
-        if not prompt:
-            raise IronError("the prompt is empty: give at least one token")
         sampler = sampler or Sampler()
         self.reset()
         self._check_room(len(prompt) + max(max_new_tokens - 1, 0),
                          f"a prompt of {len(prompt)} tokens and {max_new_tokens} new tokens")
-        self.reset()
         stats = Stats(prompt_tokens=len(prompt))
         start = time.perf_counter()
         logits = self.prefill(prompt)
