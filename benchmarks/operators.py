@@ -1,7 +1,7 @@
 """Per-operator speed of the cpu kernels on SmolLM2's shapes, next to numpy float32 in one run.
 
 Matrix-vector products stream their weights: each side cycles through enough distinct copies
-of W (more than the 32 MiB L3) that every call reads W from memory, as a decode step does.  For
+of W (twice the last-level cache) that every call reads W from memory, as a decode step does.  For
 GEMV the figure is bytes of W per second (iron reads bf16, numpy float32, so the same shape
 moves half the bytes for iron); for GEMM it is GFLOP/s.  The other operators report time per
 call.  The iron side is one program of many steps, run with one ctypes call, so its time per
@@ -13,6 +13,7 @@ step includes dispatch.
 from __future__ import annotations
 
 import argparse
+import time
 import numpy as np
 
 import iron
@@ -20,7 +21,16 @@ from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attentio
 from iron.targets import cpu
 from timing import median_seconds
 
-L3_BYTES = 32 << 20
+def last_level_cache_bytes() -> int:
+    """The L3 size Linux reports (32 MiB if it reports none)."""
+    try:
+        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
+        return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        return 32 << 20
+
+
+L3_BYTES = last_level_cache_bytes()
 BF16 = iron.bfloat16
 
 GEMV_SHAPES = {"q/o proj": (576, 576), "k/v proj": (192, 576), "gate|up": (3072, 576),
@@ -44,6 +54,12 @@ def copies_for(nbytes):
     return max(2, -(-2 * L3_BYTES // nbytes))
 
 
+def quiet_blas():
+    """Let OpenBLAS's threads, still spinning after numpy's last call, go to sleep before
+    iron's threads are timed (they would otherwise compete for the same two cores)."""
+    time.sleep(0.5)
+
+
 def bench_gemv(name, m, k, profile, rng):
     n = copies_for(m * k * 2)
     graph = Repeated(lambda g, i, x: GEMV.step(g.weight(f"w{i}", (m, k)), x), n, profile=profile)
@@ -52,6 +68,7 @@ def bench_gemv(name, m, k, profile, rng):
     program = graph.record_like([x])
     exe = cpu.load(program)
     exe.bind_weights(graph.weights)
+    quiet_blas()
     ours = median_seconds(lambda: exe.run([x], copy=False)) / n
     n32 = copies_for(m * k * 4)
     w32 = [rng.standard_normal((m, k)).astype(np.float32) for _ in range(n32)]
@@ -76,6 +93,7 @@ def bench_gemm(name, m, k, n, profile, rng):
     program = graph.record_like([a])
     exe = cpu.load(program)
     exe.bind_weights(graph.weights)
+    quiet_blas()
     ours = median_seconds(lambda: exe.run([a], copy=False))
     a32, w32 = a.astype(np.float32), graph.weights["w"].astype(np.float32)
     theirs = median_seconds(lambda: a32 @ w32.T)
@@ -93,6 +111,7 @@ def bench_small(name, cls, inputs, numpy_fn, profile, fields=None):
     graph = One(profile=profile)
     program = graph.record_like(inputs)
     exe = cpu.load(program)
+    quiet_blas()
     ours = median_seconds(lambda: exe.run(inputs, copy=False), repeats=51)
     f32 = [a.astype(np.float32) if a.dtype == BF16 else a for a in inputs]
     theirs = median_seconds(lambda: numpy_fn(*f32), repeats=51)

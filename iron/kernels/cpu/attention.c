@@ -81,8 +81,9 @@ void iron_kernel(void *const *args) {
     uint16_t *out = args[4];
     const long start = pos[0];
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long rh = 0; rh < (long)IRON_ROWS * IRON_HEADS; rh++) {
         const long r = rh / IRON_HEADS, h = rh % IRON_HEADS;
         long len = start + r + 1;

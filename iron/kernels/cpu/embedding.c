@@ -19,8 +19,9 @@ void iron_kernel(void *const *args) {
     const int32_t *tokens = args[1];
     uint16_t *out = args[2];
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1 && IRON_ROWS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1 && IRON_ROWS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long r = 0; r < IRON_ROWS; r++) {
         const int32_t tok = tokens[r];
         uint16_t *o = out + r * (long)IRON_DIM;

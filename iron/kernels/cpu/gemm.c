@@ -96,8 +96,9 @@ void iron_kernel(void *const *args) {
                                     * (BP_FLOATS + CT_FLOATS));
     for (long i = 0; i < (long)IRON_M * IRON_K; i++) Af[i] = iron_bf16_to_f32(A[i]);
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long item = 0; item < IRON_N / IRON_TILE_N; item++) {
         const long n0 = item * IRON_TILE_N;
         float *bp = work + omp_get_thread_num() * (BP_FLOATS + CT_FLOATS);

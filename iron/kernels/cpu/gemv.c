@@ -99,8 +99,9 @@ void iron_kernel(void *const *args) {
 #endif
     for (long b = 0; b < IRON_BATCHES; b++) permute_x(x + b * IRON_K, xf + b * KP);
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long item = 0; item < IRON_M / IRON_TILE_SIZE_OUTPUT; item++) {
         const long m_end = (item + 1) * IRON_TILE_SIZE_OUTPUT;
         for (long m = item * IRON_TILE_SIZE_OUTPUT; m < m_end; m += TI)

@@ -24,8 +24,9 @@ void iron_kernel(void *const *args) {
     uint16_t *out = args[IRON_WEIGHTED ? 2 : 1];
     const float eps = iron_f32_from_bits(IRON_EPS_BITS);
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long t = 0; t < IRON_ROWS / IRON_TILE_SIZE; t++) {
         for (long r = t * IRON_TILE_SIZE; r < (t + 1) * IRON_TILE_SIZE; r++) {
             const uint16_t *xr = x + r * IRON_SIZE;

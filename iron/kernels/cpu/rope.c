@@ -29,8 +29,9 @@ void iron_kernel(void *const *args) {
     const float *inv_freq = args[2];
     uint16_t *out = args[3];
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long t = 0; t < IRON_ROWS / IRON_TILE_SIZE; t++) {
         float c[HALF], s[HALF];
         for (long r = t * IRON_TILE_SIZE; r < (t + 1) * IRON_TILE_SIZE; r++) {

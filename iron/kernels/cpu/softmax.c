@@ -44,8 +44,9 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[0];
     uint16_t *out = args[1];
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long t = 0; t < IRON_ROWS / IRON_TILE_SIZE; t++) {
 #if IRON_SIZE <= 16384
         float e[IRON_SIZE];

@@ -21,8 +21,9 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[0];
     uint16_t *out = args[1];
 
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static) \
-        if (IRON_NUM_AIE_COLUMNS > 1)
+#if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
     for (long t = 0; t < IRON_SIZE / IRON_TILE_SIZE; t++) {
         for (long r = 0; r < IRON_ROWS; r++) {
             const uint16_t *gate = x + r * 2L * IRON_SIZE;
