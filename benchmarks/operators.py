@@ -17,20 +17,12 @@ import time
 import numpy as np
 
 import iron
+from iron.devices import host_cache_bytes
 from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attention
 from iron.targets import cpu
 from timing import median_seconds
 
-def last_level_cache_bytes() -> int:
-    """The L3 size Linux reports (32 MiB if it reports none)."""
-    try:
-        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
-        return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)
-    except (OSError, ValueError):
-        return 32 << 20
-
-
-L3_BYTES = last_level_cache_bytes()
+L3_BYTES = host_cache_bytes()
 BF16 = iron.bfloat16
 
 GEMV_SHAPES = {"q/o proj": (576, 576), "k/v proj": (192, 576), "gate|up": (3072, 576),

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Protocol, Sequence, TextIO
 
 import numpy as np
 
-from ..devices import Device, device as get_device
+from ..devices import Device, device as get_device, host_cache_bytes
 from ..errors import DeviceError, IronError
 from ..graph import Graph, Program
 from ..operator import Operator
@@ -203,13 +203,13 @@ class CpuBenchmark:
     Timing uses the runtime's per-step clock (``run_timed``), so Python's call overhead is not
     counted: warm-up runs, then enough runs for ``min_time`` seconds (at least ``min_runs``);
     the median and the interquartile spread are kept.  Cold inputs (weights, KV caches) are
-    rotated through copies totalling ``cold_bytes`` — more than the host's 32 MiB L3 — so each
-    run reads them from memory, as the real model does.  A run longer than ``timeout`` seconds
+    rotated through copies totalling ``cold_bytes`` — by default twice the host's last-level
+    cache — so each run reads them from memory, as the real model does.  A run longer than ``timeout`` seconds
     rejects the candidate; one that is clearly slower than the best so far (3x after 3 runs)
     stops early, since it cannot win.
     """
 
-    def __init__(self, store=None, jobs: int | None = None, cold_bytes: int = 64 << 20,
+    def __init__(self, store=None, jobs: int | None = None, cold_bytes: int | None = None,
                  max_copies: int = 256, warmup: int = 2, min_runs: int = 5,
                  max_runs: int = 200, min_time: float = 0.1, timeout: float = 5.0):
         from ..targets import cpu
@@ -217,6 +217,7 @@ class CpuBenchmark:
         self.cpu = cpu
         self.store = store
         self.jobs = jobs or os.cpu_count() or 1
+        cold_bytes = cold_bytes or max(64 << 20, 2 * host_cache_bytes())
         self.cold_bytes, self.max_copies = cold_bytes, max_copies
         self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
         self.min_time, self.timeout = min_time, timeout
