@@ -190,6 +190,7 @@ class Executable:
         for index, buf in self.buffers.items():
             self._point(index, buf)
         self._bound: set[int] = set(self.buffers)
+        self._weights_bound = False  # checked once, on the first run
         self._overwritten = {s.inputs[i] for s in program.steps
                              for i in type(s.op).inplace.values()}
 
@@ -200,6 +201,8 @@ class Executable:
 
     def _conform(self, index: int, array: np.ndarray, what: str) -> np.ndarray:
         t = self.program.tensors[index]
+        if array.dtype == t.dtype and array.shape == t.shape and array.flags.c_contiguous:
+            return array  # the common case, kept cheap: it runs for every input of every call
         if tuple(array.shape) != t.shape:
             raise ShapeError(f"{what} has shape {tuple(array.shape)}, the program expects "
                              f"{t.shape}")
@@ -242,10 +245,13 @@ class Executable:
                 a = a.copy()  # an in-place step writes this input: never the caller's array
             self.buffers[index] = a
             self._point(index, a)
-        missing = [t for t in self.program.tensors if t.kind == "weight"
-                   and t.index not in self._bound]
-        if missing:
-            raise ShapeError(f"weight {missing[0].name!r} is not bound; call bind_weights first")
+        if not self._weights_bound:
+            missing = [t for t in self.program.tensors if t.kind == "weight"
+                       and t.index not in self._bound]
+            if missing:
+                raise ShapeError(f"weight {missing[0].name!r} is not bound; call bind_weights "
+                                 "first")
+            self._weights_bound = True
 
     def run(self, arrays: Sequence[np.ndarray], copy: bool = True) -> list[np.ndarray]:
         """Run every step once; return the outputs (copies unless ``copy=False``)."""
