@@ -6,16 +6,24 @@
  *   IRON_K                reduction length
  *   IRON_N                rows of B, columns of C (output features)
  *   IRON_TILE_M           rows of A swept together over one packed B tile (cache blocking)
- *   IRON_TILE_K           k-extent of a B tile converted to float32 at once
+ *   IRON_TILE_K           k-extent of a B tile packed at once
  *   IRON_TILE_N           columns of C per work item (rows of B per tile)
  *   IRON_NUM_AIE_COLUMNS  worker threads over the N / TILE_N work items
  * legality (checked in Python): M % TILE_M == 0, K % TILE_K == 0, N % TILE_N == 0.
  *
- * A is converted to float32 once per call. Each work item owns the M x TILE_N column block of
- * C, accumulated in float32; for each k-tile the TILE_N x TILE_K tile of B is converted to
- * float32 once and packed into panels of NR = 16 columns ([panel][k][16], zero-padded), then
- * TILE_M rows of A at a time sweep it with an FMA microkernel of up to 6 rows x 16 columns
- * (12 accumulators).
+ * Each work item owns the M x TILE_N column block of C, accumulated in float32 (ct, rows of
+ * TN_PAD floats). For each k-tile the TILE_N x TILE_K tile of B is packed once into panels of
+ * NR = 16 columns (zero-padded), then TILE_M rows of A at a time sweep it with a register-blocked
+ * microkernel. Two builds of the same scheme:
+ *
+ * AVX512_BF16 (e.g. Sapphire Rapids): B stays bf16, packed as k-pairs,
+ *   bp[panel][kp][16][2] = B[n0 + 16 panel + j, k0 + 2 kp + {0, 1}]   (one zmm per k-pair),
+ *   and vdpbf16ps multiplies a broadcast pair A[m, 2 kp .. 2 kp + 1] by it, adding both products
+ *   into 16 float32 lanes (bf16 products are exact in float32; the instruction flushes
+ *   subnormals). Microkernel: up to 8 rows x 2 panels (16 zmm accumulators). A is read in
+ *   place; only for an odd TILE_K it is copied with each k-tile padded by a zero to KP pairs.
+ * otherwise (AVX2 + FMA): A is converted to float32 once per call, B tiles are converted to
+ *   float32 and packed as bp[panel][k][16]; microkernel up to 6 rows x 16 columns (12 ymm).
  */
 #include <omp.h>
 
@@ -30,8 +38,95 @@ IRON_NUM_AIE_COLUMNS"
 #define NR 16                                     /* columns per packed panel of B */
 #define TN_PAD ((IRON_TILE_N + NR - 1) / NR * NR) /* tile width rounded up to panels */
 #define PANELS (TN_PAD / NR)
-#define BP_FLOATS ((long)PANELS * IRON_TILE_K * NR)
 #define CT_FLOATS ((long)IRON_M * TN_PAD)
+
+#if defined(__AVX512BF16__)
+
+#define KP ((IRON_TILE_K + 1) / 2) /* k-pairs per tile */
+/* row stride of the A that micro reads: A itself, or its copy with k-tiles padded to KP pairs */
+#define A_STRIDE (IRON_TILE_K % 2 ? IRON_K / IRON_TILE_K * 2 * KP : IRON_K)
+#define A_TILE_COLS (2 * KP) /* columns of one k-tile in that A */
+#define BP_ELEMS ((long)PANELS * KP * NR * 2)
+typedef uint16_t packed_t;
+
+/* c (rows x 16 np, row stride TN_PAD) += a (rows x 2 KP, row stride A_STRIDE) @ np panels of bp
+ * (panel stride KP * 32). Called with constant rows (8, 4, 2, 1) and np (2, 1), so acc[][]
+ * lives in registers. */
+static inline __attribute__((always_inline)) void micro(const int rows, const int np,
+                                                        const uint16_t *a, const uint16_t *bp,
+                                                        float *c) {
+    __m512 acc[8][2];
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < np; p++) acc[r][p] = _mm512_loadu_ps(c + r * TN_PAD + p * NR);
+    for (int kp = 0; kp < KP; kp++) {
+        __m512bh b[2];
+        for (int p = 0; p < np; p++)
+            b[p] = (__m512bh)_mm512_load_si512(bp + ((long)p * KP + kp) * NR * 2);
+        for (int r = 0; r < rows; r++) {
+            uint32_t pair;
+            memcpy(&pair, a + r * (long)A_STRIDE + 2 * kp, sizeof pair);
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)pair);
+            for (int p = 0; p < np; p++) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], av, b[p]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < np; p++) _mm512_storeu_ps(c + r * TN_PAD + p * NR, acc[r][p]);
+}
+
+/* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][kp][16][2], an odd TILE_K padded by a zero */
+static void pack_b(const uint16_t *B, long n0, long k0, uint16_t *bp) {
+    for (long n = 0; n < IRON_TILE_N; n++) {
+        const uint16_t *row = B + (n0 + n) * IRON_K + k0;
+        uint16_t *dst = bp + (n / NR) * (long)KP * NR * 2 + n % NR * 2;
+        for (long kp = 0; kp < IRON_TILE_K / 2; kp++) memcpy(dst + kp * NR * 2, row + 2 * kp, 4);
+        if (IRON_TILE_K % 2) {
+            dst[(KP - 1) * NR * 2] = row[IRON_TILE_K - 1];
+            dst[(KP - 1) * NR * 2 + 1] = 0;
+        }
+    }
+}
+
+/* ct (TILE_M rows, row stride TN_PAD) += A[m0 .. m0+TILE_M, k-tile at column ka] @ bp */
+static void tile_update(const uint16_t *Ap, long m0, long ka, const uint16_t *bp, float *ct) {
+    const uint16_t *a = Ap + m0 * A_STRIDE + ka;
+    for (int p = 0; p < PANELS; p += 2) {
+        const uint16_t *panel = bp + (long)p * KP * NR * 2;
+        float *c = ct + p * NR;
+        int i = 0;
+        if (p + 2 <= PANELS) {
+            for (; i + 8 <= IRON_TILE_M; i += 8)
+                micro(8, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
+            if (IRON_TILE_M - i >= 4) {
+                micro(4, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
+                i += 4;
+            }
+            if (IRON_TILE_M - i >= 2) {
+                micro(2, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
+                i += 2;
+            }
+            if (IRON_TILE_M - i >= 1) micro(1, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
+        } else {
+            for (; i + 8 <= IRON_TILE_M; i += 8)
+                micro(8, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
+            if (IRON_TILE_M - i >= 4) {
+                micro(4, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
+                i += 4;
+            }
+            if (IRON_TILE_M - i >= 2) {
+                micro(2, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
+                i += 2;
+            }
+            if (IRON_TILE_M - i >= 1) micro(1, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
+        }
+    }
+}
+
+#else /* AVX2 + FMA */
+
+#define A_STRIDE IRON_K
+#define A_TILE_COLS IRON_TILE_K
+#define BP_ELEMS ((long)PANELS * IRON_TILE_K * NR)
+typedef float packed_t;
 
 /* c (rows x 16, row stride TN_PAD) += a (rows x TILE_K, row stride K) @ bp (TILE_K x 16).
  * Called with constant rows (6, 4, 2, 1), so acc[][] lives in registers. */
@@ -85,30 +180,50 @@ static void tile_update(const float *Af, long m0, long k0, const float *bp, floa
     }
 }
 
+#endif
+
 void iron_kernel(void *const *args) {
     const uint16_t *A = args[0];
     const uint16_t *B = args[1];
     uint16_t *C = args[2];
 
-    float *Af = aligned_alloc(64, sizeof(float) * (((long)IRON_M * IRON_K + 15) / 16 * 16));
-    /* per thread: one packed B tile, then its M x TILE_N block of C */
-    float *work = aligned_alloc(64, sizeof(float) * IRON_NUM_AIE_COLUMNS
-                                    * (BP_FLOATS + CT_FLOATS));
-    for (long i = 0; i < (long)IRON_M * IRON_K; i++) Af[i] = iron_bf16_to_f32(A[i]);
+    /* A as micro reads it (row stride A_STRIDE): float32 for AVX2; for AVX512_BF16 A itself,
+     * or for an odd TILE_K a copy with each k-tile followed by one zero */
+#if defined(__AVX512BF16__)
+    uint16_t *copy = NULL;
+    const uint16_t *Ap = A;
+    if (IRON_TILE_K % 2) {
+        copy = calloc((long)IRON_M * A_STRIDE, sizeof(uint16_t));
+        for (long m = 0; m < IRON_M; m++)
+            for (long t = 0; t < IRON_K / IRON_TILE_K; t++)
+                memcpy(copy + m * A_STRIDE + t * A_TILE_COLS, A + m * IRON_K + t * IRON_TILE_K,
+                       sizeof(uint16_t) * IRON_TILE_K);
+        Ap = copy;
+    }
+#else
+    float *copy = aligned_alloc(64, sizeof(float) * (((long)IRON_M * IRON_K + 15) / 16 * 16));
+    for (long i = 0; i < (long)IRON_M * IRON_K; i++) copy[i] = iron_bf16_to_f32(A[i]);
+    const float *Ap = copy;
+#endif
+    /* per thread: one packed B tile, then its M x TILE_N block of C (float32); both sizes are
+     * multiples of 64 bytes */
+    const long bp_bytes = (sizeof(packed_t) * BP_ELEMS + 63) / 64 * 64;
+    const long per_thread = bp_bytes + sizeof(float) * CT_FLOATS;
+    char *work = aligned_alloc(64, IRON_NUM_AIE_COLUMNS * per_thread);
 
 #if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
 #endif
     for (long item = 0; item < IRON_N / IRON_TILE_N; item++) {
         const long n0 = item * IRON_TILE_N;
-        float *bp = work + omp_get_thread_num() * (BP_FLOATS + CT_FLOATS);
-        float *ct = bp + BP_FLOATS;
+        packed_t *bp = (packed_t *)(work + omp_get_thread_num() * per_thread);
+        float *ct = (float *)((char *)bp + bp_bytes);
         memset(ct, 0, sizeof(float) * CT_FLOATS);
-        if (IRON_TILE_N % NR) memset(bp, 0, sizeof(float) * BP_FLOATS); /* padded columns */
+        if (IRON_TILE_N % NR) memset(bp, 0, bp_bytes); /* padded columns */
         for (long k0 = 0; k0 < IRON_K; k0 += IRON_TILE_K) {
             pack_b(B, n0, k0, bp);
             for (long m0 = 0; m0 < IRON_M; m0 += IRON_TILE_M)
-                tile_update(Af, m0, k0, bp, ct + m0 * TN_PAD);
+                tile_update(Ap, m0, k0 / IRON_TILE_K * A_TILE_COLS, bp, ct + m0 * TN_PAD);
         }
         for (long i = 0; i < IRON_M; i++)
             for (long j = 0; j < IRON_TILE_N; j++)
@@ -116,5 +231,5 @@ void iron_kernel(void *const *args) {
     }
 
     free(work);
-    free(Af);
+    free(copy);
 }
