@@ -234,14 +234,15 @@ class Graph:
 
     def record(self, *shapes: Any, **named_shapes: Any) -> Program:
         """Record ``body`` at the given input shapes (tuples, or ``iron.spec(shape, dtype)``)."""
+        signature = inspect.signature(self.body)
         try:
-            bound = inspect.signature(self.body).bind(*shapes, **named_shapes)
+            bound = signature.bind(*shapes, **named_shapes)
         except TypeError as e:
             raise ShapeError(f"{type(self).__name__}.record: {e}") from None
         rec = Recording(self.device, as_profile(self.profile, self.device.name))
         token = _recording.set(rec)
         try:
-            params = inspect.signature(self.body).parameters
+            params = signature.parameters
             tensors, call_args, call_kwargs = [], [], {}
             for name, value in bound.arguments.items():
                 variadic = params[name].kind == inspect.Parameter.VAR_POSITIONAL

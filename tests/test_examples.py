@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "profiles.py"
 

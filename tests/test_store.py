@@ -4,7 +4,6 @@ damaged entries, concurrent builders, compile failures."""
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

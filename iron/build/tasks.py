@@ -15,10 +15,9 @@ Command-line variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), `
 
 from __future__ import annotations
 
-import os
+import functools
 import shutil
 import sys
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..devices import device as get_device
@@ -73,15 +72,18 @@ class BuildGraph:
     def profile(self) -> Profile:
         return app_profile(self.app_name, self.device.name)
 
+    @functools.cached_property
     def instances(self) -> dict[str, tuple[Any, Any]]:
-        """Distinct resolved instances by task name: (operator, recipe)."""
+        """Distinct resolved instances by task name: (operator, recipe); recorded once per
+        doit run, though the compile, bundle and gc tasks all read it."""
         from ..targets import cpu
 
+        programs = self.app.programs(self.device, self.profile()).values()
+        distinct = dict.fromkeys(op for program in programs for op in program.ops)
         found = {}
-        for program in self.app.programs(self.device, self.profile()).values():
-            for op in program.ops:
-                recipe = cpu.recipe_for(op)
-                found.setdefault(task_name(op, recipe.key), (op, recipe))
+        for op in distinct:
+            recipe = cpu.recipe_for(op)
+            found[task_name(op, recipe.key)] = (op, recipe)
         return found
 
     # ---- tasks ----------------------------------------------------------------------------
@@ -99,7 +101,7 @@ class BuildGraph:
 
         yield {"basename": "compile", "name": None,
                "doc": "compile every operator instance of the application (one subtask each)"}
-        for name, (op, recipe) in sorted(self.instances().items()):
+        for name, (op, recipe) in sorted(self.instances.items()):
             sources = [str(cpu.SOURCE_DIR / f) for f in recipe.description["sources"]]
             yield {"name": name, "actions": [(compile_action, [recipe, self.store])],
                    "file_dep": sources,
@@ -111,7 +113,7 @@ class BuildGraph:
         from ..targets import cpu
 
         deps = [str(self.store.path(recipe.key) / ENTRY_MANIFEST)
-                for _, recipe in self.instances().values()]
+                for _, recipe in self.instances.values()]
         deps += [str(p) for p in self.app.sources()]
         if self.profile_file.exists():
             deps.append(str(self.profile_file))
@@ -154,7 +156,7 @@ class BuildGraph:
                 "doc": "remove cache entries and build leftovers that nothing references"}
 
     def _gc(self) -> None:
-        keep = {recipe.key for _, recipe in self.instances().values()}
+        keep = {recipe.key for _, recipe in self.instances.values()}
         from ..targets import cpu
 
         keep.add(cpu.recipe_for(None).key)

@@ -479,9 +479,7 @@ class Checkpoint:
         except KeyError:
             raise CheckpointError(f"{self.directory}: no tensor {name!r} in this checkpoint "
                                   "(see Checkpoint.tensor_names())") from None
-        view = mm[info.begin:info.end].view(SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
-        view.flags.writeable = False
-        return view
+        return _tensor_view(mm, info)
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.directory)!r}, {len(self._entries)} tensors)"
@@ -572,9 +570,11 @@ def open_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     path = Path(path)
     start, infos = read_safetensors_header(path)
     mm = _memmap(path, start)
-    tensors = {}
-    for name, info in infos.items():
-        view = mm[info.begin:info.end].view(SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
-        view.flags.writeable = False
-        tensors[name] = view
-    return tensors
+    return {name: _tensor_view(mm, info) for name, info in infos.items()}
+
+
+def _tensor_view(mm: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """One tensor of a memory-mapped data section, read-only, in its stored dtype and shape."""
+    view = mm[info.begin:info.end].view(SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
+    view.flags.writeable = False
+    return view
