@@ -9,7 +9,8 @@ provides:
   kernels read (this is where e.g. gate and up projections are stacked);
 - ``files() -> dict[str, Path]``: files the bundle carries as they are (``tokenizer.json``);
 - ``meta() -> dict``: JSON data the runtime needs (model config, special tokens, ...);
-- ``sources() -> list[Path]``: the files the bundle depends on (the checkpoint's).
+- ``sources() -> list[Path]``: the files the bundle depends on (the checkpoint's);
+- ``run_command(bundle, prompt) -> list[str]``: the command ``doit generate`` runs.
 
 Profiles live in ``profiles/<app>/<device>.json``; a missing file means "defaults only".
 """
