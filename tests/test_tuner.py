@@ -21,8 +21,8 @@ from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
 from iron.targets import cpu
 from iron.tuning import diff as profile_diff
 from iron.tuning.check import mismatch
-from iron.tuning.log import TuneLog
-from iron.tuning.tuner import CpuBenchmark, Measurement, candidates, instances, tune
+from iron.tuning.log import Comparison, TuneLog
+from iron.tuning.tuner import MIN_GAIN, CpuBenchmark, Measurement, candidates, instances, tune
 
 
 class Chain(iron.Graph):
@@ -58,9 +58,13 @@ class FakeBench:
 
     method = "fake"
 
-    def __init__(self, wrong=lambda op: False, interrupt_after=None, sleep=0.0):
+    def __init__(self, wrong=lambda op: False, interrupt_after=None, sleep=0.0,
+                 head_to_head=None):
         self.wrong, self.interrupt_after, self.sleep = wrong, interrupt_after, sleep
-        self.measured = []
+        # (first quartile, median, third quartile) of the per-round gains of new over old
+        self.head_to_head = head_to_head or (
+            lambda new, old: (fake_time(old) / fake_time(new),) * 3)
+        self.measured, self.compared = [], []
 
     def key(self, op):
         return cpu.recipe_for(op).key
@@ -76,6 +80,17 @@ class FakeBench:
         if self.wrong(op):
             return Measurement(error="wrong result: deliberately corrupted")
         return Measurement(fake_time(op), 0.0, 1)
+
+    def compare(self, instance, new, old):
+        self.compared.append((new, old))
+        low, gain, high = self.head_to_head(new, old)
+        return Comparison(self.key(new), self.key(old), gain, low, high, 1, self.method)
+
+
+def expected_choice(outcome):
+    """The sweep's fastest if it beats the setting in use by MIN_GAIN, else the setting in use."""
+    best, current = outcome.best, outcome.instance.current
+    return best if fake_time(current) / fake_time(best) >= MIN_GAIN else current
 
 
 def run(tmp_path, bench, **kw):
@@ -145,27 +160,48 @@ def test_fastest_valid_setting_wins_and_the_file_is_one_full_entry_per_instance(
     lines = result.path.read_text().splitlines()
     assert len(lines) == 2 + 4 and len(result.profile) == 4
     for o in result.outcomes:
-        best = min(candidates(o.instance.op, "cpu"), key=fake_time)
-        assert o.best == best
-        entry = [e for e in result.profile.entries if e.operator == type(best).__name__
-                 and dict(e.match) == {p: getattr(best, p) for p in best.params()}]
-        assert len(entry) == 1 and dict(entry[0].sets) == best.tunable_values()
+        assert o.best == min(candidates(o.instance.op, "cpu"), key=fake_time)
+        chosen = expected_choice(o)
+        assert o.chosen == chosen
+        entry = [e for e in result.profile.entries if e.operator == type(chosen).__name__
+                 and dict(e.match) == {p: getattr(chosen, p) for p in chosen.params()}]
+        assert len(entry) == 1 and dict(entry[0].sets) == chosen.tunable_values()
     # the application picks the tuned settings up
     again = instances(FakeApp().programs(iron.device("cpu"), iron.Profile.load(result.path)))
-    chosen = {o.instance.op: o.best for o in result.outcomes}
+    chosen = {o.instance.op: o.chosen for o in result.outcomes}
     assert all(i.current == chosen[i.op] for i in again if i.op in chosen)
 
 
 def test_moved_table_compares_against_the_previous_profile(tmp_path):
-    first = run(tmp_path, FakeBench())
-    changed = [o for o in first.outcomes if o.best != o.instance.current]
+    bench = FakeBench()
+    first = run(tmp_path, bench)
+    changed = [o for o in first.outcomes if o.chosen != o.instance.current]
     assert changed  # the pseudo-times make some default slower than another setting
     assert [m.instance for m in first.moved] == [o.instance.describe() for o in changed]
     for m in first.moved:
-        assert m.gain == pytest.approx(m.old_time / m.new_time) and m.gain >= 1
+        assert m.gain == pytest.approx(m.old_time / m.new_time) and m.gain >= MIN_GAIN
     assert "instances moved" in (tmp_path / "out.txt").read_text()
-    second = run(tmp_path, FakeBench())
+    # every winner that differs from the setting in use went head-to-head against it, once
+    assert bench.compared == [(o.best, o.instance.current) for o in first.outcomes
+                              if o.best != o.instance.current]
+    second_bench = FakeBench()
+    second = run(tmp_path, second_bench)
     assert second.moved == [] and second.measured_now == 0
+
+
+def test_a_winner_moves_only_when_it_wins_the_head_to_head(tmp_path):
+    """The sweep's medians can mislead; the alternating head-to-head has the last word."""
+    small = run(tmp_path, FakeBench(head_to_head=lambda new, old: (1.0, 1.01, 1.02)))
+    assert small.moved == [] and small.complete
+    assert all(o.chosen == o.instance.current for o in small.outcomes)
+    assert "kept their setting" in (tmp_path / "out.txt").read_text()
+    erratic = run(tmp_path, FakeBench(head_to_head=lambda new, old: (0.9, 1.2, 1.5)), fresh=True)
+    assert erratic.moved == []  # a big median gain, but slower in a quarter of the rounds
+    # the verdict is logged: a re-run with another head-to-head result reuses it
+    again = run(tmp_path, FakeBench(head_to_head=lambda new, old: (1.9, 2.0, 2.1)))
+    assert again.moved == []
+    fresh = run(tmp_path, FakeBench(head_to_head=lambda new, old: (1.9, 2.0, 2.1)), fresh=True)
+    assert fresh.moved and all(o.chosen == o.best for o in fresh.outcomes)
 
 
 def test_written_file_is_byte_identical_across_runs_from_the_same_log(tmp_path):
@@ -196,6 +232,7 @@ def test_rejected_candidate_is_logged_and_never_chosen_even_if_fastest(tmp_path)
     result = run(tmp_path, FakeBench(wrong=lambda op: op in fastest.values()))
     for o in result.outcomes:
         assert o.best is not None and o.best != fastest[o.instance.op]
+        assert o.chosen != fastest[o.instance.op]
         assert o.rejected == 1
     bad = {cpu.recipe_for(op).key for op in fastest.values()}
     for line in (tmp_path / "tune.jsonl").read_text().splitlines():
@@ -235,6 +272,18 @@ class AxpyApp(FakeApp):
         return {"decode": OnlyAxpy(device, profile).record((64,), (64,))}
 
 
+class OnlyGemv(iron.Graph):
+    def body(self, x):
+        return GEMV.step(self.weight("w", (512, 1024)), x)
+
+
+class GemvApp(FakeApp):
+    name = "gemv"
+
+    def programs(self, device, profile):
+        return {"decode": OnlyGemv(device, profile).record((1024,))}
+
+
 def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monkeypatch):
     op = AXPY(size=64, scalar_factor=0.5)
     cands = candidates(op, "cpu")
@@ -258,6 +307,20 @@ def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monke
     assert rejected == {(tuple(wrong.tunable_values().values()), "wrong result"),
                         (tuple(broken.tunable_values().values()), "compile error")}
     assert all(r["median"] > 0 and r["runs"] >= 1 for r in records if r["status"] == "ok")
+
+
+def test_real_head_to_head_finds_a_setting_even_with_itself_and_a_slow_one_slower(tmp_path):
+    """The real alternating comparison: no gain of a setting over itself; a gain over a
+    deliberately slow setting (one row per work item, single-threaded, on a 1 MB GEMV)."""
+    (inst,) = [i for i in instances(GemvApp().programs(iron.device("cpu"), iron.Profile()))]
+    fast = inst.current
+    slow = GEMV(M=512, K=1024, tile_size_input=1, tile_size_output=4, num_aie_columns=1)
+    bench = CpuBenchmark(min_time=0.02, blocks=8)
+    even = bench.compare(inst, fast, fast)
+    assert even.rounds == 8 and even.low <= even.gain <= even.high
+    assert 0.8 < even.gain < 1.25  # same kernel, same inputs: a tie up to scheduling noise
+    gain = bench.compare(inst, fast, slow)
+    assert gain.low <= gain.gain <= gain.high and gain.gain > 1.0, gain
 
 
 def test_mismatch_reports_the_worst_element():

@@ -11,6 +11,8 @@ Records::
     {"key": ..., "status": "ok", "median": s, ...}         measured
     {"key": ..., "status": "rejected", "reason": ...}      failed to compile, check or finish
     {"key": ..., "status": "interrupted"}                  the user stopped it mid-measurement
+    {"key": new, "against": old, "status": "compared",     a head-to-head of two candidates:
+     "gain": old/new, ...}                                 how much faster ``new`` ran
 
 A candidate that was ``started`` twice without a result crashed or hung the tuner twice (a
 kernel that never returns cannot be stopped in-process): the next run rejects it instead of
@@ -58,6 +60,24 @@ class Record:
         return doc
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A head-to-head of candidate ``key`` against ``against``: ``gain`` = old time / new time."""
+
+    key: str
+    against: str
+    gain: float  # the median of the per-round gains
+    low: float  # their quartiles: the middle half of the rounds lies in low..high
+    high: float
+    rounds: int
+    method: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "against": self.against, "status": "compared",
+                "gain": self.gain, "low": self.low, "high": self.high, "rounds": self.rounds,
+                "method": self.method}
+
+
 class TuneLog:
     """The records of one log file, for one benchmark method; appends are durable."""
 
@@ -65,6 +85,7 @@ class TuneLog:
         self.path = Path(path)
         self.method = method
         self.records: dict[str, Record] = {}
+        self.comparisons: dict[tuple[str, str], Comparison] = {}
         self.starts: dict[str, int] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
@@ -80,6 +101,13 @@ class TuneLog:
             try:
                 doc = json.loads(line)
                 key, status = doc["key"], doc["status"]
+                if status == "compared":
+                    if doc.get("method") == self.method:
+                        c = Comparison(key, doc["against"], float(doc["gain"]),
+                                       float(doc["low"]), float(doc["high"]),
+                                       int(doc["rounds"]), self.method)
+                        self.comparisons[c.key, c.against] = c
+                    continue
             except (ValueError, KeyError, TypeError):
                 continue  # a torn line from a kill mid-write
             if status == "started":
@@ -100,6 +128,13 @@ class TuneLog:
             return Record(key, "rejected", reason=f"crashed or hung the tuner {self.starts[key]} "
                           "times (started, never finished)", method=self.method)
         return record
+
+    def comparison(self, key: str, against: str) -> Comparison | None:
+        return self.comparisons.get((key, against))
+
+    def compared(self, comparison: Comparison) -> None:
+        self._write(comparison.to_json())
+        self.comparisons[comparison.key, comparison.against] = comparison
 
     def start(self, key: str) -> None:
         self._write({"key": key, "status": "started"})

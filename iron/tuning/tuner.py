@@ -13,10 +13,15 @@ Three small pieces, as in Triton's autotuner:
 
 Per instance the setting the application runs today is measured first, so when the budget runs
 out the best found so far is never worse than what the profile had.  The fastest valid
-candidate wins (ties go to the earlier legal setting); a rejected one (compile error, wrong
-result, timeout) is logged with its reason and never chosen.  The profile is rewritten with one
-entry per tuned instance, matching all its params and setting all its tunables; every other
-entry survives.
+candidate wins the sweep (ties go to the earlier legal setting); a rejected one (compile error,
+wrong result, timeout) is logged with its reason and never chosen.  The sweep's medians are
+taken seconds apart, and on a shared machine they drift by more than many settings differ; so
+the winner replaces the setting in use only after a head-to-head (the two timed in alternating
+blocks on the same inputs) shows it at least ``MIN_GAIN`` faster in the median block and faster
+in three blocks of four.  Near-ties keep what the
+profile had, which makes re-tuning stable: a profile changes only for a gain that repeats.  The
+profile is rewritten with one entry per tuned instance, matching all its params and setting all
+its tunables; every other entry survives.
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ from ..paths import build_dir
 from ..profile import Profile
 from ..tensor import spec
 from .check import mismatch
-from .log import Record, TuneLog
+from .log import Comparison, Record, TuneLog
+
+#: How much faster, head-to-head (median round), a setting must run to replace the one in use.
+MIN_GAIN = 1.03
 
 # ---- instances and candidates ---------------------------------------------------------------
 
@@ -135,6 +143,9 @@ class Benchmark(Protocol):
     def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
         """Check ``op`` against the reference on the instance's shapes, then time it."""
 
+    def compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
+        """Time two checked candidates head-to-head: ``gain`` = old time / new time."""
+
 
 class _OneStep(Graph):
     def __init__(self, op: Operator, dev: Device):
@@ -204,14 +215,15 @@ class CpuBenchmark:
     counted: warm-up runs, then enough runs for ``min_time`` seconds (at least ``min_runs``);
     the median and the interquartile spread are kept.  Cold inputs (weights, KV caches) are
     rotated through copies totalling ``cold_bytes`` — by default twice the host's last-level
-    cache — so each run reads them from memory, as the real model does.  A run longer than ``timeout`` seconds
-    rejects the candidate; one that is clearly slower than the best so far (3x after 3 runs)
-    stops early, since it cannot win.
+    cache — so each run reads them from memory, as the real model does.  A run longer than
+    ``timeout`` seconds rejects the candidate; one that is clearly slower than the best so far
+    (3x after 3 runs) stops early, since it cannot win.  ``compare`` runs the head-to-head.
     """
 
     def __init__(self, store=None, jobs: int | None = None, cold_bytes: int | None = None,
                  max_copies: int = 256, warmup: int = 2, min_runs: int = 5,
-                 max_runs: int = 200, min_time: float = 0.1, timeout: float = 5.0):
+                 max_runs: int = 200, min_time: float = 0.1, timeout: float = 5.0,
+                 blocks: int = 16):
         from ..targets import cpu
 
         self.cpu = cpu
@@ -220,7 +232,7 @@ class CpuBenchmark:
         cold_bytes = cold_bytes or max(64 << 20, 2 * host_cache_bytes())
         self.cold_bytes, self.max_copies = cold_bytes, max_copies
         self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
-        self.min_time, self.timeout = min_time, timeout
+        self.min_time, self.timeout, self.blocks = min_time, timeout, blocks
         self.method = f"cpu-v1 cold={cold_bytes >> 20}MiB"
         self._data: tuple[Operator, _InstanceData] | None = None
 
@@ -252,14 +264,17 @@ class CpuBenchmark:
         outputs = exe.run_timed(arrays, seconds)
         return outputs, float(seconds[0])
 
-    def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
+    def _prepare(self, instance: Instance, op: Operator):
+        """The executable of ``op`` alone, and the instance's inputs (built once per instance)."""
         program = single_step(instance, op, get_device("cpu"))
         if self._data is None or self._data[0] != instance.op:
             self._data = None  # free the previous instance's copies first
             self._data = (instance.op, _InstanceData(instance, program, self.cold_bytes,
                                                      self.max_copies))
-        data = self._data[1]
-        exe = self.cpu.load(program, self.store)
+        return self.cpu.load(program, self.store), self._data[1]
+
+    def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
+        exe, data = self._prepare(instance, op)
         overwritten = set(type(op).inplace.values())  # inputs the step writes in place
         outputs, first = self.run_once(exe, [a.copy() if i in overwritten else a
                                              for i, a in enumerate(data.base)])
@@ -284,6 +299,27 @@ class CpuBenchmark:
         q1, median, q3 = np.percentile(times, [25, 50, 75])
         return Measurement(float(median), float((q3 - q1) / median), len(times))
 
+    def compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
+        """``blocks`` rounds of a few runs of each, in ABBA order, on the same rotated inputs.
+
+        Both see the same neighbours and the same cache state within a round, so the median of
+        the per-round ratios is the gain a move would bring, not the machine's drift.
+        """
+        exe_new, data = self._prepare(instance, new)
+        exe_old, _ = self._prepare(instance, old)
+        copies = itertools.cycle(data.rotation)
+        once = [self.run_once(exe, next(copies))[1] for exe in (exe_new, exe_old) * 2]
+        per_block = max(3, min(50, math.ceil(self.min_time / 10 / max(min(once), 1e-7))))
+        gains = []
+        for block in range(self.blocks):
+            pair = (exe_new, exe_old) if block % 2 == 0 else (exe_old, exe_new)
+            times = {id(exe): np.median([self.run_once(exe, next(copies))[1]
+                                         for _ in range(per_block)]) for exe in pair}
+            gains.append(times[id(exe_old)] / times[id(exe_new)])
+        q1, gain, q3 = np.percentile(gains, [25, 50, 75])
+        return Comparison(self.key(new), self.key(old), float(gain), float(q1), float(q3),
+                          len(gains), self.method)
+
 
 # ---- the tuning run -----------------------------------------------------------------------------
 
@@ -296,10 +332,13 @@ class Outcome:
     total: int  # candidates
     measured: int  # with a logged outcome (ok or rejected), this run or an earlier one
     rejected: int
-    best: Operator | None  # the fastest valid candidate, if any was measured
+    best: Operator | None  # the sweep's fastest valid candidate, if any was measured
     best_time: float | None
     old_time: float | None  # of the setting the application ran before
     old_problem: str = ""  # why the old setting was rejected, if it was
+    chosen: Operator | None = None  # what the profile gets: best if it won the head-to-head
+    gain: float | None = None  # best against the old setting, head-to-head
+    decided: bool = True  # False when the budget ran out before the head-to-head
 
 
 @dataclass(frozen=True)
@@ -311,10 +350,7 @@ class Move:
     new: dict[str, int]
     old_time: float | None
     new_time: float
-
-    @property
-    def gain(self) -> float | None:
-        return self.old_time / self.new_time if self.old_time else None
+    gain: float | None  # head-to-head; None when the old setting was rejected
 
 
 @dataclass
@@ -409,20 +445,25 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
 
     profile = Profile(previous.entries, dev.name)
     for o in outcomes:
-        if o.best is not None:
-            profile.add(type(o.best), **{p: getattr(o.best, p) for p in o.best.params()},
-                        **o.best.tunable_values())
+        if o.chosen is not None:
+            profile.add(type(o.chosen), **{p: getattr(o.chosen, p) for p in o.chosen.params()},
+                        **o.chosen.tunable_values())
     profile.save(path)
     check_applied(app, dev, profile, outcomes, out)
-    moved = [Move(o.instance.describe(), o.instance.setting(), o.best.tunable_values(),
-                  o.old_time, o.best_time)
-             for o in outcomes if o.best is not None
-             and o.best.tunable_values() != o.instance.setting()]
-    complete = all(o.measured == o.total for o in outcomes)
+    moved = [Move(o.instance.describe(), o.instance.setting(), o.chosen.tunable_values(),
+                  o.old_time, o.best_time, o.gain)
+             for o in outcomes if o.chosen is not None
+             and o.chosen.tunable_values() != o.instance.setting()]
+    complete = all(o.measured == o.total and o.decided for o in outcomes)
     result = TuneResult(profile, path, moved, outcomes, complete, run.measured_now,
                         time.monotonic() - started)
     report(result, out)
     return result
+
+
+def wins(c: Comparison) -> bool:
+    """A move pays: ``MIN_GAIN`` faster in the median round, and faster in 3 rounds of 4."""
+    return c.gain >= MIN_GAIN and c.low > 1.0
 
 
 class _Run:
@@ -468,7 +509,33 @@ class _Run:
             record = self._candidate(inst, op, keys[op], compiled, best)
             if record is not None and record.ok and (best is None or record.median < best):
                 best = record.median
-        return self._outcome(inst, order, keys, cands)
+        return self._confirm(self._outcome(inst, order, keys, cands))
+
+    def _confirm(self, o: Outcome) -> Outcome:
+        """Choose the sweep's winner over the setting in use only if it wins head-to-head."""
+        current = o.instance.current
+        if o.best is None or o.best == current or o.old_problem:
+            # nothing measured, nothing to move, or the setting in use was rejected
+            return dataclasses.replace(o, chosen=o.best)
+        if o.old_time is None:  # the budget cut the setting in use off: nothing to compare
+            return dataclasses.replace(o, chosen=current, decided=False)
+        new, old = self.bench.key(o.best), self.bench.key(current)
+        comparison = self.log.comparison(new, old)
+        if comparison is None and self.time_left():
+            comparison = self.bench.compare(o.instance, o.best, current)
+            self.log.compared(comparison)
+        if comparison is None:
+            print("    no time left for the head-to-head: keeps the setting in use",
+                  file=self.out, flush=True)
+            return dataclasses.replace(o, chosen=current, decided=False)
+        moves = wins(comparison)
+        print(f"    head-to-head against the setting in use ({setting_text(o.instance.setting())})"
+              f": {comparison.gain:.3f}x, middle half of {comparison.rounds} rounds "
+              f"{comparison.low:.3f}-{comparison.high:.3f}x -> "
+              + ("moves" if moves else f"keeps the setting in use (needs {MIN_GAIN:g}x, and "
+                 "faster in three rounds of four)"), file=self.out, flush=True)
+        return dataclasses.replace(o, chosen=o.best if moves else current,
+                                   gain=comparison.gain)
 
     def baseline(self, work: list[tuple[Instance, list[Operator]]]
                  ) -> list[tuple[Instance, list[Operator]]]:
@@ -559,10 +626,10 @@ def check_applied(app, dev: Device, profile: Profile, outcomes: list[Outcome],
     now = {i.op: i.current for i in instances(app.programs(dev, profile))}
     for o in outcomes:
         applied = now.get(o.instance.op)
-        if o.best is not None and applied is not None and applied != o.best:
+        if o.chosen is not None and applied is not None and applied != o.chosen:
             print(f"warning: {o.instance.describe()} still resolves to "
                   f"{setting_text(applied.tunable_values())}, not the tuned "
-                  f"{setting_text(o.best.tunable_values())}: a call keyword or another profile "
+                  f"{setting_text(o.chosen.tunable_values())}: a call keyword or another profile "
                   "entry overrides it", file=out)
 
 
@@ -579,14 +646,19 @@ def report(result: TuneResult, out: TextIO) -> None:
     state = "complete" if result.complete else "stopped by the budget; re-run to continue"
     print(f"\nwrote {result.path} ({len(result.profile)} entries) in {result.seconds:.0f} s, "
           f"{result.measured_now} candidates measured this run; tuning {state}", file=out)
+    held = sum(o.gain is not None and o.chosen == o.instance.current for o in result.outcomes)
+    if held:
+        print(f"{held} instances kept their setting: the sweep's fastest did not beat it "
+              "head-to-head", file=out)
     if not result.moved:
         print("nothing moved against the previous profile", file=out)
         return
     rows = [(m.instance, changes_text(m.old, m.new),
              f"{m.old_time * 1e6:.1f} -> {m.new_time * 1e6:.1f} us" if m.old_time else
              f"? -> {m.new_time * 1e6:.1f} us",
-             f"{m.gain:.2f}x" if m.gain else "n/a") for m in result.moved]
-    head = ("instance", "old -> new", "time", "gain")
+             f"{m.gain:.2f}x" if m.gain else "the old setting was rejected")
+            for m in result.moved]
+    head = ("instance", "old -> new", "time (sweep)", "gain (head-to-head)")
     widths = [max(len(r[c]) for r in [head, *rows]) for c in range(4)]
     print(f"{len(rows)} instances moved:", file=out)
     for r in [head, *rows]:
