@@ -40,11 +40,15 @@ def prompt_ids(bundle: Path) -> list[int]:
 
 
 def child_iron(bundle: str, ids: list[int]) -> dict:
-    import numpy as np
-
     from iron.lm.generate import LlamaModel
 
-    model = LlamaModel(bundle)
+    return measure_iron(LlamaModel(bundle), ids)
+
+
+def measure_iron(model, ids: list[int]) -> dict:
+    """Generation speed of a loaded ``LlamaModel``, and where a decode token's time goes."""
+    import numpy as np
+
     model.generate(ids, 16, stop_at_eos=False)  # warm-up: page in weights, start threads
     tokens, stats = model.generate(ids, NEW_TOKENS, stop_at_eos=False)
     result = {"ttft_s": stats.time_to_first_token,

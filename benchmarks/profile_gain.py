@@ -1,16 +1,23 @@
-"""Whole-model decode with the tuned profile against resolve() defaults, side by side.
+"""Whole-model speed with the tuned profile against resolve() defaults, side by side.
 
 Builds two SmolLM2 bundles that differ only in their profile (the committed
 ``profiles/llama/cpu.json``, and an empty one so that every tunable comes from
-``Operator.resolve``), then runs them alternately, each in a fresh process, on the same prompt
-(``benchmarks/llm.py``'s child), and prints decode tokens/s, TTFT and the ratio.
+``Operator.resolve``).  Each round is a fresh process that loads both and runs them alternately
+(ABBA) on the same prompt, measuring as ``benchmarks/llm.py`` does.  Both models read one
+mapping of the weights: two copies of the same file land on different physical pages, and that
+alone moved a kernel by 17% between identical bundles on this machine — more than tuning moves.
 
-    python benchmarks/profile_gain.py [--rounds 3]
+Prints each side's decode and prefill tokens/s, the per-round ratios tuned / defaults (the two
+runs of a round share the machine's state of the moment, so their ratio is steadier than either
+figure), and each operator's kernel time per decode token.
+
+    python benchmarks/profile_gain.py [--rounds 6]
 """
 
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,36 +27,75 @@ from iron.build.bundle import write_bundle
 from iron.paths import build_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llm import prompt_ids, run_child  # noqa: E402
+from llm import measure_iron, median, prompt_ids  # noqa: E402
+
+TUNED, DEFAULTS = "tuned profile", "resolve() defaults"
+
+
+def child(tuned: str, defaults: str, ids: list[int]) -> dict:
+    """One round: both bundles loaded, sharing the tuned bundle's weights, run ABBA."""
+    from iron.lm.generate import LlamaModel
+
+    first = LlamaModel(tuned)
+    models = {TUNED: first, DEFAULTS: LlamaModel(defaults, weights=first.bundle.weights())}
+    runs = {name: [] for name in models}
+    for name in [TUNED, DEFAULTS, DEFAULTS, TUNED]:
+        runs[name].append(measure_iron(models[name], ids))
+    return {name: {"decode_tok_s": median(rs, "decode_tok_s"),
+                   "prefill_tok_s": median(rs, "prefill_tok_s"),
+                   "ttft_s": median(rs, "ttft_s"),
+                   "step_s": statistics.median(r["breakdown"]["wall_s"] for r in rs),
+                   "kernels": {k: statistics.median(r["breakdown"]["kernels"][k] for r in rs)
+                               for k in rs[0]["breakdown"]["kernels"]}}
+            for name, rs in runs.items()}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        tuned, defaults, ids_file = args.child
+        print(json.dumps(child(tuned, defaults, json.loads(Path(ids_file).read_text()))))
+        return
     app = load_app("llama")
     cpu = iron.device("cpu")
-    bundles = {
-        "tuned profile": write_bundle(app, cpu, app_profile("llama", "cpu"),
-                                      build_dir() / "bench" / "tuned"),
-        "resolve() defaults": write_bundle(app, cpu, iron.Profile(device="cpu"),
-                                           build_dir() / "bench" / "defaults"),
-    }
+    tuned = write_bundle(app, cpu, app_profile("llama", "cpu"), build_dir() / "bench" / "tuned")
+    defaults = write_bundle(app, cpu, iron.Profile(device="cpu"),
+                            build_dir() / "bench" / "defaults")
     ids_file = build_dir() / "bench" / "prompt.json"
-    ids_file.write_text(json.dumps(prompt_ids(next(iter(bundles.values())))))
-    runs = {name: [] for name in bundles}
-    for round_ in range(args.rounds):
-        for name, bundle in bundles.items():
-            runs[name].append(run_child("iron", str(bundle), "--ids", str(ids_file)))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
-            f"{n} {r[-1]['decode_tok_s']:.1f} tok/s" for n, r in runs.items()), flush=True)
-    med = {n: {k: statistics.median(r[k] for r in rs) for k in ("decode_tok_s", "ttft_s")}
-           for n, rs in runs.items()}
-    for name, m in med.items():
-        print(f"{name:20s} decode {m['decode_tok_s']:6.1f} tok/s  TTFT {m['ttft_s'] * 1e3:6.1f} ms")
-    tuned, default = med["tuned profile"], med["resolve() defaults"]
-    print(f"tuned / defaults: decode {tuned['decode_tok_s'] / default['decode_tok_s']:.2f}x, "
-          f"TTFT {tuned['ttft_s'] / default['ttft_s']:.2f}x (lower is better)")
+    ids_file.write_text(json.dumps(prompt_ids(tuned)))
+    rounds = []
+    for n in range(args.rounds):
+        done = subprocess.run([sys.executable, __file__, "--child", str(tuned), str(defaults),
+                               str(ids_file)], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"round {n + 1} failed:\n{done.stderr}")
+        rounds.append(json.loads(done.stdout.splitlines()[-1]))
+        print(f"round {n + 1}/{args.rounds}: " + ", ".join(
+            f"{name} {r['decode_tok_s']:.1f} tok/s" for name, r in rounds[-1].items()),
+            flush=True)
+    for name in (TUNED, DEFAULTS):
+        rs = [r[name] for r in rounds]
+        print(f"{name:20s} decode {median(rs, 'decode_tok_s'):6.1f} tok/s  prefill "
+              f"{median(rs, 'prefill_tok_s'):6.1f} tok/s  "
+              f"TTFT {median(rs, 'ttft_s') * 1e3:6.1f} ms")
+    speeds = {"decode tokens/s": lambda r: r["decode_tok_s"],
+              "prefill tokens/s": lambda r: r["prefill_tok_s"],
+              "decode step (1 / wall time)": lambda r: 1 / r["step_s"]}
+    print("\ntuned / defaults, the median of the per-round ratios:")
+    for what, speed in speeds.items():
+        ratios = sorted(speed(r[TUNED]) / speed(r[DEFAULTS]) for r in rounds)
+        print(f"  {what:28s} {statistics.median(ratios):.3f}x (range {ratios[0]:.3f}-"
+              f"{ratios[-1]:.3f}, tuned ahead in {sum(x > 1 for x in ratios)} of {len(ratios)})")
+    print("\nkernel time per decode token, by operator (microseconds, median over rounds):")
+    print(f"  {'operator':22s} {'defaults':>9s} {'tuned':>9s} {'gain':>6s}")
+    for label in rounds[0][DEFAULTS]["kernels"]:
+        d, t = (statistics.median(r[name]["kernels"][label] for r in rounds) * 1e6
+                for name in (DEFAULTS, TUNED))
+        if max(d, t) >= 50:  # the operators that matter to a token
+            print(f"  {label:22s} {d:9.0f} {t:9.0f} {d / t:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -81,12 +81,16 @@ class Stats:
 class LlamaModel:
     """A loaded Llama bundle: forward passes with a persistent KV cache."""
 
-    def __init__(self, bundle: Bundle | str | Path):
+    def __init__(self, bundle: Bundle | str | Path,
+                 weights: dict[str, np.ndarray] | None = None):
+        """Load ``bundle``; ``weights`` (another bundle's of the same checkpoint) are shared
+        instead of mapping this bundle's own file, so that two builds compared side by side
+        read the very same memory."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
         meta = self.bundle.meta
         self.context, self.chunk = meta["context"], meta["chunk"]
         self.eos = set(meta["eos_token_ids"])
-        weights = self.bundle.weights()
+        weights = self.bundle.weights() if weights is None else weights
         self.decode_exe = self.bundle.executable("decode", weights)
         self.prefill_exe = self.bundle.executable("prefill", weights)
         self.head_exe = self.bundle.executable("head", weights)
