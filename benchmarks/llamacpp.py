@@ -318,7 +318,11 @@ class LlamaCpp:
     def __init__(self, model_path: Path | str, n_threads: int = 2, n_ctx: int = 1024,
                  n_batch: int = 512, warmup: bool = True, verbosity: int = 0,
                  flash_attn: str | None = None):
-        import xllamacpp as xlc
+        try:
+            import xllamacpp as xlc
+        except ImportError:
+            raise SystemExit(f"the llama.cpp benchmarks need {XLLAMACPP_PIN}: "
+                             "run .venv/bin/pip install -e '.[bench]'") from None
 
         self.model_path = Path(model_path)
         self.n_threads = int(n_threads)
