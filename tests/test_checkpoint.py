@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expected_tensors,
-                                inv_freq, read_safetensors_header)
+                                inv_freq, read_safetensors, read_safetensors_header)
 from iron.lm import gguf_import
 from tiny_llama import SPECIAL_TOKENS, TINY_CONFIG, bytes_to_unicode, tiny_weights, \
     write_tiny_llama
@@ -216,6 +216,25 @@ def test_safetensors_overlap_and_length(tmp_path: Path):
     path.write_bytes((10**6).to_bytes(8, "little") + b"{}")
     with pytest.raises(CheckpointError, match="header length 1000000"):
         read_safetensors_header(path)
+
+
+def test_read_safetensors_matches_the_safetensors_library(tmp_path: Path):
+    """Weights read into huge-page memory equal what safetensors itself loads, read-only."""
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(0)
+    tensors = {"w": rng.standard_normal((300, 70)).astype(ml_dtypes.bfloat16),
+               "b": rng.standard_normal(13).astype(np.float32),
+               "h": np.arange(5, dtype=np.float16)}
+    path = tmp_path / "x.safetensors"
+    save_file(tensors, str(path))
+    got, want = read_safetensors(path), load_file(str(path))
+    assert sorted(got) == sorted(want)
+    for name, array in want.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape
+        assert np.array_equal(got[name].view(np.uint8), array.view(np.uint8)), name
+        assert not got[name].flags.writeable
+    assert min(a.ctypes.data for a in got.values()) % (2 << 20) == 0  # huge-page aligned
 
 
 def test_bad_header_in_a_checkpoint_names_the_shard(tiny: Path):

@@ -131,9 +131,10 @@ class Bundle:
         return Program.from_json(self.manifest["programs"][name])
 
     def weights(self) -> dict[str, np.ndarray]:
-        from ..lm.checkpoint import open_safetensors
+        """The bundle's weights, read into huge pages: programs stream them on every call."""
+        from ..lm.checkpoint import read_safetensors
 
-        return open_safetensors(self.path / WEIGHTS)
+        return read_safetensors(self.path / WEIGHTS)
 
     def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
         """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
