@@ -71,7 +71,8 @@ class GEMM(Operator):
     """``C = A @ B.T``: A (M, K), B (N, K) in Linear-weight layout, C (M, N).
 
     Tiles of ``tile_m x tile_k`` of A and ``tile_n x tile_k`` of B make one block product;
-    columns split the N dimension.
+    columns split the N dimension.  On a cpu with AMX the hardware fixes the tiles (16 x 32), so
+    there only ``tile_n`` and ``num_aie_columns`` change the kernel's speed.
     """
 
     kernel = "gemm"

@@ -24,6 +24,9 @@
  *   place; only for an odd TILE_K it is copied with each k-tile padded by a zero to KP pairs.
  * otherwise (AVX2 + FMA): A is converted to float32 once per call, B tiles are converted to
  *   float32 and packed as bp[panel][k][16]; microkernel up to 6 rows x 16 columns (12 ymm).
+ *
+ * On AMX-BF16 hosts (e.g. Sapphire Rapids), when K % 32 == 0 and TILE_N % 16 == 0, a third
+ * scheme runs instead, if Linux grants the process the AMX tile state: see gemm_amx below.
  */
 #include <omp.h>
 
@@ -182,10 +185,114 @@ static void tile_update(const float *Af, long m0, long k0, const float *bp, floa
 
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0
+#define AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* AMX: C^T = B @ A^T on 16 x 16 float32 tiles, so that B (the weights, by far the larger
+ * operand) is loaded into tiles straight from its Linear layout and never repacked: a B tile is
+ * 16 rows of B x 32 k (row stride K). Only A is packed, once per call, into the pair layout
+ * the second operand of tdpbf16ps needs: at[mb][kc][r][j][2] = A[16 mb + j, 32 kc + 2 r + {0,1}]
+ * (rows of A past M are zero). Per work item (TILE_N rows of B) blocks of up to 32 n x 32 m
+ * accumulate over all of K in four tile registers, then are written transposed into C.
+ * TILE_M and TILE_K do not apply: the hardware fixes the tiles at 16 x 32. */
+#define MB ((IRON_M + 15) / 16) /* 16-row blocks of A */
+#define KC (IRON_K / 32)        /* 32-wide k chunks */
+
+static int amx_permitted(void) {
+    static int state; /* 0 not asked yet, 1 granted, -1 refused (older kernel, no AMX state) */
+    if (!state) /* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): once per process */
+        state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+    return state > 0;
+}
+
+static void amx_configure(void) { /* palette 1, every tile 16 rows x 64 bytes */
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; }
+        config = {.palette = 1};
+    for (int t = 0; t < 8; t++) config.colsb[t] = 64, config.rows[t] = 16;
+    _tile_loadconfig(&config);
+}
+
+static void pack_at(const uint16_t *A, uint16_t *at) {
+    for (long m = 0; m < IRON_M; m++)
+        for (long k = 0; k < IRON_K; k++)
+            at[(((m / 16) * KC + k / 32) * 16 + k % 32 / 2) * 32 + m % 16 * 2 + k % 2] =
+                A[m * IRON_K + k];
+}
+
+/* out (nt * 16 rows n, mt * 16 columns m, row stride 32 floats) = w (nt * 16 rows of B) @ the
+ * mt blocks of at starting at at. Called with constant nt, mt in {1, 2}: tile numbers are
+ * immediates. Tiles 0-3 accumulate, 4-5 hold B, 6-7 hold A^T. */
+static inline __attribute__((always_inline)) void amx_block(const int nt, const int mt,
+                                                            const uint16_t *w,
+                                                            const uint16_t *at, float *out) {
+    _tile_zero(0);
+    if (mt == 2) _tile_zero(1);
+    if (nt == 2) _tile_zero(2);
+    if (nt == 2 && mt == 2) _tile_zero(3);
+    for (long kc = 0; kc < KC; kc++) {
+        _tile_loadd(4, w + kc * 32, IRON_K * 2);
+        if (nt == 2) _tile_loadd(5, w + 16L * IRON_K + kc * 32, IRON_K * 2);
+        _tile_loadd(6, at + kc * 512, 64);
+        if (mt == 2) _tile_loadd(7, at + (KC + kc) * 512L, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (mt == 2) _tile_dpbf16ps(1, 4, 7);
+        if (nt == 2) _tile_dpbf16ps(2, 5, 6);
+        if (nt == 2 && mt == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 128);
+    if (mt == 2) _tile_stored(1, out + 16, 128);
+    if (nt == 2) _tile_stored(2, out + 16 * 32, 128);
+    if (nt == 2 && mt == 2) _tile_stored(3, out + 16 * 32 + 16, 128);
+}
+
+static void gemm_amx(const uint16_t *A, const uint16_t *B, uint16_t *C) {
+    uint16_t *at = aligned_alloc(64, sizeof(uint16_t) * MB * KC * 512);
+    if (IRON_M % 16) memset(at, 0, sizeof(uint16_t) * MB * KC * 512);
+    pack_at(A, at);
+#if IRON_NUM_AIE_COLUMNS > 1
+    #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
+#endif
+    {
+        _Alignas(64) float out[32 * 32];
+        amx_configure();
+#if IRON_NUM_AIE_COLUMNS > 1
+        #pragma omp for schedule(static)
+#endif
+        for (long item = 0; item < IRON_N / IRON_TILE_N; item++) {
+            for (long n0 = item * IRON_TILE_N; n0 < (item + 1) * IRON_TILE_N; n0 += 32) {
+                const int nt = (item + 1) * IRON_TILE_N - n0 >= 32 ? 2 : 1;
+                for (long mb = 0; mb < MB; mb += 2) {
+                    const int mt = MB - mb >= 2 ? 2 : 1;
+                    const uint16_t *w = B + n0 * IRON_K, *a = at + mb * KC * 512;
+                    if (nt == 2 && mt == 2) amx_block(2, 2, w, a, out);
+                    else if (nt == 2) amx_block(2, 1, w, a, out);
+                    else if (mt == 2) amx_block(1, 2, w, a, out);
+                    else amx_block(1, 1, w, a, out);
+                    for (long m = 16 * mb; m < 16 * (mb + mt) && m < IRON_M; m++)
+                        for (int n = 0; n < 16 * nt; n++)
+                            C[m * IRON_N + n0 + n] = iron_f32_to_bf16(out[n * 32 + m - 16 * mb]);
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(at);
+}
+#endif
+
 void iron_kernel(void *const *args) {
     const uint16_t *A = args[0];
     const uint16_t *B = args[1];
     uint16_t *C = args[2];
+
+#ifdef AMX
+    if (amx_permitted()) {
+        gemm_amx(A, B, C);
+        return;
+    }
+#endif
 
     /* A as micro reads it (row stride A_STRIDE): float32 for AVX2; for AVX512_BF16 A itself,
      * or for an odd TILE_K a copy with each k-tile followed by one zero */
