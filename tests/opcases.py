@@ -97,7 +97,8 @@ SHAPES = {
              {"M": 192, "K": 1536, "batches": 2}],
     "GEMM": [{"M": 1, "K": 1, "N": 1}, {"M": 7, "K": 3, "N": 5}, {"M": 16, "K": 576, "N": 96},
              {"M": 32, "K": 64, "N": 48},
-             {"M": 20, "K": 96, "N": 80}],  # AMX hosts: a part-filled row tile, odd n tiles
+             {"M": 20, "K": 96, "N": 80},  # AMX hosts: a part-filled row tile, odd n tiles
+             {"M": 32, "K": 80, "N": 96}],  # K % 32 != 0: the non-AMX kernel even on AMX hosts
     "Embedding": [{"vocab": 1, "dim": 1, "rows": 1}, {"vocab": 50, "dim": 7, "rows": 3},
                   {"vocab": 1000, "dim": 576, "rows": 4}],
     "CacheWrite": [{"kv_heads": 1, "ctx": 1, "head_dim": 1, "rows": 1, "pos": 0},
