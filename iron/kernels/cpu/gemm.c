@@ -223,15 +223,21 @@ static void pack_at(const uint16_t *A, uint16_t *at) {
 
 /* out (nt * 16 rows n, mt * 16 columns m, row stride 32 floats) = w (nt * 16 rows of B) @ the
  * mt blocks of at starting at at. Called with constant nt, mt in {1, 2}: tile numbers are
- * immediates. Tiles 0-3 accumulate, 4-5 hold B, 6-7 hold A^T. */
+ * immediates. Tiles 0-3 accumulate, 4-5 hold B, 6-7 hold A^T.
+ *
+ * A tile load reads one cache line from each of 16 rows of B, too short a stream per row for
+ * the hardware prefetchers: each k step also prefetches that line of the next 32 rows
+ * (``ahead`` of them, up to the end of B), so the next block arrives while this one computes. */
 static inline __attribute__((always_inline)) void amx_block(const int nt, const int mt,
-                                                            const uint16_t *w,
+                                                            const uint16_t *w, const long ahead,
                                                             const uint16_t *at, float *out) {
     _tile_zero(0);
     if (mt == 2) _tile_zero(1);
     if (nt == 2) _tile_zero(2);
     if (nt == 2 && mt == 2) _tile_zero(3);
     for (long kc = 0; kc < KC; kc++) {
+        for (long r = 32; r < 32 + ahead; r++)
+            _mm_prefetch((const char *)(w + r * IRON_K + kc * 32), _MM_HINT_T1);
         _tile_loadd(4, w + kc * 32, IRON_K * 2);
         if (nt == 2) _tile_loadd(5, w + 16L * IRON_K + kc * 32, IRON_K * 2);
         _tile_loadd(6, at + kc * 512, 64);
@@ -266,10 +272,11 @@ static void gemm_amx(const uint16_t *A, const uint16_t *B, uint16_t *C) {
                 for (long mb = 0; mb < MB; mb += 2) {
                     const int mt = MB - mb >= 2 ? 2 : 1;
                     const uint16_t *w = B + n0 * IRON_K, *a = at + mb * KC * 512;
-                    if (nt == 2 && mt == 2) amx_block(2, 2, w, a, out);
-                    else if (nt == 2) amx_block(2, 1, w, a, out);
-                    else if (mt == 2) amx_block(1, 2, w, a, out);
-                    else amx_block(1, 1, w, a, out);
+                    const long rest = IRON_N - n0 - 32, ahead = mb ? 0 : rest < 32 ? rest : 32;
+                    if (nt == 2 && mt == 2) amx_block(2, 2, w, ahead, a, out);
+                    else if (nt == 2) amx_block(2, 1, w, ahead, a, out);
+                    else if (mt == 2) amx_block(1, 2, w, ahead, a, out);
+                    else amx_block(1, 1, w, ahead, a, out);
                     for (long m = 16 * mb; m < 16 * (mb + mt) && m < IRON_M; m++)
                         for (int n = 0; n < 16 * nt; n++)
                             C[m * IRON_N + n0 + n] = iron_f32_to_bf16(out[n * 32 + m - 16 * mb]);
