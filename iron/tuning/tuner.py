@@ -18,10 +18,9 @@ wrong result, timeout) is logged with its reason and never chosen.  The sweep's 
 taken seconds apart, and on a shared machine they drift by more than many settings differ; so
 the winner replaces the setting in use only after a head-to-head (the two timed in alternating
 blocks on the same inputs) shows it at least ``MIN_GAIN`` faster in the median block and faster
-in three blocks of four.  Near-ties keep what the
-profile had, which makes re-tuning stable: a profile changes only for a gain that repeats.  The
-profile is rewritten with one entry per tuned instance, matching all its params and setting all
-its tunables; every other entry survives.
+in three blocks of four.  Near-ties keep what the profile had, which makes re-tuning stable: a
+profile changes only for a gain that repeats.  The profile is rewritten with one entry per tuned
+instance, matching all its params and setting all its tunables; every other entry survives.
 """
 
 from __future__ import annotations
