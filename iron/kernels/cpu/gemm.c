@@ -185,7 +185,8 @@ static void tile_update(const float *Af, long m0, long k0, const float *bp, floa
 
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) \
+    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0
 #define AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -214,11 +215,57 @@ static void amx_configure(void) { /* palette 1, every tile 16 rows x 64 bytes */
     _tile_loadconfig(&config);
 }
 
+/* r[i][j] -> r[j][i] for 16 rows of 16 32-bit lanes (moves only: any 32-bit data) */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* at[mb][kc] = the 16 x 16 block of A's bf16 pairs (rows m, columns k-pairs), transposed */
 static void pack_at(const uint16_t *A, uint16_t *at) {
-    for (long m = 0; m < IRON_M; m++)
-        for (long k = 0; k < IRON_K; k++)
-            at[(((m / 16) * KC + k / 32) * 16 + k % 32 / 2) * 32 + m % 16 * 2 + k % 2] =
-                A[m * IRON_K + k];
+    for (long mb = 0; mb < MB; mb++)
+        for (long kc = 0; kc < KC; kc++) {
+            __m512 r[16];
+            for (long i = 0; i < 16; i++)
+                r[i] = 16 * mb + i < IRON_M
+                           ? _mm512_loadu_ps(A + (16 * mb + i) * IRON_K + 32 * kc)
+                           : _mm512_setzero_ps();
+            transpose16(r);
+            for (int i = 0; i < 16; i++) _mm512_store_ps(at + ((mb * KC + kc) * 16 + i) * 32, r[i]);
+        }
+}
+
+/* C[m, n0 + n] = out[n][m - m0] for the nt * 16 x mt * 16 block in out (row stride 32) */
+static void write_c(const int nt, const int mt, const float *out, long m0, long n0,
+                    uint16_t *C) {
+    for (int ns = 0; ns < nt; ns++)
+        for (int ms = 0; ms < mt; ms++) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(out + (16 * ns + i) * 32 + 16 * ms);
+            transpose16(r); /* r[j] = column j: 16 n of row m = m0 + 16 ms + j */
+            for (int j = 0; j < 16 && m0 + 16 * ms + j < IRON_M; j++)
+                _mm256_storeu_si256((__m256i *)(C + (m0 + 16 * ms + j) * IRON_N + n0 + 16 * ns),
+                                    (__m256i)_mm512_cvtneps_pbh(r[j]));
+        }
 }
 
 /* out (nt * 16 rows n, mt * 16 columns m, row stride 32 floats) = w (nt * 16 rows of B) @ the
@@ -255,7 +302,6 @@ static inline __attribute__((always_inline)) void amx_block(const int nt, const 
 
 static void gemm_amx(const uint16_t *A, const uint16_t *B, uint16_t *C) {
     uint16_t *at = aligned_alloc(64, sizeof(uint16_t) * MB * KC * 512);
-    if (IRON_M % 16) memset(at, 0, sizeof(uint16_t) * MB * KC * 512);
     pack_at(A, at);
 #if IRON_NUM_AIE_COLUMNS > 1
     #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
@@ -277,9 +323,7 @@ static void gemm_amx(const uint16_t *A, const uint16_t *B, uint16_t *C) {
                     else if (nt == 2) amx_block(2, 1, w, ahead, a, out);
                     else if (mt == 2) amx_block(1, 2, w, ahead, a, out);
                     else amx_block(1, 1, w, ahead, a, out);
-                    for (long m = 16 * mb; m < 16 * (mb + mt) && m < IRON_M; m++)
-                        for (int n = 0; n < 16 * nt; n++)
-                            C[m * IRON_N + n0 + n] = iron_f32_to_bf16(out[n * 32 + m - 16 * mb]);
+                    write_c(nt, mt, out, 16 * mb, n0, C);
                 }
             }
         }
