@@ -107,11 +107,14 @@ def test_same_prompt_twice_gives_identical_tokens(smollm2_model):
     assert first == second
 
 
-@pytest.mark.parametrize("length", [1, 32, 70])
+@pytest.mark.parametrize("length", [1, 32, 40, 70, 100])
 def test_prompt_of_one_token_one_chunk_and_several_chunks(smollm2_model, smollm2_reference,
                                                           length):
-    ids = (token_ids(smollm2_model, " ".join(TEXTS)) * 2)[:length]
-    assert smollm2_model.chunk == 32
+    """1 and 32 tokens: the tail program; 40: one padded chunk; 70: a chunk and a tail;
+    100: a chunk and a padded chunk."""
+    ids = (token_ids(smollm2_model, " ".join(TEXTS)) * 3)[:length]
+    assert len(ids) == length
+    assert (smollm2_model.chunk, smollm2_model.tail_chunk) == (64, 32)
     smollm2_model.reset()
     logits = smollm2_model.prefill(ids).astype(np.float32)
     ref = smollm2_reference.logits(ids)[-1]

@@ -76,14 +76,24 @@ class Head(iron.Graph):
         return GEMV.step(self.weight(name, (c.vocab_size, c.hidden_size)), h)  # (1, vocab)
 
 
+def tail_chunk(chunk: int) -> int:
+    """Rows of the prefill program for a prompt's last rows: half a chunk."""
+    return max(1, chunk // 2)
+
+
 def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None) -> dict:
-    """The three programs of a Llama bundle, recorded and resolved for ``device``."""
+    """The four programs of a Llama bundle, recorded and resolved for ``device``."""
     token = iron.spec((1,), np.int32)
-    tokens = iron.spec((chunk,), np.int32)
     graph = {"device": device, "profile": profile}
+
+    def prefill(rows: int):
+        tokens = iron.spec((rows,), np.int32)
+        return Decoder(config, rows, ctx, **graph).record(tokens, tokens)
+
     return {
         "decode": Decoder(config, 1, ctx, **graph).record(token, token),
-        "prefill": Decoder(config, chunk, ctx, **graph).record(tokens, tokens),
+        "prefill": prefill(chunk),
+        "prefill_tail": prefill(tail_chunk(chunk)),
         "head": Head(config, **graph).record((1, config.hidden_size)),
     }
 

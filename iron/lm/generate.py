@@ -88,16 +88,19 @@ class LlamaModel:
         read the very same memory."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
         meta = self.bundle.meta
-        self.context, self.chunk = meta["context"], meta["chunk"]
+        self.context, self.chunk, self.tail_chunk = (meta["context"], meta["chunk"],
+                                                     meta["tail_chunk"])
         self.eos = set(meta["eos_token_ids"])
         weights = self.bundle.weights() if weights is None else weights
         self.decode_exe = self.bundle.executable("decode", weights)
         self.prefill_exe = self.bundle.executable("prefill", weights)
+        self.tail_exe = self.bundle.executable("prefill_tail", weights)
         self.head_exe = self.bundle.executable("head", weights)
         self.kv = {name: np.zeros(t.shape, t.dtype)
                    for name, t in self.decode_exe.program.named("state").items()}
         self.decode_exe.bind_state(self.kv)
         self.prefill_exe.bind_state(self.kv)
+        self.tail_exe.bind_state(self.kv)
         self.position = 0
         self._one = np.zeros(1, np.int32)
         self._pos = np.zeros(1, np.int32)
@@ -119,16 +122,22 @@ class LlamaModel:
                             "the bundle with a larger context (doit context=N)")
 
     def _chunks(self, tokens: list[int]) -> Iterator[np.ndarray]:
-        """Run prompt tokens through the prefill program a chunk at a time; yield each chunk's
-        hidden states (a view of the program's output buffer, valid until the next call)."""
+        """Run prompt tokens through the prefill programs a chunk at a time (the tail program
+        once no more than its rows are left); yield each chunk's hidden states (a view of the
+        program's output buffer, valid until the next call)."""
         self._check_room(len(tokens))
-        for start in range(0, len(tokens), self.chunk):
-            part = tokens[start:start + self.chunk]
-            ids = np.zeros(self.chunk, np.int32)  # the last chunk is padded: its extra rows
-            ids[: len(part)] = part  # write cache rows past the prompt, overwritten later
-            pos = np.arange(self.position, self.position + self.chunk, dtype=np.int32)
-            (out,) = self.prefill_exe.run([ids, pos], copy=False)
+        start = 0
+        while start < len(tokens):
+            left = len(tokens) - start
+            rows, exe = ((self.tail_chunk, self.tail_exe) if left <= self.tail_chunk
+                         else (self.chunk, self.prefill_exe))
+            part = tokens[start:start + rows]
+            ids = np.zeros(rows, np.int32)  # the last chunk is padded: its extra rows write
+            ids[: len(part)] = part  # cache rows past the prompt, overwritten later
+            pos = np.arange(self.position, self.position + rows, dtype=np.int32)
+            (out,) = exe.run([ids, pos], copy=False)
             self.position += len(part)
+            start += len(part)
             yield out[: len(part)]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
