@@ -77,3 +77,37 @@ def test_in_place_step_leaves_the_callers_input_alone():
     for a, b in zip(inputs, before):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     assert not np.array_equal(k_cache.view(np.uint8), inputs[3].view(np.uint8))
+
+
+def test_temps_share_memory_only_when_never_live_at_once(tmp_path):
+    """The temp planner on a Llama prefill program: overlapping lifetimes never overlap in
+    memory, outputs own their memory, and the plan needs far less than a buffer per temp."""
+    import iron
+    from iron.build.app import load_app
+    from tiny_llama import write_tiny_llama
+
+    app = load_app("llama", write_tiny_llama(tmp_path / "tiny", seed=5), chunk=8)
+    program = app.programs(iron.device("cpu"), iron.Profile(device="cpu"))["prefill"]
+    buffers = cpu.temp_buffers(program)
+    temps = [t.index for t in program.tensors if t.kind == "temp"]
+    assert sorted(buffers) == sorted(temps)
+    live = {}
+    for i, s in enumerate(program.steps):
+        for t in (*s.inputs, *s.outputs):
+            first, _ = live.get(t, (i, i))
+            live[t] = (first, i)
+    for t in program.outputs:
+        live[t] = (live[t][0], len(program.steps))  # read after the run
+
+    def span(t):
+        start = buffers[t].ctypes.data
+        return start, start + buffers[t].nbytes
+
+    for a in temps:
+        for b in temps:
+            if a < b and live[a][0] <= live[b][1] and live[b][0] <= live[a][1]:
+                (a0, a1), (b0, b1) = span(a), span(b)
+                assert a1 <= b0 or b1 <= a0, (program.tensors[a], program.tensors[b])
+    blocks = {id(b.base): b.base.nbytes for b in buffers.values()}  # the allocations
+    assert sum(blocks.values()) < sum(b.nbytes for b in buffers.values()) / 2
+    assert len(blocks) < len(temps) / 3
