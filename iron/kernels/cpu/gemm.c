@@ -89,38 +89,30 @@ static void pack_b(const uint16_t *B, long n0, long k0, uint16_t *bp) {
     }
 }
 
+/* c += the TILE_M rows of a @ np panels: 8 rows at a time, then 4, 2, 1. Called with a
+ * constant np, so each micro call keeps constant shapes. */
+static inline __attribute__((always_inline)) void sweep_rows(const int np, const uint16_t *a,
+                                                             const uint16_t *panel, float *c) {
+    int i = 0;
+    for (; i + 8 <= IRON_TILE_M; i += 8) micro(8, np, a + i * A_STRIDE, panel, c + i * TN_PAD);
+    if (IRON_TILE_M - i >= 4) {
+        micro(4, np, a + i * A_STRIDE, panel, c + i * TN_PAD);
+        i += 4;
+    }
+    if (IRON_TILE_M - i >= 2) {
+        micro(2, np, a + i * A_STRIDE, panel, c + i * TN_PAD);
+        i += 2;
+    }
+    if (IRON_TILE_M - i >= 1) micro(1, np, a + i * A_STRIDE, panel, c + i * TN_PAD);
+}
+
 /* ct (TILE_M rows, row stride TN_PAD) += A[m0 .. m0+TILE_M, k-tile at column ka] @ bp */
 static void tile_update(const uint16_t *Ap, long m0, long ka, const uint16_t *bp, float *ct) {
     const uint16_t *a = Ap + m0 * A_STRIDE + ka;
     for (int p = 0; p < PANELS; p += 2) {
         const uint16_t *panel = bp + (long)p * KP * NR * 2;
-        float *c = ct + p * NR;
-        int i = 0;
-        if (p + 2 <= PANELS) {
-            for (; i + 8 <= IRON_TILE_M; i += 8)
-                micro(8, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
-            if (IRON_TILE_M - i >= 4) {
-                micro(4, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
-                i += 4;
-            }
-            if (IRON_TILE_M - i >= 2) {
-                micro(2, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
-                i += 2;
-            }
-            if (IRON_TILE_M - i >= 1) micro(1, 2, a + i * A_STRIDE, panel, c + i * TN_PAD);
-        } else {
-            for (; i + 8 <= IRON_TILE_M; i += 8)
-                micro(8, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
-            if (IRON_TILE_M - i >= 4) {
-                micro(4, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
-                i += 4;
-            }
-            if (IRON_TILE_M - i >= 2) {
-                micro(2, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
-                i += 2;
-            }
-            if (IRON_TILE_M - i >= 1) micro(1, 1, a + i * A_STRIDE, panel, c + i * TN_PAD);
-        }
+        if (p + 2 <= PANELS) sweep_rows(2, a, panel, ct + p * NR);
+        else sweep_rows(1, a, panel, ct + p * NR);
     }
 }
 
