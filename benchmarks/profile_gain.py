@@ -3,9 +3,10 @@
 Builds two SmolLM2 bundles that differ only in their profile (the committed
 ``profiles/llama/cpu.json``, and an empty one so that every tunable comes from
 ``Operator.resolve``).  Each round is a fresh process that loads both and runs them alternately
-(ABBA) on the same prompt, measuring as ``benchmarks/llm.py`` does.  Both models read one
-mapping of the weights: two copies of the same file land on different physical pages, and that
-alone moved a kernel by 17% between identical bundles on this machine — more than tuning moves.
+(ABBA) on the same prompt, measuring as ``benchmarks/llm.py`` does.  Both models read one copy
+of the weights in memory: when each mapped its own file, the two copies landed on different
+physical pages, and that alone moved a kernel by 17% between identical bundles on this machine —
+more than tuning moves.
 
 Prints each side's decode and prefill tokens/s, the per-round ratios tuned / defaults (the two
 runs of a round share the machine's state of the moment, so their ratio is steadier than either
@@ -33,11 +34,12 @@ TUNED, DEFAULTS = "tuned profile", "resolve() defaults"
 
 
 def child(tuned: str, defaults: str, ids: list[int]) -> dict:
-    """One round: both bundles loaded, sharing the tuned bundle's weights, run ABBA."""
+    """One round: both bundles loaded on one read of the tuned bundle's weights, run ABBA."""
+    from iron.build.bundle import Bundle
     from iron.lm.generate import LlamaModel
 
-    first = LlamaModel(tuned)
-    models = {TUNED: first, DEFAULTS: LlamaModel(defaults, weights=first.bundle.weights())}
+    weights = Bundle.open(tuned).weights()
+    models = {TUNED: LlamaModel(tuned, weights), DEFAULTS: LlamaModel(defaults, weights)}
     runs = {name: [] for name in models}
     for name in [TUNED, DEFAULTS, DEFAULTS, TUNED]:
         runs[name].append(measure_iron(models[name], ids))

@@ -588,7 +588,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def _tensor_view(mm: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """One tensor of a memory-mapped data section, read-only, in its stored dtype and shape."""
+    """One tensor of a data section (mapped or read), read-only, in its stored dtype and shape."""
     view = mm[info.begin:info.end].view(SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
     view.flags.writeable = False
     return view

@@ -83,9 +83,9 @@ class LlamaModel:
 
     def __init__(self, bundle: Bundle | str | Path,
                  weights: dict[str, np.ndarray] | None = None):
-        """Load ``bundle``; ``weights`` (another bundle's of the same checkpoint) are shared
-        instead of mapping this bundle's own file, so that two builds compared side by side
-        read the very same memory."""
+        """Load ``bundle``; ``weights`` (another bundle's of the same checkpoint) are used
+        instead of reading this bundle's own, so that two builds compared side by side read
+        the very same memory."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
         meta = self.bundle.meta
         self.context, self.chunk, self.tail_chunk = (meta["context"], meta["chunk"],

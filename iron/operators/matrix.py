@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-
 from ..devices import Device
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, param,
                         pow2_tiles, rule, tunable)
