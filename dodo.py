@@ -4,12 +4,12 @@
     doit generate prompt="Hello"  # ... then generate text (doit reserves the name "run")
     doit tune                     # rewrite profiles/<app>/<device>.json
     doit gc                       # drop cache entries nothing references
-    doit device=npu2 app=demo checkpoint=DIR ...   # selections; see iron/build/tasks.py
+    doit device=npu2 app=demo checkpoint=DIR ...   # selections; see iron/pipeline/tasks.py
 """
 
 from doit import create_after, get_var
 
-from iron.build.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit reads DOIT_CONFIG)
+from iron.pipeline.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit reads DOIT_CONFIG)
 
 graph = BuildGraph(get_var)
 

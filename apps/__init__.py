@@ -1,1 +1,1 @@
-"""Applications built with iron: each is a package with an App class (see iron.build.app)."""
+"""Applications built with iron: each is a package with an App class (see iron.pipeline.app)."""

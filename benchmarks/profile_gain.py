@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 import iron
-from iron.build.app import app_profile, load_app
-from iron.build.bundle import write_bundle
+from iron.pipeline.app import app_profile, load_app
+from iron.pipeline.bundle import write_bundle
 from iron.paths import build_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,7 +35,7 @@ TUNED, DEFAULTS = "tuned profile", "resolve() defaults"
 
 def child(tuned: str, defaults: str, ids: list[int]) -> dict:
     """One round: both bundles loaded on one read of the tuned bundle's weights, run ABBA."""
-    from iron.build.bundle import Bundle
+    from iron.pipeline.bundle import Bundle
     from iron.lm.generate import LlamaModel
 
     weights = Bundle.open(tuned).weights()

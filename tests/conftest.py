@@ -26,8 +26,8 @@ def smollm2() -> Path:
 
 def make_bundle(checkpoint, out, **options):
     import iron
-    from iron.build.app import load_app
-    from iron.build.bundle import write_bundle
+    from iron.pipeline.app import load_app
+    from iron.pipeline.bundle import write_bundle
 
     app = load_app("llama", checkpoint, **options)
     return write_bundle(app, iron.device("cpu"), iron.Profile(device="cpu"), out)

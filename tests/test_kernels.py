@@ -4,6 +4,7 @@ sizes included) and, for one shape per operator, every legal tunable setting."""
 import numpy as np
 import pytest
 
+from iron.memplan import temp_buffers
 from iron.targets import cpu
 
 from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs
@@ -83,12 +84,12 @@ def test_temps_share_memory_only_when_never_live_at_once(tmp_path):
     """The temp planner on a Llama prefill program: overlapping lifetimes never overlap in
     memory, outputs own their memory, and the plan needs far less than a buffer per temp."""
     import iron
-    from iron.build.app import load_app
+    from iron.pipeline.app import load_app
     from tiny_llama import write_tiny_llama
 
     app = load_app("llama", write_tiny_llama(tmp_path / "tiny", seed=5), chunk=8)
     program = app.programs(iron.device("cpu"), iron.Profile(device="cpu"))["prefill"]
-    buffers = cpu.temp_buffers(program)
+    buffers = temp_buffers(program)
     temps = [t.index for t in program.tensors if t.kind == "temp"]
     assert sorted(buffers) == sorted(temps)
     live = {}

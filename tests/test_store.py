@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import iron
-from iron.build.store import Store
+from iron.store import Store
 from iron.operators import AXPY, SiLU
 from iron.targets import cpu
 
@@ -71,7 +71,7 @@ def test_damaged_entry_is_rebuilt_not_loaded(tmp_path, damage):
 
 BUILD = """
 import sys
-from iron.build.store import Store
+from iron.store import Store
 from iron.operators import AXPY
 from iron.targets import cpu
 entry = cpu.compile_op(AXPY(size=4096, scalar_factor=3.0, tile_size=512, num_aie_columns=1,

@@ -19,7 +19,7 @@ import iron
 from iron.errors import CompileError, DeviceError, IronError
 from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
 from iron.targets import cpu
-from iron.tuning import diff as profile_diff
+from iron.profile import diff as profile_diff
 from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
 from iron.tuning.tuner import MIN_GAIN, CpuBenchmark, Measurement, candidates, instances, tune

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 import iron
-from iron.build.bundle import Bundle
+from iron.pipeline.bundle import Bundle
 
 
 def main(path: str) -> int:

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..build.bundle import Bundle
+from ..pipeline.bundle import Bundle
 from ..errors import IronError
 
 

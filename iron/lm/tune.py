@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..build.app import load_app
+from ..pipeline.app import load_app
 from ..errors import IronError
 from ..tuning.tuner import tune
 

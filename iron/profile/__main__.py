@@ -2,6 +2,6 @@
 
 import sys
 
-from iron.tuning.diff import main
+from iron.profile.diff import main
 
 sys.exit(main())

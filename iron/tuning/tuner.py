@@ -416,7 +416,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     ``fresh`` discards the log.  ``profile_path`` and ``log_path`` default to
     ``profiles/<app>/<device>.json`` and ``build/tune/<app>-<device>.jsonl``.
     """
-    from ..build.app import profile_path as app_profile_path
+    from ..pipeline.app import profile_path as app_profile_path
 
     started = time.monotonic()
     deadline = None if budget is None else started + budget

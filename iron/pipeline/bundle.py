@@ -26,8 +26,9 @@ from safetensors.numpy import save_file
 from ..errors import BundleError
 from ..graph import Program
 from ..profile import Profile
+from ..tensorfile import read_safetensors
 from ..util import atomic_write_bytes, sha256_file
-from .store import Store
+from ..store import Store
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -132,8 +133,6 @@ class Bundle:
 
     def weights(self) -> dict[str, np.ndarray]:
         """The bundle's weights, read into huge pages: programs stream them on every call."""
-        from ..lm.checkpoint import read_safetensors
-
         return read_safetensors(self.path / WEIGHTS)
 
     def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):

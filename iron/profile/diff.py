@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence, TextIO
 
 from ..errors import IronError
-from ..profile import Entry, Profile
+from . import Entry, Profile
 
 
 @dataclass(frozen=True)

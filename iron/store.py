@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..paths import cache_dir
-from ..util import sha256_bytes, sha256_file
+from .paths import cache_dir
+from .util import sha256_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 

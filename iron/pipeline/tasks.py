@@ -26,7 +26,7 @@ from ..paths import build_dir
 from ..profile import Profile
 from .app import app_profile, load_app, profile_path
 from .bundle import MANIFEST, write_bundle
-from .store import MANIFEST as ENTRY_MANIFEST, Store
+from ..store import MANIFEST as ENTRY_MANIFEST, Store
 
 build_dir().mkdir(parents=True, exist_ok=True)  # doit opens its state file before any task
 DOIT_CONFIG = {

@@ -1,1 +1,0 @@
-"""Building: the artifact store, the doit task graph and model bundles."""

@@ -1,0 +1,1 @@
+"""The build pipeline: the application interface, model bundles and the doit task graph."""
