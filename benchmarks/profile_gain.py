@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import iron
+from iron.paths import build_dir
 from iron.pipeline.app import app_profile, load_app
 from iron.pipeline.bundle import write_bundle
-from iron.paths import build_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm import measure_iron, median, prompt_ids  # noqa: E402
@@ -35,8 +35,8 @@ TUNED, DEFAULTS = "tuned profile", "resolve() defaults"
 
 def child(tuned: str, defaults: str, ids: list[int]) -> dict:
     """One round: both bundles loaded on one read of the tuned bundle's weights, run ABBA."""
-    from iron.pipeline.bundle import Bundle
     from iron.lm.generate import LlamaModel
+    from iron.pipeline.bundle import Bundle
 
     weights = Bundle.open(tuned).weights()
     models = {TUNED: LlamaModel(tuned, weights), DEFAULTS: LlamaModel(defaults, weights)}

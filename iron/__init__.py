@@ -9,9 +9,10 @@ from . import operators
 from .devices import Device, device
 from .errors import (BundleError, CheckpointError, CompileError, DeviceError, FieldError,
                      IronError, ProfileError, ResolveError, ShapeError)
-from .graph import Graph, Program, Step
+from .graph import Graph
 from .operator import Operator, param, tunable
 from .profile import Profile
+from .program import Program, Step
 from .tensor import Tensor, TensorSpec, bfloat16, spec
 
 __all__ = ["BundleError", "CheckpointError", "CompileError", "Device", "DeviceError",

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .graph import Program
+from .program import Program
 
 
 def temp_buffers(program: Program) -> dict[int, np.ndarray]:

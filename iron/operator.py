@@ -32,6 +32,7 @@ import numpy as np
 
 from .devices import Device, device
 from .errors import FieldError, ResolveError, ShapeError
+from .recording import current_recording
 from .tensor import Tensor, bfloat16
 
 PARAM = "param"
@@ -227,8 +228,6 @@ class Operator:
     @classmethod
     def step(cls, *inputs: Tensor, **fields: Any) -> Tensor | tuple[Tensor, ...]:
         """Record one step of this operator in the graph being recorded; return its outputs."""
-        from .graph import current_recording
-
         return current_recording().add_step(cls, inputs, fields)
 
 

@@ -3,11 +3,10 @@ sizes included) and, for one shape per operator, every legal tunable setting."""
 
 import numpy as np
 import pytest
+from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs
 
 from iron.memplan import temp_buffers
 from iron.targets import cpu
-
-from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs
 
 
 def run_case(name, shape, tunables=None, seed=0):
@@ -83,9 +82,10 @@ def test_in_place_step_leaves_the_callers_input_alone():
 def test_temps_share_memory_only_when_never_live_at_once(tmp_path):
     """The temp planner on a Llama prefill program: overlapping lifetimes never overlap in
     memory, outputs own their memory, and the plan needs far less than a buffer per temp."""
+    from tiny_llama import write_tiny_llama
+
     import iron
     from iron.pipeline.app import load_app
-    from tiny_llama import write_tiny_llama
 
     app = load_app("llama", write_tiny_llama(tmp_path / "tiny", seed=5), chunk=8)
     program = app.programs(iron.device("cpu"), iron.Profile(device="cpu"))["prefill"]

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 import iron
-from iron.store import Store
 from iron.operators import AXPY, SiLU
+from iron.store import Store
 from iron.targets import cpu
 
 OP = AXPY(size=2048, scalar_factor=1.5, tile_size=1024, num_aie_columns=2, num_channels=1)

@@ -18,11 +18,18 @@ import pytest
 import iron
 from iron.errors import CompileError, DeviceError, IronError
 from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
-from iron.targets import cpu
 from iron.profile import diff as profile_diff
+from iron.targets import cpu
 from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
-from iron.tuning.tuner import MIN_GAIN, CpuBenchmark, Measurement, candidates, instances, tune
+from iron.tuning.tuner import (
+    MIN_GAIN,
+    CpuBenchmark,
+    Measurement,
+    candidates,
+    instances,
+    tune,
+)
 
 
 class Chain(iron.Graph):

@@ -24,11 +24,11 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ..errors import BundleError
-from ..graph import Program
 from ..profile import Profile
+from ..program import Program
+from ..store import Store
 from ..tensorfile import read_safetensors
 from ..util import atomic_write_bytes, sha256_file
-from ..store import Store
 
 FORMAT = 1
 MANIFEST = "manifest.json"

@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterator
 from ..devices import device as get_device
 from ..paths import build_dir
 from ..profile import Profile
+from ..store import MANIFEST as ENTRY_MANIFEST, Store
 from .app import app_profile, load_app, profile_path
 from .bundle import MANIFEST, write_bundle
-from ..store import MANIFEST as ENTRY_MANIFEST, Store
 
 build_dir().mkdir(parents=True, exist_ok=True)  # doit opens its state file before any task
 DOIT_CONFIG = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..graph import Program
+from ..program import Program
 
 
 def target_module(kind: str):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import math
 import os
 import re
 import shutil
@@ -25,12 +24,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..store import Entry, Store, artifact_key
 from ..errors import CompileError, DeviceError, ShapeError
-from ..graph import Program
 from ..memplan import temp_buffers
 from ..operator import Operator
 from ..paths import KERNELS_DIR
+from ..program import Program
+from ..store import Entry, Store, artifact_key
 
 RECIPE_VERSION = 1
 SOURCE_DIR = KERNELS_DIR / "cpu"

@@ -38,13 +38,15 @@ from typing import Any, Mapping, Protocol, Sequence, TextIO
 
 import numpy as np
 
-from ..devices import Device, device as get_device, host_cache_bytes
+from ..devices import Device, host_cache_bytes
+from ..devices import device as get_device
 from ..errors import DeviceError, IronError
-from ..graph import Graph, Program
+from ..graph import Graph
 from ..memory import huge_page_copy
 from ..operator import Operator
 from ..paths import build_dir
 from ..profile import Profile
+from ..program import Program
 from ..tensor import spec
 from .check import mismatch
 from .log import Comparison, Record, TuneLog
