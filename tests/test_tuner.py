@@ -22,14 +22,9 @@ from iron.profile import diff as profile_diff
 from iron.targets import cpu
 from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
-from iron.tuning.tuner import (
-    MIN_GAIN,
-    CpuBenchmark,
-    Measurement,
-    candidates,
-    instances,
-    tune,
-)
+from iron.tuning.candidates import candidates, instances
+from iron.tuning.measure import Measurement, TargetBenchmark
+from iron.tuning.tuner import MIN_GAIN, tune
 
 
 class Chain(iron.Graph):
@@ -248,7 +243,7 @@ def test_rejected_candidate_is_logged_and_never_chosen_even_if_fastest(tmp_path)
             assert rec["status"] == "rejected" and "deliberately corrupted" in rec["reason"]
 
 
-class CorruptingBench(CpuBenchmark):
+class CorruptingBench(TargetBenchmark):
     """The real benchmark, but one setting's kernel output is corrupted after it runs."""
 
     def __init__(self, corrupt, **kw):
@@ -296,14 +291,14 @@ def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monke
     cands = candidates(op, "cpu")
     assert len(cands) >= 4
     wrong, broken = cands[-1], cands[-2]
-    real_compile = cpu.compile_op
+    real_compile = cpu.TARGET.compile
 
-    def compile_op(o, store=None):
-        if o == broken:
-            raise CompileError(f"compiling {o.describe(True)} failed: deliberately")
-        return real_compile(o, store)
+    def compile_recipe(recipe, store=None):
+        if recipe.key == cpu.TARGET.key(broken):
+            raise CompileError(f"compiling {broken.describe(True)} failed: deliberately")
+        return real_compile(recipe, store)
 
-    monkeypatch.setattr(cpu, "compile_op", compile_op)
+    monkeypatch.setattr(cpu.TARGET, "compile", compile_recipe)
     result = run(tmp_path, CorruptingBench(wrong), app=AxpyApp())
     (o,) = result.outcomes
     assert o.measured == len(cands) and o.rejected == 2
@@ -322,7 +317,7 @@ def test_real_head_to_head_finds_a_setting_even_with_itself_and_a_slow_one_slowe
     (inst,) = [i for i in instances(GemvApp().programs(iron.device("cpu"), iron.Profile()))]
     fast = inst.current
     slow = GEMV(M=512, K=1024, tile_size_input=1, tile_size_output=4, num_aie_columns=1)
-    bench = CpuBenchmark(min_time=0.02, blocks=8)
+    bench = TargetBenchmark(min_time=0.02, blocks=8)
     even = bench.compare(inst, fast, fast)
     assert even.rounds == 8 and even.low <= even.gain <= even.high
     assert 0.8 < even.gain < 1.25  # same kernel, same inputs: a tie up to scheduling noise

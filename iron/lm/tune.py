@@ -1,52 +1,16 @@
-"""``python -m iron.lm.tune APP --checkpoint DIR``: tune an application and rewrite its profile.
+"""``python -m iron.lm.tune APP --checkpoint DIR``: tune a language-model application.
 
 Times every legal setting of every operator instance the application builds (decode and
 prefill) and writes the fastest into ``profiles/<APP>/<device>.json``; review it with
-``git diff`` or ``python -m iron.profile diff``.  Measurements are logged under
-``build/tune/``, so an interrupted run picks up where it stopped.
+``git diff`` or ``python -m iron.profile diff``.  The generic entry point is
+``python -m iron.tuning``; this one keeps the name the tutorial uses.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Sequence
 
-from ..pipeline.app import load_app
-from ..errors import IronError
-from ..tuning.tuner import tune
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m iron.lm.tune",
-        description="Tune an application's operators and rewrite profiles/<APP>/<device>.json.")
-    parser.add_argument("app", help="the application, a package apps/<APP> (e.g. llama)")
-    parser.add_argument("--checkpoint", help="the checkpoint directory (default: the "
-                        "application's own)")
-    parser.add_argument("--device", default="cpu", help="the device to tune for (default cpu)")
-    parser.add_argument("--only", help="tune only these operators, comma-separated "
-                        "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
-    parser.add_argument("--budget", type=float, help="stop after this many seconds, keeping "
-                        "the best setting found so far for each instance")
-    parser.add_argument("--fresh", action="store_true", help="discard the tuning log and "
-                        "measure everything again")
-    args = parser.parse_args(argv)
-    if args.budget is not None and args.budget <= 0:
-        parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    try:
-        app = load_app(args.app, args.checkpoint)
-        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh)
-    except IronError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: the profile is unchanged; every finished measurement is logged, "
-              "so running the same command again resumes", file=sys.stderr)
-        return 130
-    return 0
-
+from ..tuning.__main__ import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m iron.lm.tune"))

@@ -1,8 +1,8 @@
 """Model bundles: everything needed to run an application on one device, in one folder.
 
 ``build/<app>/<device>/`` holds ``manifest.json`` (the recorded programs, which kernel library
-each step calls, the application's metadata and the hash of every file), ``kernels/*.so`` (the
-compiled instances and the executor), ``weights.safetensors`` (in the layout the kernels read),
+each step calls, the application's metadata and the hash of every file), ``kernels/`` (the
+compiled instances and the executor, one artifact file each), ``weights.safetensors`` (in the layout the kernels read),
 the application's files (``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile
 it was built with).  It runs from any folder, without a compiler.
 
@@ -27,6 +27,7 @@ from ..errors import BundleError
 from ..profile import Profile
 from ..program import Program
 from ..store import Store
+from ..targets import target_for
 from ..tensorfile import read_safetensors
 from ..util import atomic_write_bytes, sha256_file
 
@@ -37,31 +38,27 @@ WEIGHTS = "weights.safetensors"
 
 def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None) -> Path:
     """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``."""
-    from ..targets import cpu
-
-    if device.kind != "cpu":
-        from ..targets import npu
-
-        npu.load(next(iter(app.programs(device, profile).values())))  # refuses clearly
+    target = target_for(device)
+    target.require_available()
     out = Path(out)
     recover(out)
     programs: dict[str, Program] = app.programs(device, profile)
     ops = [op for p in programs.values() for op in p.ops]
-    entries = cpu.compile_all([*ops, None], store)
-    libraries = {e.key: e.file(cpu.LIBRARY) for e in entries}
+    entries = target.compile_all([*ops, None], store)
+    artifacts = {e.key: target.artifact(e) for e in entries}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
         (tmp / "kernels").mkdir()
-        for key, lib in libraries.items():
-            shutil.copy2(lib, tmp / "kernels" / f"{key}.so")
-        keys = iter(e.key for e in entries)
+        for key, artifact in artifacts.items():
+            shutil.copy2(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
+        names = iter(f"kernels/{e.key}{artifacts[e.key].suffix}" for e in entries)
         manifest_programs = {}
         for name, program in programs.items():
             doc = program.to_json()
-            doc["kernels"] = [f"kernels/{next(keys)}.so" for _ in program.steps]
+            doc["kernels"] = [next(names) for _ in program.steps]
             manifest_programs[name] = doc
-        runtime = f"kernels/{next(keys)}.so"
+        runtime = next(names)
         save_file(dict(app.weights()), str(tmp / WEIGHTS))
         for name, src in app.files().items():
             shutil.copy2(src, tmp / name)
@@ -120,7 +117,7 @@ class Bundle:
             file = path / name
             if not file.is_file():
                 raise BundleError(f"{path}: {name} is missing")
-            if (verify or name.endswith(".so")) and sha256_file(file) != digest:
+            if (verify or name.startswith("kernels/")) and sha256_file(file) != digest:
                 raise BundleError(f"{path}: {name} does not match its manifest hash")
         return bundle
 
@@ -137,11 +134,10 @@ class Bundle:
 
     def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
         """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
-        from ..targets.cpu import Executable
-
+        program = self.program(name)
         doc = self.manifest["programs"][name]
-        exe = Executable(self.program(name), [self.path / k for k in doc["kernels"]],
-                         self.path / self.manifest["runtime"])
+        exe = target_for(program.device).executable(
+            program, [self.path / k for k in doc["kernels"]], self.path / self.manifest["runtime"])
         exe.bind_weights(self.weights() if weights is None else weights)
         return exe
 

@@ -25,6 +25,7 @@ from ..devices import device as get_device
 from ..paths import build_dir
 from ..profile import Profile
 from ..store import MANIFEST as ENTRY_MANIFEST, Store
+from ..targets import Recipe, Target, target_for
 from .app import app_profile, load_app, profile_path
 from .bundle import MANIFEST, write_bundle
 
@@ -57,6 +58,7 @@ class BuildGraph:
         self.context = get_var("context", None)
         self.prompt = get_var("prompt", None)
         self.tune_options = {k: get_var(k, None) for k in ("only", "budget", "fresh")}
+        self.target = target_for(self.device)
         self.store = Store()
         self.bundle_dir = build_dir() / self.app_name / self.device.name
         self.profile_file = profile_path(self.app_name, self.device.name)
@@ -77,13 +79,11 @@ class BuildGraph:
     def instances(self) -> dict[str, tuple[Any, Any]]:
         """Distinct resolved instances by task name: (operator, recipe); recorded once per
         doit run, though the compile, bundle and gc tasks all read it."""
-        from ..targets import cpu
-
         programs = self.app.programs(self.device, self.profile()).values()
         distinct = dict.fromkeys(op for program in programs for op in program.ops)
         found = {}
         for op in distinct:
-            recipe = cpu.recipe_for(op)
+            recipe = self.target.recipe(op)
             found[task_name(op, recipe.key)] = (op, recipe)
         return found
 
@@ -98,29 +98,24 @@ class BuildGraph:
         self.app  # opening the application fetches and converts its default checkpoint
 
     def task_compile(self) -> Iterator[dict]:
-        from ..targets import cpu
-
         yield {"basename": "compile", "name": None,
                "doc": "compile every operator instance of the application (one subtask each)"}
         for name, (op, recipe) in sorted(self.instances.items()):
-            sources = [str(cpu.SOURCE_DIR / f) for f in recipe.description["sources"]]
-            yield {"name": name, "actions": [(compile_action, [recipe, self.store])],
-                   "file_dep": sources,
+            yield {"name": name, "actions": [(compile_action, [self.target, recipe, self.store])],
+                   "file_dep": [str(p) for p in recipe.sources],
                    "targets": [str(self.store.path(recipe.key) / ENTRY_MANIFEST)],
                    "uptodate": [config_changed(recipe.description)],
                    "doc": f"{op.describe(tunables=True)} -> artifact {recipe.key}"}
 
     def task_bundle(self) -> dict:
-        from ..targets import cpu
-
         deps = [str(self.store.path(recipe.key) / ENTRY_MANIFEST)
                 for _, recipe in self.instances.values()]
         deps += [str(p) for p in self.app.sources()]
         if self.profile_file.exists():
             deps.append(str(self.profile_file))
-        runtime = cpu.recipe_for(None)
+        runtime = self.target.recipe(None)
         return {"actions": [(self._write_bundle, [])],
-                "file_dep": sorted(set(deps)) + [str(cpu.SOURCE_DIR / "runtime.c")],
+                "file_dep": sorted(set(deps) | {str(p) for p in runtime.sources}),
                 "task_dep": ["compile"],
                 "targets": [str(self.bundle_dir / MANIFEST)],
                 "uptodate": [config_changed({"app": self.app_name, "device": self.device.name,
@@ -158,11 +153,9 @@ class BuildGraph:
 
     def _gc(self) -> None:
         keep = {recipe.key for _, recipe in self.instances.values()}
-        from ..targets import cpu
-
-        keep.add(cpu.recipe_for(None).key)
+        keep.add(self.target.key(None))
         for manifest in build_dir().glob(f"*/*/{MANIFEST}"):
-            keep.update(p.stem for p in (manifest.parent / "kernels").glob("*.so"))
+            keep.update(p.stem for p in (manifest.parent / "kernels").glob("*"))
         removed = [key for key in self.store.keys() if key not in keep]
         for key in removed:
             self.store.remove(key)
@@ -175,12 +168,10 @@ class BuildGraph:
               f"kept {len(keep & set(self.store.keys()))}")
 
 
-def compile_action(recipe, store: Store) -> None:
+def compile_action(target: Target, recipe: Recipe, store: Store) -> None:
     """doit action: compile one instance into the store (a no-op when it is already there)."""
-    from ..targets import cpu
-
-    entry = cpu.compile_recipe(recipe, store)
-    print(f"{recipe.description['operator']} -> {entry.path}")
+    entry = target.compile(recipe, store)
+    print(f"{recipe.operator} -> {entry.path}")
 
 
 def config_changed(config: dict):

@@ -1,20 +1,27 @@
 """Targets compile resolved operator instances and run programs; one module per device kind.
 
-A target module provides ``load(program, store=None) -> Executable``; an executable has
-``bind_weights(mapping)``, ``run(arrays)`` and ``reset_state()``.
+``iron.targets.base`` writes down the interface; ``target_for(device)`` is how every layer
+above finds the target of a device.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from ..devices import Device
 from ..program import Program
+from . import cpu, npu
+from .base import Executable, Recipe, Target
+
+TARGETS: dict[str, Target] = {t.kind: t for t in (cpu.TARGET, npu.TARGET)}
 
 
-def target_module(kind: str):
-    return importlib.import_module(f"{__name__}.{kind}")
+def target_for(dev: Device) -> Target:
+    """The target that compiles and runs programs for ``dev``'s kind."""
+    return TARGETS[dev.kind]
 
 
-def executable_for(program: Program, store=None):
+def executable_for(program: Program, store=None) -> Executable:
     """Compile (cached) and load ``program`` on its device's target."""
-    return target_module(program.device.kind).load(program, store)
+    return target_for(program.device).load(program, store)
+
+
+__all__ = ["Executable", "Recipe", "Target", "TARGETS", "executable_for", "target_for"]

@@ -17,10 +17,8 @@ import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -28,8 +26,9 @@ from ..errors import CompileError, DeviceError, ShapeError
 from ..memplan import temp_buffers
 from ..operator import Operator
 from ..paths import KERNELS_DIR
+from .base import Recipe, Target
 from ..program import Program
-from ..store import Entry, Store, artifact_key
+from ..store import Entry, Store
 
 RECIPE_VERSION = 1
 SOURCE_DIR = KERNELS_DIR / "cpu"
@@ -81,19 +80,6 @@ def kernel_source(kernel: str) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that goes into one compiled library, and the key it hashes to."""
-
-    name: str  # the kernel's name, e.g. "gemv"; "runtime" for the executor
-    macros: tuple[tuple[str, int], ...]
-    description: dict[str, Any]
-
-    @property
-    def key(self) -> str:
-        return artifact_key(self.description)
-
-
 def recipe_for(op: Operator | None) -> Recipe:
     """The recipe of an operator instance (or, for ``None``, of the program executor)."""
     name = "runtime" if op is None else op.kernel
@@ -103,48 +89,58 @@ def recipe_for(op: Operator | None) -> Recipe:
             raise CompileError(f"refusing to pass {macro}={value!r} to the compiler: only "
                                "IRON_* integer constants are allowed")
     cc, identity = compiler()
+    sources = source_closure(kernel_source(name))
     description = {
         "recipe": RECIPE_VERSION, "target": "cpu", "kernel": name,
         "operator": None if op is None else type(op).__name__,
         "fields": None if op is None else op.config(),
-        "sources": source_closure(kernel_source(name)),
+        "sources": sources,
         "compiler": identity, "host": host_identity(), "flags": list(FLAGS),
         "macros": dict(macros),
     }
-    return Recipe(name, macros, description)
+    return Recipe(name, macros, description, tuple(SOURCE_DIR / f for f in sources))
 
 
-def compile_recipe(recipe: Recipe, store: Store | None = None) -> Entry:
-    """The store entry of ``recipe``, compiling it if needed; a failure leaves nothing behind."""
-    store = store or Store()
+def build(recipe: Recipe, folder: Path) -> None:
+    """Compile ``recipe``'s kernel into ``folder``/kernel.so."""
     cc, _ = compiler()
+    command = [cc, *FLAGS, f"-I{SOURCE_DIR}", *(f"-D{m}={v}" for m, v in recipe.macros),
+               str(kernel_source(recipe.name)), "-o", str(folder / LIBRARY)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CompileError(f"compiling {recipe.operator} {recipe.description['fields'] or ''} "
+                           f"failed:\n$ {' '.join(command)}\n{result.stderr.strip()}")
 
-    def build(folder: Path) -> None:
-        command = [cc, *FLAGS, f"-I{SOURCE_DIR}",
-                   *(f"-D{m}={v}" for m, v in recipe.macros),
-                   str(kernel_source(recipe.name)), "-o", str(folder / LIBRARY)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            what = recipe.description["operator"] or recipe.name
-            raise CompileError(f"compiling {what} {recipe.description['fields'] or ''} failed:\n"
-                               f"$ {' '.join(command)}\n{result.stderr.strip()}")
 
-    return store.get_or_build(recipe.key, recipe.description, build)
+class CpuTarget(Target):
+    """The host CPU: C kernels built by the system compiler, run by ``runtime.c``."""
+
+    kind = "cpu"
+
+    def recipe(self, op: Operator | None) -> Recipe:
+        return recipe_for(op)
+
+    def build(self, recipe: Recipe, folder: Path) -> None:
+        build(recipe, folder)
+
+    def artifact(self, entry: Entry) -> Path:
+        return entry.file(LIBRARY)
+
+    def executable(self, program: Program, step_files: Sequence[Path],
+                   runtime_file: Path | None) -> Executable:
+        return Executable(program, step_files, runtime_file)
+
+
+TARGET = CpuTarget()
 
 
 def compile_op(op: Operator, store: Store | None = None) -> Entry:
-    return compile_recipe(recipe_for(op), store)
+    return TARGET.compile(recipe_for(op), store)
 
 
 def compile_all(ops: Sequence[Operator | None], store: Store | None = None,
                 jobs: int | None = None) -> list[Entry]:
-    """Compile the distinct recipes of ``ops`` (in parallel), returning an entry per op."""
-    recipes = [recipe_for(op) for op in ops]
-    distinct = {r.key: r for r in recipes}
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        entries = dict(zip(distinct, pool.map(lambda r: compile_recipe(r, store),
-                                              distinct.values())))
-    return [entries[r.key] for r in recipes]
+    return TARGET.compile_all(ops, store, jobs)
 
 
 # ---- running ------------------------------------------------------------------------------
@@ -272,5 +268,4 @@ class Executable:
 
 def load(program: Program, store: Store | None = None) -> Executable:
     """Compile what is missing and return a ready ``Executable``."""
-    *entries, runtime = compile_all([*program.ops, None], store)
-    return Executable(program, [e.file(LIBRARY) for e in entries], runtime.file(LIBRARY))
+    return TARGET.load(program, store)

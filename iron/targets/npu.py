@@ -1,9 +1,9 @@
-"""The npu1 / npu2 targets: MLIR-AIE designs run through XRT — planned, not yet buildable here.
+"""The npu1 / npu2 targets: MLIR-AIE designs run through XRT — not buildable on this machine.
 
-An instance would compile to an MLIR-AIE design plus NPU instructions with the ``mlir-aie``
-toolchain (``aiecc.py`` and the Peano compiler) and run through XRT's ``pyxrt``.  Neither is
-installable from PyPI or Debian (FACTS.md), so this target only checks for them and refuses
-clearly; recording and resolving for npu1 / npu2 work everywhere.
+An instance compiles to an MLIR-AIE design plus NPU instructions with the ``mlir-aie``
+toolchain (``aiecc.py`` and the Peano compiler) and runs through XRT's ``pyxrt``.  Neither
+installs from PyPI or Debian, so this target checks for them and refuses clearly, before any
+work; recording and resolving for npu1 / npu2 work everywhere.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib.util
 import shutil
 
-from ..devices import Device
 from ..errors import DeviceError
+from ..operator import Operator
+from .base import Recipe, Target
 
 
-def missing_toolchain(dev: Device) -> list[str]:
+def missing_toolchain() -> list[str]:
     missing = []
     if shutil.which("aiecc.py") is None:
         missing.append("aiecc.py (mlir-aie)")
@@ -24,11 +25,20 @@ def missing_toolchain(dev: Device) -> list[str]:
     return missing
 
 
-def load(program, store=None):
-    dev = program.device
-    missing = missing_toolchain(dev)
-    raise DeviceError(
-        f"cannot compile or run on {dev}: "
-        + (f"its toolchain is missing ({', '.join(missing)}); " if missing else "")
-        + "the npu target is not implemented yet. Recording and resolving work for every "
-        "device; run on the host with iron.device('cpu').")
+class NpuTarget(Target):
+    """Refuses to compile or run, naming what is missing."""
+
+    kind = "npu"
+
+    def unavailable(self) -> str | None:
+        missing = missing_toolchain()
+        return ("the npu target cannot compile or run here: "
+                + (f"its toolchain is missing ({', '.join(missing)}); " if missing else "")
+                + "designs are not implemented yet. Recording and resolving work for every "
+                "device; run on the host with iron.device('cpu').")
+
+    def recipe(self, op: Operator | None) -> Recipe:
+        raise DeviceError(self.unavailable())
+
+
+TARGET = NpuTarget()

@@ -26,312 +26,27 @@ instance, matching all its params and setting all its tunables; every other entr
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 import os
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence, TextIO
+from typing import Mapping, Sequence, TextIO
 
-import numpy as np
-
-from ..devices import Device, host_cache_bytes
-from ..devices import device as get_device
+from ..devices import Device, device as get_device
 from ..errors import DeviceError, IronError
-from ..graph import Graph
-from ..memory import huge_page_copy
 from ..operator import Operator
 from ..paths import build_dir
+from ..pipeline.app import profile_path as app_profile_path
 from ..profile import Profile
-from ..program import Program
-from ..tensor import spec
-from .check import mismatch
+from ..targets import target_for
+from .candidates import Instance, candidates, instances, traffic
 from .log import Comparison, Record, TuneLog
+from .measure import Benchmark, Measurement, TargetBenchmark
+from .report import report, setting_text
 
 #: How much faster, head-to-head (median round), a setting must run to replace the one in use.
 MIN_GAIN = 1.03
-
-# ---- instances and candidates ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One input of a step: its shape and dtype, and whether it is cold in the real model.
-
-    Weights and state (a KV cache) are read once per token from main memory; activations were
-    just written by the previous step and sit in cache.
-    """
-
-    shape: tuple[int, ...]
-    dtype: Any
-    cold: bool
-
-
-@dataclass(frozen=True)
-class Instance:
-    """A distinct operator instance of the application: ``op`` has every tunable unset."""
-
-    op: Operator
-    current: Operator  # as the application resolves it under the previous profile
-    inputs: tuple[InputSpec, ...]
-    uses: int
-
-    def describe(self) -> str:
-        return self.op.describe()
-
-    def setting(self, op: Operator | None = None) -> dict[str, int]:
-        return (op or self.current).tunable_values()
-
-
-def unset(op: Operator) -> Operator:
-    """``op`` with its tunables cleared: what identifies the instance, whatever its setting."""
-    return dataclasses.replace(op, **{n: None for n in op.tunables()})
-
-
-def instances(programs: Mapping[str, Program]) -> list[Instance]:
-    """The distinct operator instances of ``programs``, in order of first use."""
-    found: dict[Operator, Instance] = {}
-    for name in programs:
-        program = programs[name]
-        for step in program.steps:
-            key = unset(step.op)
-            if key in found:
-                found[key] = dataclasses.replace(found[key], uses=found[key].uses + 1)
-                continue
-            specs = tuple(InputSpec(program.tensors[i].shape, program.tensors[i].dtype,
-                                    program.tensors[i].kind in ("weight", "state"))
-                          for i in step.inputs)
-            found[key] = Instance(key, step.op, specs, 1)
-    return list(found.values())
-
-
-def traffic(instance: Instance) -> int:
-    """Bytes the instance reads per call of the application's programs, over all its uses."""
-    return instance.uses * sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize
-                               for s in instance.inputs)
-
-
-def candidates(op: Operator, dev: Device | str) -> list[Operator]:
-    """Every legal setting of ``op``'s tunables on ``dev``, as frozen resolved operators."""
-    return [dataclasses.replace(op, **s) for s in unset(op).legal_settings(dev)]
-
-
-# ---- the benchmark ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Seconds per run of one candidate (median, interquartile spread), or why it failed."""
-
-    median: float | None = None
-    spread: float | None = None
-    runs: int = 0
-    error: str | None = None
-
-
-class Benchmark(Protocol):
-    """What the tuner needs from a benchmark; ``CpuBenchmark`` is the real one."""
-
-    method: str  # recorded in the log; a measurement by another method is not reused
-
-    def key(self, op: Operator) -> str: ...
-
-    def compile(self, ops: Sequence[Operator], deadline: float | None) -> dict[str, str | None]:
-        """Compile ``ops``: artifact key -> None (ready) or the error; unstarted keys absent."""
-
-    def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
-        """Check ``op`` against the reference on the instance's shapes, then time it."""
-
-    def compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
-        """Time two checked candidates head-to-head: ``gain`` = old time / new time."""
-
-
-class _OneStep(Graph):
-    def __init__(self, op: Operator, dev: Device):
-        super().__init__(dev)
-        self.op = op
-
-    def body(self, *inputs):
-        return type(self.op).step(*inputs, **self.op.config())
-
-
-def single_step(instance: Instance, op: Operator, dev: Device) -> Program:
-    """A program of the one step ``op``, every input of it a program input."""
-    program = _OneStep(op, dev).record(*(spec(s.shape, s.dtype) for s in instance.inputs))
-    assert program.ops == [op], (program.ops, op)
-    return program
-
-
-def random_input(op: Operator, s: InputSpec, rng: np.random.Generator) -> np.ndarray:
-    """An input of realistic values: in-range tokens and positions, weight-sized numbers."""
-    if np.dtype(s.dtype) == np.int32:
-        n = s.shape[0] if s.shape else 1
-        if hasattr(op, "vocab"):  # token ids
-            return rng.integers(0, op.vocab, s.shape).astype(np.int32)
-        start = max(0, (op.ctx - n) // 2) if hasattr(op, "ctx") else 1000  # mid-context
-        return np.arange(start, start + n, dtype=np.int32).reshape(s.shape)
-    if np.dtype(s.dtype) == np.float32 and hasattr(op, "head_dim"):  # RoPE's inv_freq
-        hd = op.head_dim
-        return (1.0 / 10000.0 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
-    scale = 0.1 if s.cold and len(s.shape) == 2 else 1.0  # weight matrices are small numbers
-    return (rng.standard_normal(s.shape) * scale).astype(s.dtype)
-
-
-def single_threaded_reference(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """``program.reference`` with BLAS on one thread.
-
-    OpenBLAS's helper threads busy-wait for a while after each call; on a small machine they
-    would take the cores the next candidate's kernel threads are timed on.  Without
-    ``threadpoolctl`` we wait for them to go idle instead.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        reference = program.reference(inputs)
-        time.sleep(0.2)
-        return reference
-    with threadpool_limits(1, user_api="blas"):
-        return program.reference(inputs)
-
-
-class _InstanceData:
-    """The inputs of one instance, copied so that cold inputs cycle out of the cache.
-
-    Cold inputs live in huge pages, as the model's weights do (``Bundle.weights``): the page
-    size changes a streaming kernel's speed, and could change which setting wins.
-    """
-
-    def __init__(self, instance: Instance, program: Program, cold_bytes: int, max_copies: int):
-        rng = np.random.default_rng(0)
-        self.base = [huge_page_copy(a) if s.cold else a for a, s in
-                     zip((random_input(instance.op, s, rng) for s in instance.inputs),
-                         instance.inputs)]
-        self.reference = single_threaded_reference(program, self.base)
-        cold = sum(a.nbytes for a, s in zip(self.base, instance.inputs) if s.cold)
-        copies = min(max_copies, math.ceil(cold_bytes / cold)) if cold else 1
-        self.rotation = [[huge_page_copy(a) if s.cold and c else a
-                          for a, s in zip(self.base, instance.inputs)] for c in range(copies)]
-
-
-class CpuBenchmark:
-    """Compile through the artifact store, check against ``Program.reference``, time.
-
-    Timing uses the runtime's per-step clock (``run_timed``), so Python's call overhead is not
-    counted: warm-up runs, then enough runs for ``min_time`` seconds (at least ``min_runs``);
-    the median and the interquartile spread are kept.  Cold inputs (weights, KV caches) are
-    rotated through copies totalling ``cold_bytes`` — by default twice the host's last-level
-    cache — so each run reads them from memory, as the real model does.  A run longer than
-    ``timeout`` seconds rejects the candidate; one whose fastest of ``min_runs`` runs is 3x
-    the best median so far stops early, since it cannot win (a median would also stop one that
-    starts slow: the single-threaded prefill Embedding ran 11.6 us for 3 runs, then 1.2 us).
-    ``compare`` runs the head-to-head.
-    """
-
-    def __init__(self, store=None, jobs: int | None = None, cold_bytes: int | None = None,
-                 max_copies: int = 256, warmup: int = 2, min_runs: int = 5,
-                 max_runs: int = 200, min_time: float = 0.1, timeout: float = 5.0,
-                 blocks: int = 16):
-        from ..targets import cpu
-
-        self.cpu = cpu
-        self.store = store
-        self.jobs = jobs or os.cpu_count() or 1
-        cold_bytes = cold_bytes or max(64 << 20, 2 * host_cache_bytes())
-        self.cold_bytes, self.max_copies = cold_bytes, max_copies
-        self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
-        self.min_time, self.timeout, self.blocks = min_time, timeout, blocks
-        self.method = f"cpu-v2 cold={cold_bytes >> 20}MiB"
-        self._data: tuple[Operator, _InstanceData] | None = None
-
-    def key(self, op: Operator) -> str:
-        return self.cpu.recipe_for(op).key
-
-    def compile(self, ops: Sequence[Operator], deadline: float | None) -> dict[str, str | None]:
-        """Compile in parallel (nothing is timed meanwhile), stopping at ``deadline``."""
-        self.cpu.compile_all([None], self.store)  # the runtime every program needs
-        results: dict[str, str | None] = {}
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            futures = {pool.submit(self.cpu.compile_op, op, self.store): self.key(op)
-                       for op in ops}
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-                for f in done:
-                    if not f.cancelled():
-                        error = f.exception()
-                        results[futures[f]] = None if error is None else f"compile error: {error}"
-                if deadline is not None and time.monotonic() > deadline:
-                    for f in pending:
-                        f.cancel()
-        return results
-
-    def run_once(self, exe, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
-        """One run: the outputs and the seconds the step took."""
-        seconds = np.zeros(1)
-        outputs = exe.run_timed(arrays, seconds)
-        return outputs, float(seconds[0])
-
-    def _prepare(self, instance: Instance, op: Operator):
-        """The executable of ``op`` alone, and the instance's inputs (built once per instance)."""
-        program = single_step(instance, op, get_device("cpu"))
-        if self._data is None or self._data[0] != instance.op:
-            self._data = None  # free the previous instance's copies first
-            self._data = (instance.op, _InstanceData(instance, program, self.cold_bytes,
-                                                     self.max_copies))
-        return self.cpu.load(program, self.store), self._data[1]
-
-    def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
-        exe, data = self._prepare(instance, op)
-        overwritten = set(type(op).inplace.values())  # inputs the step writes in place
-        outputs, first = self.run_once(exe, [a.copy() if i in overwritten else a
-                                             for i, a in enumerate(data.base)])
-        for out, ref in zip(outputs, data.reference):
-            problem = mismatch(type(op).__name__, out, ref)
-            if problem:
-                return Measurement(error=f"wrong result: {problem}")
-        copies = itertools.cycle(data.rotation)
-        times = [first] + [self.run_once(exe, next(copies))[1] for _ in range(self.warmup)]
-        if max(times) > self.timeout:
-            return Measurement(error=f"timeout: a run took {max(times):.3g} s, the limit is "
-                               f"{self.timeout:g} s")
-        runs = max(self.min_runs, min(self.max_runs, math.ceil(self.min_time / times[-1])))
-        times = []
-        for _ in range(runs):
-            times.append(self.run_once(exe, next(copies))[1])
-            if times[-1] > self.timeout:
-                return Measurement(error=f"timeout: a run took {times[-1]:.3g} s, the limit "
-                                   f"is {self.timeout:g} s")
-            if best is not None and len(times) >= self.min_runs and min(times) > 3 * best:
-                break  # even its fastest run is 3x the best median: it cannot win
-        q1, median, q3 = np.percentile(times, [25, 50, 75])
-        return Measurement(float(median), float((q3 - q1) / median), len(times))
-
-    def compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
-        """``blocks`` rounds of a few runs of each, in ABBA order, on the same rotated inputs.
-
-        Both see the same neighbours and the same cache state within a round, so the median of
-        the per-round ratios is the gain a move would bring, not the machine's drift.
-        """
-        exe_new, data = self._prepare(instance, new)
-        exe_old, _ = self._prepare(instance, old)
-        copies = itertools.cycle(data.rotation)
-        once = [self.run_once(exe, next(copies))[1] for exe in (exe_new, exe_old) * 2]
-        per_block = max(3, min(50, math.ceil(self.min_time / 10 / max(min(once), 1e-7))))
-        gains = []
-        for block in range(self.blocks):
-            pair = (exe_new, exe_old) if block % 2 == 0 else (exe_old, exe_new)
-            times = {id(exe): np.median([self.run_once(exe, next(copies))[1]
-                                         for _ in range(per_block)]) for exe in pair}
-            gains.append(times[id(exe_old)] / times[id(exe_new)])
-        q1, gain, q3 = np.percentile(gains, [25, 50, 75])
-        return Comparison(self.key(new), self.key(old), float(gain), float(q1), float(q3),
-                          len(gains), self.method)
-
-
-# ---- the tuning run -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -378,16 +93,12 @@ class TuneResult:
 
 def require_tunable_device(dev: Device) -> None:
     """Refuse a device whose kernels cannot run here: a tuner measures, it never guesses."""
-    if dev.kind == "cpu":
-        return
-    from ..targets.npu import missing_toolchain
-
-    missing = missing_toolchain(dev)
-    raise DeviceError(
-        f"cannot tune for {dev}: tuning runs every candidate on the device itself, and "
-        + (f"its toolchain is missing here ({', '.join(missing)}); " if missing else "")
-        + "the npu target cannot compile or run yet. Tune on --device cpu, or write "
-        f"profiles for {dev} by hand (recording and resolving check them).")
+    reason = target_for(dev).unavailable()
+    if reason:
+        raise DeviceError(
+            f"cannot tune for {dev}: tuning runs every candidate on the device itself, and "
+            f"{reason} Tune on --device cpu, or write profiles for {dev} by hand (recording "
+            "and resolving check them).")
 
 
 def select(found: list[Instance], only: Sequence[str] | None) -> list[Instance]:
@@ -418,13 +129,11 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     ``fresh`` discards the log.  ``profile_path`` and ``log_path`` default to
     ``profiles/<app>/<device>.json`` and ``build/tune/<app>-<device>.jsonl``.
     """
-    from ..pipeline.app import profile_path as app_profile_path
-
     started = time.monotonic()
     deadline = None if budget is None else started + budget
     dev = get_device(device)
     require_tunable_device(dev)
-    bench = benchmark or CpuBenchmark()
+    bench = benchmark or TargetBenchmark(dev)
     path = Path(profile_path or app_profile_path(app.name, dev.name))
     previous = Profile.load(path) if path.exists() else Profile(device=dev.name)
 
@@ -643,33 +352,3 @@ def check_applied(app, dev: Device, profile: Profile, outcomes: list[Outcome],
                   "entry overrides it", file=out)
 
 
-def setting_text(setting: Mapping[str, int]) -> str:
-    return " ".join(f"{k}={v}" for k, v in setting.items())
-
-
-def changes_text(old: Mapping[str, int], new: Mapping[str, int]) -> str:
-    return ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v)
-
-
-def report(result: TuneResult, out: TextIO) -> None:
-    """The closing summary: where the profile went and the table of what moved."""
-    state = "complete" if result.complete else "stopped by the budget; re-run to continue"
-    print(f"\nwrote {result.path} ({len(result.profile)} entries) in {result.seconds:.0f} s, "
-          f"{result.measured_now} candidates measured this run; tuning {state}", file=out)
-    held = sum(o.gain is not None and o.chosen == o.instance.current for o in result.outcomes)
-    if held:
-        print(f"{held} instances kept their setting: the sweep's fastest did not beat it "
-              "head-to-head", file=out)
-    if not result.moved:
-        print("nothing moved against the previous profile", file=out)
-        return
-    rows = [(m.instance, changes_text(m.old, m.new),
-             f"{m.old_time * 1e6:.1f} -> {m.new_time * 1e6:.1f} us" if m.old_time else
-             f"? -> {m.new_time * 1e6:.1f} us",
-             f"{m.gain:.2f}x" if m.gain else "the old setting was rejected")
-            for m in result.moved]
-    head = ("instance", "old -> new", "time (sweep)", "gain (head-to-head)")
-    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(4)]
-    print(f"{len(rows)} instances moved:", file=out)
-    for r in [head, *rows]:
-        print("  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip(), file=out)

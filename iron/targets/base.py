@@ -1,0 +1,136 @@
+"""The target interface: what a device kind provides to graphs, the build, bundles and the tuner.
+
+A target turns resolved operator instances into artifacts and programs into executables.  Every
+layer above it (``Graph.__call__``, ``iron.pipeline``'s bundles and doit tasks, the tuner) goes
+through ``target_for(device)`` and these methods, never through a target module directly, so a
+new device kind is one module implementing ``Target``:
+
+- ``recipe(op)``: everything that goes into one artifact (``op=None``: the program executor,
+  if the target has one), hashed into the artifact key, with the source files it reads (the
+  doit tasks' file dependencies);
+- ``build(recipe, folder)``: write the artifact's files into ``folder``; the store makes it
+  atomic and content-addressed (``compile`` / ``compile_all`` wrap it);
+- ``artifact(entry)``: the one file of a store entry that a bundle carries for a step;
+- ``executable(program, step_files, runtime_file)``: a loaded program from such files (a bundle
+  loads without a compiler); ``load(program, store)`` compiles what is missing, then loads;
+- ``unavailable()``: why this machine cannot run the target's executables (a missing toolchain
+  or runtime), or ``None``; the tuner refuses to measure on such a target.
+
+An ``Executable`` binds weights once, keeps state (a KV cache) across calls, runs the program
+(``run``) and, for the tuner, runs it timing each step (``run_timed``).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..operator import Operator
+from ..program import Program
+from ..store import Entry, Store, artifact_key
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that goes into one artifact, and the key it hashes to.
+
+    ``description`` is JSON data: what the key hashes and the store's manifest records.
+    ``sources`` are the files it was made from (the doit compile task's ``file_dep``).
+    """
+
+    name: str  # the kernel's name, e.g. "gemv"; "runtime" for a program executor
+    macros: tuple[tuple[str, int], ...]
+    description: dict[str, Any]
+    sources: tuple[Path, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return artifact_key(self.description)
+
+    @property
+    def operator(self) -> str:
+        return self.description.get("operator") or self.name
+
+
+class Executable(Protocol):
+    """A program loaded on a target, its buffers allocated once and reused across calls."""
+
+    program: Program
+
+    def bind_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+
+    def bind_state(self, states: Mapping[str, np.ndarray]) -> None: ...
+
+    def state(self, name: str) -> np.ndarray: ...
+
+    def reset_state(self) -> None: ...
+
+    def run(self, arrays: Sequence[np.ndarray], copy: bool = True) -> list[np.ndarray]: ...
+
+    def run_timed(self, arrays: Sequence[np.ndarray],
+                  seconds: np.ndarray) -> list[np.ndarray]: ...
+
+
+class Target:
+    """Base of every target; see the module docstring.  Subclasses set ``kind``."""
+
+    kind: str
+
+    def recipe(self, op: Operator | None) -> Recipe:
+        raise NotImplementedError
+
+    def build(self, recipe: Recipe, folder: Path) -> None:
+        raise NotImplementedError
+
+    def artifact(self, entry: Entry) -> Path:
+        raise NotImplementedError
+
+    def executable(self, program: Program, step_files: Sequence[Path],
+                   runtime_file: Path | None) -> Executable:
+        raise NotImplementedError
+
+    def unavailable(self) -> str | None:
+        return None
+
+    # ---- derived behaviour ------------------------------------------------------------------
+
+    @property
+    def has_runtime(self) -> bool:
+        """Whether programs run through an executor artifact of their own (``recipe(None)``)."""
+        return True
+
+    def key(self, op: Operator | None) -> str:
+        return self.recipe(op).key
+
+    def compile(self, recipe: Recipe, store: Store | None = None) -> Entry:
+        """The store entry of ``recipe``, built if needed; a failure leaves nothing behind."""
+        return (store or Store()).get_or_build(recipe.key, recipe.description,
+                                               lambda folder: self.build(recipe, folder))
+
+    def compile_all(self, ops: Sequence[Operator | None], store: Store | None = None,
+                    jobs: int | None = None) -> list[Entry]:
+        """Compile the distinct recipes of ``ops`` (in parallel), returning an entry per op."""
+        recipes = [self.recipe(op) for op in ops]
+        distinct = {r.key: r for r in recipes}
+        with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+            built = pool.map(lambda r: self.compile(r, store), distinct.values())
+            entries = dict(zip(distinct, built))
+        return [entries[r.key] for r in recipes]
+
+    def load(self, program: Program, store: Store | None = None) -> Executable:
+        """Compile what is missing and return a ready executable of ``program``."""
+        self.require_available()
+        entries = self.compile_all([*program.ops, *([None] if self.has_runtime else [])], store)
+        runtime = self.artifact(entries.pop()) if self.has_runtime else None
+        return self.executable(program, [self.artifact(e) for e in entries], runtime)
+
+    def require_available(self) -> None:
+        reason = self.unavailable()
+        if reason:
+            raise DeviceError(reason)
