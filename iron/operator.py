@@ -10,10 +10,17 @@ An operator class declares
 - ``signature``: which inputs it takes and which outputs it makes (shapes and dtypes);
 - ``space`` and ``rules``: the candidate values of each tunable on a device and the legality
   rules every resolved instance must satisfy;
-- ``reference``: its maths in numpy float32.
+- ``reference``: its maths in numpy float32, and ``tolerance``, how close a kernel's output
+  must come to it;
+- ``test_shapes`` and ``example``: the cases the kernel tests run (odd and minimum sizes
+  included; every legal setting of ``test_shapes[sweep_shape]``), and ``example_input``:
+  realistic values for one input (token ids in range, positions mid-context), which the tuner
+  times on.
 
-Nothing else: profiles are applied to operators from outside (``iron.profile``), kernels live in
-``iron/kernels/<target>/`` and are found by the operator's ``kernel`` name.
+The kernel tests and the tuner loop over ``Operator.registry``, so adding an operator is its
+declaration and its kernel, nothing else.  Profiles are applied to operators from outside
+(``iron.profile``); kernels live in ``<kernel_root>/<target>/<kernel>.c`` (``iron/kernels/``
+unless the class says otherwise).
 
 Every subclass is made a frozen, keyword-only dataclass by ``__init_subclass__``, so a concrete
 operator is a short class body and its instances are hashable values.
@@ -26,12 +33,14 @@ import itertools
 import math
 import struct
 from dataclasses import MISSING
+from pathlib import Path
 from typing import Any, ClassVar, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
 from .devices import Device, device
 from .errors import FieldError, ResolveError, ShapeError
+from .paths import KERNELS_DIR
 from .recording import current_recording
 from .tensor import Tensor, bfloat16
 
@@ -70,12 +79,28 @@ class Operator:
     """Base of every operator; see the module docstring."""
 
     kernel: ClassVar[str]  # name of the kernel source, e.g. "axpy" -> kernels/cpu/axpy.c
+    kernel_root: ClassVar[Path] = KERNELS_DIR  # holds <target>/<kernel>.c
     inplace: ClassVar[Mapping[int, int]] = {}  # output index -> input index it overwrites
+    #: (rtol, atol) against ``reference``: an output element may differ by ``atol + rtol *
+    #: |ref|`` plus one bf16 ulp (see ``iron.tuning.check``). Operators with long float32
+    #: sums state their own.
+    tolerance: ClassVar[tuple[float, float]] = (0.04, 1e-6)
+    test_shapes: ClassVar[tuple[dict[str, Any], ...]] = ()  # keyword arguments of ``example``
+    sweep_shape: ClassVar[int] = -1  # the test shape whose every legal setting is tested
     registry: ClassVar[dict[str, type[Operator]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        known = Operator.registry.get(cls.__name__)
+        if known is not None and known.__qualname__ == cls.__qualname__ \
+                and known.__module__ == cls.__module__:
+            known = None  # the same class defined again (a module reloaded)
+        if known is not None:
+            raise FieldError(
+                f"operator {cls.__module__}.{cls.__qualname__} has the name of "
+                f"{known.__module__}.{known.__qualname__}: operators are found by class name "
+                "(profiles, bundles), so each needs its own; rename one")
         Operator.registry[cls.__name__] = cls
 
     # ---- field kinds --------------------------------------------------------------------
@@ -126,6 +151,25 @@ class Operator:
     def reference(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """The operator's maths on float32 (or int32) numpy arrays, before output rounding."""
         raise NotImplementedError
+
+    @classmethod
+    def example(cls, rng: np.random.Generator, **shape: Any) -> tuple[dict[str, Any], list]:
+        """(call fields, input arrays) of one test case, at one of ``test_shapes``."""
+        raise NotImplementedError(f"{cls.__name__} declares no example test case")
+
+    def example_input(self, index: int, shape: tuple[int, ...], dtype: Any,
+                      rng: np.random.Generator) -> np.ndarray:
+        """Realistic values for input ``index`` of this instance: what the tuner times on.
+
+        Floating-point inputs are normal numbers (matrices scaled to weight-sized ones); an
+        operator with integer or float32 inputs (token ids, positions, frequencies) overrides
+        this for them.
+        """
+        if np.dtype(dtype).kind in "iu" or np.dtype(dtype) == np.float32:
+            raise FieldError(f"{type(self).__name__}.example_input must say what input {index} "
+                             f"({np.dtype(dtype).name} {shape}) holds")
+        scale = 0.1 if len(shape) == 2 else 1.0
+        return (rng.standard_normal(shape) * scale).astype(dtype)
 
     # ---- derived behaviour ---------------------------------------------------------------
 
@@ -273,5 +317,23 @@ def numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
+def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    """bf16 normal numbers: the floating-point inputs of test cases."""
+    return (rng.standard_normal(shape) * scale).astype(bfloat16)
+
+
+def mid_context(n: int, ctx: int | None = None) -> np.ndarray:
+    """``n`` consecutive int32 positions in the middle of a context (1000 on, if none)."""
+    start = max(0, (ctx - n) // 2) if ctx is not None else 1000
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+def rope_frequencies(head_dim: int, theta: float = 10000.0) -> np.ndarray:
+    """RoPE's float32 inverse frequencies for ``head_dim``, the plain-theta rule."""
+    return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(
+        np.float32)
+
+
 __all__ = ["Operator", "param", "tunable", "rule", "Rule", "expect", "expect_dtype",
-           "pow2_tiles", "columns", "numel", "bfloat16"]
+           "pow2_tiles", "columns", "numel", "bfloat16", "normal", "mid_context",
+           "rope_frequencies"]

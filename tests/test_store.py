@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import iron
+from iron.operator import Operator
 from iron.operators import AXPY, SiLU
 from iron.store import Store
 from iron.targets import cpu
@@ -44,6 +45,7 @@ def test_kernel_source_edit_changes_only_that_operators_keys(tmp_path, monkeypat
     sources = tmp_path / "cpu"
     shutil.copytree(cpu.SOURCE_DIR, sources)
     monkeypatch.setattr(cpu, "SOURCE_DIR", sources)
+    monkeypatch.setattr(Operator, "kernel_root", tmp_path)
     assert {op: cpu.recipe_for(op).key for op in (OP, silu)} == before
     (sources / "silu.c").write_text((sources / "silu.c").read_text() + "\n/* edit */\n")
     assert cpu.recipe_for(OP).key == before[OP]
@@ -93,10 +95,11 @@ def test_two_processes_building_one_key_both_succeed(tmp_path):
 
 
 def test_compile_failure_shows_the_compiler_and_leaves_nothing(tmp_path, monkeypatch):
-    sources = tmp_path / "src"
+    sources = tmp_path / "src" / "cpu"
     shutil.copytree(cpu.SOURCE_DIR, sources)
     (sources / "silu.c").write_text('#include "iron_cpu.h"\nvoid iron_kernel(void) { oops; }\n')
     monkeypatch.setattr(cpu, "SOURCE_DIR", sources)
+    monkeypatch.setattr(Operator, "kernel_root", sources.parent)
     store = Store(tmp_path / "cache")
     with pytest.raises(iron.CompileError) as e:
         cpu.compile_op(SiLU(size=64).resolve("cpu"), store)

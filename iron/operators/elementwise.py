@@ -7,8 +7,8 @@ from typing import ClassVar, Iterator
 import numpy as np
 
 from ..devices import Device
-from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, numel, param,
-                        pow2_tiles, rule, tunable)
+from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, numel,
+                        param, pow2_tiles, rule, tunable)
 from ..tensor import Tensor
 
 
@@ -20,6 +20,7 @@ class Elementwise(Operator):
     """
 
     arity: ClassVar[int] = 2
+    input_scale: ClassVar[float] = 1.0  # of the test inputs
 
     size: int = param()
     tile_size: int = tunable()
@@ -39,8 +40,13 @@ class Elementwise(Operator):
         return [(inputs[0].shape, bfloat16)]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
-        return {"num_aie_columns": columns(dev, (self.arity + 1) * self.size * 2), "tile_size": pow2_tiles(self.size, lo=16),
+        return {"num_aie_columns": columns(dev, (self.arity + 1) * self.size * 2),
+                "tile_size": pow2_tiles(self.size, lo=16),
                 "num_channels": [1] if dev.kind == "cpu" else [1, 2]}
+
+    @classmethod
+    def example(cls, rng, shape):
+        return {}, [normal(rng, *shape, scale=cls.input_scale) for _ in range(cls.arity)]
 
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)
@@ -62,7 +68,13 @@ class AXPY(Elementwise):
     """``scalar_factor * x + y``."""
 
     kernel = "axpy"
+    test_shapes = ({"shape": (1,)}, {"shape": (7,)}, {"shape": (2048,)}, {"shape": (3, 576)})
+    sweep_shape = 2
     scalar_factor: float = param()
+
+    @classmethod
+    def example(cls, rng, shape):
+        return {"scalar_factor": 1.5}, super().example(rng, shape)[1]
 
     def reference(self, x, y):
         return np.float32(self.scalar_factor) * x + y
@@ -72,6 +84,7 @@ class ElementwiseAdd(Elementwise):
     """``x + y``."""
 
     kernel = "add"
+    test_shapes = ({"shape": (1,)}, {"shape": (13,)}, {"shape": (576,)})
 
     def reference(self, x, y):
         return x + y
@@ -81,6 +94,7 @@ class ElementwiseMul(Elementwise):
     """``x * y``."""
 
     kernel = "mul"
+    test_shapes = ({"shape": (5,)}, {"shape": (1536,)})
 
     def reference(self, x, y):
         return x * y
@@ -91,6 +105,8 @@ class SiLU(Elementwise):
 
     kernel = "silu"
     arity = 1
+    input_scale = 3.0
+    test_shapes = ({"shape": (1,)}, {"shape": (9,)}, {"shape": (1536,)})
 
     def reference(self, x):
         return x / (np.float32(1) + np.exp(-x))

@@ -7,8 +7,8 @@ from typing import Iterator
 import numpy as np
 
 from ..devices import Device
-from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, param,
-                        pow2_tiles, rule, tunable)
+from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, mid_context,
+                        normal, param, pow2_tiles, rope_frequencies, rule, tunable)
 from ..tensor import Tensor
 from .rowwise import RoPE
 
@@ -17,6 +17,8 @@ class Embedding(Operator):
     """``out[r] = table[tokens[r]]``: table (vocab, dim), tokens int32 (rows,)."""
 
     kernel = "embedding"
+    test_shapes = ({"vocab": 1, "dim": 1, "rows": 1}, {"vocab": 50, "dim": 7, "rows": 3},
+                   {"vocab": 1000, "dim": 576, "rows": 4})
     vocab: int = param()
     dim: int = param()
     rows: int = param()
@@ -41,6 +43,15 @@ class Embedding(Operator):
         yield rule(self.rows % self.num_aie_columns == 0, "num_aie_columns",
                    "rows % num_aie_columns == 0")
 
+    @classmethod
+    def example(cls, rng, vocab, dim, rows):
+        return {}, [normal(rng, vocab, dim), rng.integers(0, vocab, rows).astype(np.int32)]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 1:  # token ids
+            return rng.integers(0, self.vocab, shape).astype(np.int32)
+        return super().example_input(index, shape, dtype, rng)
+
     def reference(self, table, tokens):
         ok = (tokens >= 0) & (tokens < self.vocab)
         return np.where(ok[:, None], table[np.where(ok, tokens, 0)], np.float32(0))
@@ -60,6 +71,9 @@ class CacheWrite(Operator):
 
     kernel = "cache_write"
     inplace = {0: 0}
+    test_shapes = ({"kv_heads": 1, "ctx": 1, "head_dim": 1, "rows": 1, "pos": 0},
+                   {"kv_heads": 3, "ctx": 64, "head_dim": 64, "rows": 1, "pos": 63},
+                   {"kv_heads": 3, "ctx": 64, "head_dim": 64, "rows": 8, "pos": 60})
     kv_heads: int = param()
     ctx: int = param()
     head_dim: int = param()
@@ -83,6 +97,16 @@ class CacheWrite(Operator):
     def space(self, dev: Device) -> dict[str, list[int]]:
         return {}
 
+    @classmethod
+    def example(cls, rng, kv_heads, ctx, head_dim, rows, pos):
+        return {}, [normal(rng, kv_heads, ctx, head_dim), normal(rng, rows, kv_heads * head_dim),
+                    np.arange(pos, pos + rows, dtype=np.int32)]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 2:
+            return mid_context(self.rows, self.ctx)
+        return super().example_input(index, shape, dtype, rng)
+
     def reference(self, cache, x, pos):
         out = cache.copy()
         start = int(pos[0])
@@ -103,6 +127,9 @@ class QKVRoPE(Operator):
 
     kernel = "qkv_rope"
     inplace = {1: 3, 2: 4}
+    test_shapes = ({"rows": 1, "heads": 1, "kv_heads": 1, "head_dim": 2, "ctx": 1, "pos": 0},
+                   {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 64, "pos": 63},
+                   {"rows": 8, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 36})
     rows: int = param()
     heads: int = param()
     kv_heads: int = param()
@@ -139,6 +166,20 @@ class QKVRoPE(Operator):
     def space(self, dev: Device) -> dict[str, list[int]]:
         return {}
 
+    @classmethod
+    def example(cls, rng, rows, heads, kv_heads, head_dim, ctx, pos):
+        width = (heads + 2 * kv_heads) * head_dim
+        k, v = (normal(rng, kv_heads, ctx, head_dim) for _ in range(2))
+        return {}, [normal(rng, rows, width), np.arange(pos, pos + rows, dtype=np.int32),
+                    rope_frequencies(head_dim), k, v]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 1:
+            return mid_context(self.rows, self.ctx)
+        if index == 2:
+            return rope_frequencies(self.head_dim)
+        return super().example_input(index, shape, dtype, rng)
+
     def reference(self, qkv, pos, inv_freq, k_cache, v_cache):
         hd, q_dim, kv_dim = self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
         rope = {n: RoPE(rows=self.rows, size=n * hd, heads=n, head_dim=hd)
@@ -161,6 +202,13 @@ class Attention(Operator):
     """
 
     kernel = "attention"
+    tolerance = (0.01, 0.01)
+    test_shapes = ({"rows": 1, "heads": 1, "kv_heads": 1, "head_dim": 1, "ctx": 1, "pos": 0},
+                   {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 0},
+                   {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 299},
+                   {"rows": 5, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 3},
+                   {"rows": 8, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 64, "pos": 56})
+    sweep_shape = 2
     rows: int = param()
     heads: int = param()
     kv_heads: int = param()
@@ -202,6 +250,17 @@ class Attention(Operator):
             need = 2 * 2 * self.tile_size * self.head_dim * 2
             yield rule(need <= dev.tile_memory, "tile_size",
                        f"2 * 2 * tile_size * head_dim * 2 bytes <= {dev.tile_memory} bytes")
+
+    @classmethod
+    def example(cls, rng, rows, heads, kv_heads, head_dim, ctx, pos):
+        k, v = (normal(rng, kv_heads, ctx, head_dim) for _ in range(2))
+        return {}, [normal(rng, rows, heads * head_dim), k, v,
+                    np.arange(pos, pos + rows, dtype=np.int32)]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 3:
+            return mid_context(self.rows, self.ctx)
+        return super().example_input(index, shape, dtype, rng)
 
     def reference(self, q, k_cache, v_cache, pos):
         group = self.heads // self.kv_heads

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..devices import Device
-from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, param,
+from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, param,
                         pow2_tiles, rule, tunable)
 from ..tensor import Tensor
 
@@ -18,6 +18,11 @@ class GEMV(Operator):
     """
 
     kernel = "gemv"
+    tolerance = (0.005, 0.005)
+    test_shapes = ({"M": 1, "K": 1, "batches": 1}, {"M": 7, "K": 3, "batches": 1},
+                   {"M": 5, "K": 33, "batches": 3}, {"M": 576, "K": 576, "batches": 1},
+                   {"M": 192, "K": 1536, "batches": 2})
+    sweep_shape = 3
     M: int = param()
     K: int = param()
     batches: int = param(1)
@@ -62,6 +67,11 @@ class GEMV(Operator):
                        f"2 * (tile_size_input * K + K + tile_size_input) * 2 bytes <= "
                        f"{dev.tile_memory} bytes of tile memory")
 
+    @classmethod
+    def example(cls, rng, M, K, batches):
+        x = normal(rng, K) if batches == 1 else normal(rng, batches, K)
+        return {}, [normal(rng, M, K, scale=0.1), x]
+
     def reference(self, w, x):
         return x @ w.T
 
@@ -75,6 +85,12 @@ class GEMM(Operator):
     """
 
     kernel = "gemm"
+    tolerance = (0.005, 0.005)
+    test_shapes = ({"M": 1, "K": 1, "N": 1}, {"M": 7, "K": 3, "N": 5}, {"M": 16, "K": 576, "N": 96},
+                   {"M": 32, "K": 64, "N": 48},
+                   {"M": 20, "K": 96, "N": 80},  # AMX hosts: a part-filled row tile, odd n tiles
+                   {"M": 32, "K": 80, "N": 96})  # K % 32 != 0: the non-AMX path on AMX hosts
+    sweep_shape = 3
     M: int = param()
     K: int = param()
     N: int = param()
@@ -117,6 +133,10 @@ class GEMM(Operator):
             yield rule(need <= dev.tile_memory, "tile_m tile_k tile_n",
                        "2 * (tile_m * tile_k + tile_k * tile_n) * 2 + tile_m * tile_n * 4 bytes "
                        f"<= {dev.tile_memory} bytes of tile memory")
+
+    @classmethod
+    def example(cls, rng, M, K, N):
+        return {}, [normal(rng, M, K), normal(rng, N, K, scale=0.1)]
 
     def reference(self, a, b):
         return a @ b.T

@@ -10,8 +10,8 @@ from typing import ClassVar, Iterator
 import numpy as np
 
 from ..devices import Device
-from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, param,
-                        pow2_tiles, rule, tunable)
+from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, mid_context,
+                        normal, param, pow2_tiles, rope_frequencies, rule, tunable)
 from ..tensor import Tensor
 
 
@@ -54,8 +54,16 @@ class RMSNorm(RowWise):
     """``x / sqrt(mean(x**2) + eps)``, times ``w`` when a weight is given."""
 
     kernel = "rmsnorm"
+    test_shapes = ({"rows": 1, "size": 1, "weighted": True},
+                   {"rows": 5, "size": 7, "weighted": False},
+                   {"rows": 1, "size": 576, "weighted": True},
+                   {"rows": 8, "size": 576, "weighted": True})
     eps: float = param(1e-5)
     weighted: bool = param()
+
+    @classmethod
+    def example(cls, rng, rows, size, weighted):
+        return {"eps": 1e-5}, [normal(rng, rows, size), *([normal(rng, size)] if weighted else [])]
 
     @classmethod
     def shape_params(cls, x: Tensor, *w: Tensor) -> dict:
@@ -80,6 +88,11 @@ class Softmax(RowWise):
     """``exp(x - max) / sum(exp(x - max))`` along each row."""
 
     kernel = "softmax"
+    test_shapes = ({"rows": 1, "size": 1}, {"rows": 3, "size": 37}, {"rows": 4, "size": 2048})
+
+    @classmethod
+    def example(cls, rng, rows, size):
+        return {}, [normal(rng, rows, size, scale=3)]
 
     @classmethod
     def shape_params(cls, x: Tensor) -> dict:
@@ -104,8 +117,22 @@ class RoPE(RowWise):
     """
 
     kernel = "rope"
+    test_shapes = ({"rows": 1, "heads": 1, "head_dim": 2}, {"rows": 3, "heads": 9, "head_dim": 64},
+                   {"rows": 4, "heads": 3, "head_dim": 64})
     heads: int = param()
     head_dim: int = param()
+
+    @classmethod
+    def example(cls, rng, rows, heads, head_dim):
+        pos = rng.integers(0, 4096, rows).astype(np.int32)
+        return {}, [normal(rng, rows, heads * head_dim), pos, rope_frequencies(head_dim)]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 1:
+            return mid_context(self.rows)
+        if index == 2:
+            return rope_frequencies(self.head_dim)
+        return super().example_input(index, shape, dtype, rng)
 
     @classmethod
     def shape_params(cls, x: Tensor, pos: Tensor, inv_freq: Tensor) -> dict:
@@ -140,6 +167,7 @@ class SwiGLU(Operator):
     """
 
     kernel = "swiglu"
+    test_shapes = ({"rows": 1, "size": 1}, {"rows": 3, "size": 7}, {"rows": 1, "size": 1536})
     rows: int = param()
     size: int = param()
     tile_size: int = tunable()
@@ -166,6 +194,10 @@ class SwiGLU(Operator):
         if dev.kind == "npu":
             yield rule(2 * 3 * self.tile_size * 2 <= dev.tile_memory, "tile_size",
                        f"2 * 3 * tile_size * 2 bytes <= {dev.tile_memory} bytes of tile memory")
+
+    @classmethod
+    def example(cls, rng, rows, size):
+        return {}, [normal(rng, rows, 2 * size, scale=2)]
 
     def reference(self, x):
         gate, up = x[..., : self.size], x[..., self.size:]

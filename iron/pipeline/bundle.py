@@ -39,7 +39,7 @@ WEIGHTS = "weights.safetensors"
 def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None) -> Path:
     """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``."""
     target = target_for(device)
-    target.require_available()
+    target.require_available(device)
     out = Path(out)
     recover(out)
     programs: dict[str, Program] = app.programs(device, profile)

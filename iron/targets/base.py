@@ -13,7 +13,7 @@ new device kind is one module implementing ``Target``:
 - ``artifact(entry)``: the one file of a store entry that a bundle carries for a step;
 - ``executable(program, step_files, runtime_file)``: a loaded program from such files (a bundle
   loads without a compiler); ``load(program, store)`` compiles what is missing, then loads;
-- ``unavailable()``: why this machine cannot run the target's executables (a missing toolchain
+- ``unavailable(device)``: why this machine cannot run the target's executables (a missing toolchain
   or runtime), or ``None``; the tuner refuses to measure on such a target.
 
 An ``Executable`` binds weights once, keeps state (a KV cache) across calls, runs the program
@@ -30,6 +30,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ..devices import Device
 from ..errors import DeviceError
 from ..operator import Operator
 from ..program import Program
@@ -95,7 +96,7 @@ class Target:
                    runtime_file: Path | None) -> Executable:
         raise NotImplementedError
 
-    def unavailable(self) -> str | None:
+    def unavailable(self, dev: Device) -> str | None:
         return None
 
     # ---- derived behaviour ------------------------------------------------------------------
@@ -125,12 +126,12 @@ class Target:
 
     def load(self, program: Program, store: Store | None = None) -> Executable:
         """Compile what is missing and return a ready executable of ``program``."""
-        self.require_available()
+        self.require_available(program.device)
         entries = self.compile_all([*program.ops, *([None] if self.has_runtime else [])], store)
         runtime = self.artifact(entries.pop()) if self.has_runtime else None
         return self.executable(program, [self.artifact(e) for e in entries], runtime)
 
-    def require_available(self) -> None:
-        reason = self.unavailable()
+    def require_available(self, dev: Device) -> None:
+        reason = self.unavailable(dev)
         if reason:
             raise DeviceError(reason)

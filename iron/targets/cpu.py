@@ -59,24 +59,30 @@ def host_identity() -> str:
     return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
 
 
-def source_closure(source: Path) -> dict[str, str]:
-    """The sha256 of a kernel source and of every local header it includes, by file name."""
-    digests, todo = {}, [source]
+def source_closure(source: Path) -> dict[Path, str]:
+    """The sha256 of a kernel source and of every local header it includes (looked up beside
+    the source, then in ``iron/kernels/cpu``), the source first."""
+    digests: dict[Path, str] = {}
+    todo = [source]
     while todo:
         path = todo.pop()
-        if path.name in digests:
+        if path in digests:
             continue
         text = path.read_bytes()
-        digests[path.name] = hashlib.sha256(text).hexdigest()
+        digests[path] = hashlib.sha256(text).hexdigest()
         for name in re.findall(rb'^\s*#\s*include\s*"([^"]+)"', text, re.M):
-            todo.append(path.parent / name.decode())
-    return dict(sorted(digests.items()))
+            near = path.parent / name.decode()
+            todo.append(near if near.is_file() else SOURCE_DIR / name.decode())
+    return digests
 
 
-def kernel_source(kernel: str) -> Path:
-    path = SOURCE_DIR / f"{kernel}.c"
+def kernel_source(op: Operator | None) -> Path:
+    """``<kernel_root>/cpu/<kernel>.c`` of the operator; ``runtime.c`` for the executor."""
+    path = SOURCE_DIR / "runtime.c" if op is None else \
+        type(op).kernel_root / "cpu" / f"{op.kernel}.c"
     if not path.is_file():
-        raise CompileError(f"no cpu kernel {path}")
+        raise CompileError(f"no cpu kernel {path}" + ("" if op is None else
+                           f" for {type(op).__name__} (its kernel is {op.kernel!r})"))
     return path
 
 
@@ -89,23 +95,23 @@ def recipe_for(op: Operator | None) -> Recipe:
             raise CompileError(f"refusing to pass {macro}={value!r} to the compiler: only "
                                "IRON_* integer constants are allowed")
     cc, identity = compiler()
-    sources = source_closure(kernel_source(name))
+    sources = source_closure(kernel_source(op))
     description = {
         "recipe": RECIPE_VERSION, "target": "cpu", "kernel": name,
         "operator": None if op is None else type(op).__name__,
         "fields": None if op is None else op.config(),
-        "sources": sources,
+        "sources": dict(sorted((p.name, digest) for p, digest in sources.items())),
         "compiler": identity, "host": host_identity(), "flags": list(FLAGS),
         "macros": dict(macros),
     }
-    return Recipe(name, macros, description, tuple(SOURCE_DIR / f for f in sources))
+    return Recipe(name, macros, description, tuple(sources))
 
 
 def build(recipe: Recipe, folder: Path) -> None:
     """Compile ``recipe``'s kernel into ``folder``/kernel.so."""
     cc, _ = compiler()
     command = [cc, *FLAGS, f"-I{SOURCE_DIR}", *(f"-D{m}={v}" for m, v in recipe.macros),
-               str(kernel_source(recipe.name)), "-o", str(folder / LIBRARY)]
+               str(recipe.sources[0]), "-o", str(folder / LIBRARY)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise CompileError(f"compiling {recipe.operator} {recipe.description['fields'] or ''} "

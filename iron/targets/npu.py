@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 
+from ..devices import Device
 from ..errors import DeviceError
 from ..operator import Operator
 from .base import Recipe, Target
@@ -30,15 +31,16 @@ class NpuTarget(Target):
 
     kind = "npu"
 
-    def unavailable(self) -> str | None:
+    def unavailable(self, dev: Device) -> str | None:
         missing = missing_toolchain()
-        return ("the npu target cannot compile or run here: "
+        return (f"cannot compile or run on {dev}: "
                 + (f"its toolchain is missing ({', '.join(missing)}); " if missing else "")
                 + "designs are not implemented yet. Recording and resolving work for every "
                 "device; run on the host with iron.device('cpu').")
 
     def recipe(self, op: Operator | None) -> Recipe:
-        raise DeviceError(self.unavailable())
+        raise DeviceError(f"{'the executor' if op is None else op.describe()}: "
+                          "the npu target builds no artifacts yet")
 
 
 TARGET = NpuTarget()

@@ -1,7 +1,7 @@
 """How close a kernel's output must be to the reference maths: shared by the tests and the tuner.
 
 Both sides are rounded to bfloat16 before they are compared, so an element may differ by
-``atol + rtol * |ref|`` (the operator's stated tolerance) plus one bf16 ulp of the reference: the
+``atol + rtol * |ref|`` (the operator's ``tolerance``) plus one bf16 ulp of the reference: the
 one rounding step by which two correct bf16 results of the same float32 sum may differ.  The
 tuner rejects a candidate whose output breaks this bound; the kernel tests assert it.
 """
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-#: (rtol, atol) per operator name; the operators with long float32 sums get their own.
-TOLERANCE = {"GEMV": (0.005, 0.005), "GEMM": (0.005, 0.005), "Attention": (0.01, 0.01)}
-ELEMENTWISE_TOLERANCE = (0.04, 1e-6)
+from ..operator import Operator
 
 
 def tolerance(name: str) -> tuple[float, float]:
     """(rtol, atol) of the operator called ``name``."""
-    return TOLERANCE.get(name, ELEMENTWISE_TOLERANCE)
+    return Operator.registry[name].tolerance
 
 
 def bf16_ulp(x: np.ndarray) -> np.ndarray:

@@ -72,21 +72,6 @@ def single_step(instance: Instance, op: Operator, dev: Device) -> Program:
     return program
 
 
-def random_input(op: Operator, s: InputSpec, rng: np.random.Generator) -> np.ndarray:
-    """An input of realistic values: in-range tokens and positions, weight-sized numbers."""
-    if np.dtype(s.dtype) == np.int32:
-        n = s.shape[0] if s.shape else 1
-        if hasattr(op, "vocab"):  # token ids
-            return rng.integers(0, op.vocab, s.shape).astype(np.int32)
-        start = max(0, (op.ctx - n) // 2) if hasattr(op, "ctx") else 1000  # mid-context
-        return np.arange(start, start + n, dtype=np.int32).reshape(s.shape)
-    if np.dtype(s.dtype) == np.float32 and hasattr(op, "head_dim"):  # RoPE's inv_freq
-        hd = op.head_dim
-        return (1.0 / 10000.0 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
-    scale = 0.1 if s.cold and len(s.shape) == 2 else 1.0  # weight matrices are small numbers
-    return (rng.standard_normal(s.shape) * scale).astype(s.dtype)
-
-
 def single_threaded_reference(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """``program.reference`` with BLAS on one thread.
 
@@ -114,7 +99,8 @@ class _InstanceData:
     def __init__(self, instance: Instance, program: Program, cold_bytes: int, max_copies: int):
         rng = np.random.default_rng(0)
         self.base = [huge_page_copy(a) if s.cold else a for a, s in
-                     zip((random_input(instance.op, s, rng) for s in instance.inputs),
+                     zip((instance.op.example_input(i, s.shape, s.dtype, rng)
+                              for i, s in enumerate(instance.inputs)),
                          instance.inputs)]
         self.reference = single_threaded_reference(program, self.base)
         cold = sum(a.nbytes for a, s in zip(self.base, instance.inputs) if s.cold)

@@ -93,11 +93,11 @@ class TuneResult:
 
 def require_tunable_device(dev: Device) -> None:
     """Refuse a device whose kernels cannot run here: a tuner measures, it never guesses."""
-    reason = target_for(dev).unavailable()
+    reason = target_for(dev).unavailable(dev)
     if reason:
         raise DeviceError(
-            f"cannot tune for {dev}: tuning runs every candidate on the device itself, and "
-            f"{reason} Tune on --device cpu, or write profiles for {dev} by hand (recording "
+            f"cannot tune for {dev}: tuning runs every candidate on the device itself ({reason}) "
+            "Tune on --device cpu, or write profiles for {dev} by hand (recording "
             "and resolving check them).")
 
 

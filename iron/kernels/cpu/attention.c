@@ -25,6 +25,8 @@
 #error "attention.c needs IRON_ROWS, IRON_HEADS, IRON_KV_HEADS, IRON_HEAD_DIM, IRON_CTX, \
 IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_TILE_SIZE <= IRON_CTX, "tile_size <= ctx");
+_Static_assert(IRON_HEADS % IRON_KV_HEADS == 0, "heads % kv_heads == 0");
 
 #define GROUP (IRON_HEADS / IRON_KV_HEADS)
 #define BLOCK8 ((IRON_TILE_SIZE + 7) / 8 * 8) /* a key block rounded up to whole vectors */

@@ -13,6 +13,7 @@
     || !defined(IRON_NUM_AIE_COLUMNS)
 #error "embedding.c needs IRON_VOCAB, IRON_DIM, IRON_ROWS, IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_ROWS % IRON_NUM_AIE_COLUMNS == 0, "rows % num_aie_columns == 0");
 
 void iron_kernel(void *const *args) {
     const uint16_t *table = args[0];

@@ -9,7 +9,8 @@
  *   IRON_TILE_K           k-extent of a B tile packed at once
  *   IRON_TILE_N           columns of C per work item (rows of B per tile)
  *   IRON_NUM_AIE_COLUMNS  worker threads over the N / TILE_N work items
- * legality (checked in Python): M % TILE_M == 0, K % TILE_K == 0, N % TILE_N == 0.
+ * legality (the operator's rules(), asserted below): M % TILE_M == 0, K % TILE_K == 0,
+ *   N % TILE_N == 0.
  *
  * Each work item owns the M x TILE_N column block of C, accumulated in float32 (ct, rows of
  * TN_PAD floats). For each k-tile the TILE_N x TILE_K tile of B is packed once into panels of
@@ -37,6 +38,9 @@
 #error "gemm.c needs IRON_M, IRON_K, IRON_N, IRON_TILE_M, IRON_TILE_K, IRON_TILE_N, \
 IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_M % IRON_TILE_M == 0, "M % tile_m == 0");
+_Static_assert(IRON_K % IRON_TILE_K == 0, "K % tile_k == 0");
+_Static_assert(IRON_N % IRON_TILE_N == 0, "N % tile_n == 0");
 
 #define NR 16                                     /* columns per packed panel of B */
 #define TN_PAD ((IRON_TILE_N + NR - 1) / NR * NR) /* tile width rounded up to panels */

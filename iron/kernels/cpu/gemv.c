@@ -9,7 +9,7 @@
  *                           (they share each load of x)
  *   IRON_TILE_SIZE_OUTPUT   rows of W per parallel work item (a multiple of TILE_SIZE_INPUT)
  *   IRON_NUM_AIE_COLUMNS    worker threads
- * legality (checked in Python): M % TILE_SIZE_OUTPUT == 0,
+ * legality (the operator's rules(), asserted below): M % TILE_SIZE_OUTPUT == 0,
  *   TILE_SIZE_OUTPUT % TILE_SIZE_INPUT == 0.
  *
  * Memory-bandwidth bound: x is converted to float32 once per call (stored permuted, see
@@ -26,6 +26,9 @@
 #error "gemv.c needs IRON_M, IRON_K, IRON_BATCHES, IRON_TILE_SIZE_INPUT, \
 IRON_TILE_SIZE_OUTPUT, IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_M % IRON_TILE_SIZE_OUTPUT == 0, "M % tile_size_output == 0");
+_Static_assert(IRON_TILE_SIZE_OUTPUT % IRON_TILE_SIZE_INPUT == 0,
+               "tile_size_output % tile_size_input == 0");
 
 #define TI IRON_TILE_SIZE_INPUT
 #define UNROLL (TI >= 2 ? 1 : 2)  /* 16-element steps per iteration: >= 4 FMA chains */

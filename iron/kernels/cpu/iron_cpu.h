@@ -7,7 +7,9 @@
  * Numerics: bf16 inputs are widened to float32 (exact), all arithmetic is float32, and each
  * output element is rounded to bf16 once, round-to-nearest-even (NaN stays a quiet NaN).
  *
- * Only AVX2 + FMA intrinsics are used, so the kernels run on any x86-64-v3 machine.
+ * The helpers here use AVX2 + FMA intrinsics (x86-64-v3); gemm.c adds AVX512-BF16 and AMX paths,
+ * each compiled only when the compiler targets those features (-march), with the AVX2 path as the
+ * fallback.
  */
 #ifndef IRON_CPU_H
 #define IRON_CPU_H

@@ -15,6 +15,8 @@
     || !defined(IRON_HEAD_DIM) || !defined(IRON_CTX)
 #error "qkv_rope.c needs IRON_ROWS, IRON_HEADS, IRON_KV_HEADS, IRON_HEAD_DIM, IRON_CTX"
 #endif
+_Static_assert(IRON_HEADS % IRON_KV_HEADS == 0, "heads % kv_heads == 0");
+_Static_assert(IRON_HEAD_DIM % 2 == 0, "head_dim is even");
 
 #define HALF (IRON_HEAD_DIM / 2)
 #define WIDTH ((IRON_HEADS + 2 * IRON_KV_HEADS) * IRON_HEAD_DIM)

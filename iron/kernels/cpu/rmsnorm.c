@@ -8,7 +8,7 @@
  *   IRON_EPS_BITS         float32 bit pattern of eps
  *   IRON_TILE_SIZE        rows per tile; tiles are the parallel items
  *   IRON_NUM_AIE_COLUMNS  worker threads
- * legality (checked in Python): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
+ * legality (the operator's rules(), asserted below): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
  */
 #include "iron_cpu.h"
 
@@ -17,6 +17,8 @@
 #error "rmsnorm.c needs IRON_ROWS, IRON_SIZE, IRON_WEIGHTED, IRON_EPS_BITS, IRON_TILE_SIZE, \
 IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_ROWS % (IRON_NUM_AIE_COLUMNS * IRON_TILE_SIZE) == 0,
+               "rows % (num_aie_columns * tile_size) == 0");
 
 void iron_kernel(void *const *args) {
     const uint16_t *x = args[0];

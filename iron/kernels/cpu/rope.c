@@ -12,7 +12,8 @@
  *   IRON_HEAD_DIM         head dimension (even)
  *   IRON_TILE_SIZE        rows per tile; tiles are the parallel items
  *   IRON_NUM_AIE_COLUMNS  worker threads
- * legality (checked in Python): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0, HEAD_DIM even.
+ * legality (the operator's rules(), asserted below): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0,
+ *   HEAD_DIM even.
  */
 #include "iron_cpu.h"
 
@@ -20,6 +21,9 @@
     || !defined(IRON_TILE_SIZE) || !defined(IRON_NUM_AIE_COLUMNS)
 #error "rope.c needs IRON_ROWS, IRON_HEADS, IRON_HEAD_DIM, IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_ROWS % (IRON_NUM_AIE_COLUMNS * IRON_TILE_SIZE) == 0,
+               "rows % (num_aie_columns * tile_size) == 0");
+_Static_assert(IRON_HEAD_DIM % 2 == 0, "head_dim is even");
 
 #define HALF (IRON_HEAD_DIM / 2)
 

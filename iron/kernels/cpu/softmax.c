@@ -6,7 +6,7 @@
  *   IRON_SIZE             row length
  *   IRON_TILE_SIZE        rows per tile; tiles are the parallel items
  *   IRON_NUM_AIE_COLUMNS  worker threads
- * legality (checked in Python): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
+ * legality (the operator's rules(), asserted below): ROWS % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
  * The exponentials are kept in a per-thread float32 buffer of SIZE floats (malloc'd when large),
  * computed 8 at a time with iron_exp8 (iron_cpu.h); the tail of a row uses expf.
  */
@@ -16,6 +16,8 @@
     || !defined(IRON_NUM_AIE_COLUMNS)
 #error "softmax.c needs IRON_ROWS, IRON_SIZE, IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_ROWS % (IRON_NUM_AIE_COLUMNS * IRON_TILE_SIZE) == 0,
+               "rows % (num_aie_columns * tile_size) == 0");
 
 /* one row: e[] holds exp(x - max) until the sum is known */
 static void softmax_row(const uint16_t *x, uint16_t *out, float *e) {

@@ -7,7 +7,7 @@
  *   IRON_TILE_SIZE        columns per tile; tiles of the SIZE dimension are the parallel items
  *   IRON_NUM_AIE_COLUMNS  worker threads
  *   IRON_NUM_CHANNELS     NPU DMA channels per column; accepted and ignored on the cpu
- * legality (checked in Python): SIZE % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
+ * legality (the operator's rules(), asserted below): SIZE % (TILE_SIZE * NUM_AIE_COLUMNS) == 0.
  * 8 columns at a time with iron_silu8 (vector exp, iron_cpu.h); the tail of a tile uses expf.
  */
 #include "iron_cpu.h"
@@ -16,6 +16,8 @@
     || !defined(IRON_NUM_AIE_COLUMNS)
 #error "swiglu.c needs IRON_ROWS, IRON_SIZE, IRON_TILE_SIZE, IRON_NUM_AIE_COLUMNS"
 #endif
+_Static_assert(IRON_SIZE % (IRON_NUM_AIE_COLUMNS * IRON_TILE_SIZE) == 0,
+               "size % (num_aie_columns * tile_size) == 0");
 
 void iron_kernel(void *const *args) {
     const uint16_t *x = args[0];
