@@ -1,7 +1,7 @@
 """Streaming read bandwidth of this machine: the ceiling of a decode step, which must read every
 weight once (decode tok/s <= bandwidth / weight bytes).
 
-Measured as in docs/FACTS: a float32 matrix-vector product (numpy -> OpenBLAS sgemv) over a
+Measured as a float32 matrix-vector product (numpy -> OpenBLAS sgemv) over a
 matrix of ``mib`` MiB, median of several runs, bytes of the matrix / time. numpy runs in a
 subprocess so that its thread count is fixed before OpenBLAS loads (OPENBLAS_NUM_THREADS /
 OMP_NUM_THREADS, plus threadpoolctl when installed) and so that OPENBLAS_CORETYPE and

@@ -1,9 +1,9 @@
 """Devices: what ``Operator.resolve`` needs to know about where an operator will run.
 
-The numbers for the NPUs come from the devices' documentation (see FACTS.md): npu1
-(Phoenix / Hawk Point, AIE2) has 4 usable columns, npu2 (Strix / Krackan, AIE2P) has 8; each
-compute tile has 64 KiB of data memory; each column's shim tile has two DMA channels into the
-array and two out of it.  On the host CPU a "column" is a worker thread, so its column count is
+The NPU numbers are those of mlir-aie's AIE target model (``AIETargetModel.h`` in
+github.com/Xilinx/mlir-aie): npu1 (Phoenix / Hawk Point, AIE2) has 4 usable columns, npu2
+(Strix / Krackan, AIE2P) has 8; each compute tile has 64 KiB of data memory; each column's shim
+tile has two DMA channels into the array and two out of it.  On the host CPU a "column" is a worker thread, so its column count is
 the number of cores, and its local memory is a core's L2 cache.
 """
 

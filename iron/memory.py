@@ -1,10 +1,9 @@
 """Memory for data streamed on every call: anonymous, 2 MiB-aligned, backed by huge pages.
 
-Decode reads every weight once per token. From a file mapping (4 KiB page-cache pages) the
-SmolLM2 decode ran at 84-88 tok/s on the development machine; from a copy in huge pages, at
-97-105, and it no longer depended on where the kernel happened to put the file's page cache
-(two copies of one bundle differed by 17% in their lm-head GEMV). Huge pages cut the TLB misses
-of a 269 MB stream from about 65 000 pages a token to about 130.
+Decode reads every weight once per token. From a copy in huge pages it runs faster than from
+a file mapping of 4 KiB page-cache pages, and its speed no longer depends on where the kernel
+happened to put the file's page cache (README, Performance, has the measurements): a 2 MiB page
+covers 512 small ones, so a weight stream needs that many times fewer TLB entries.
 
 Linux only grants them on request (``transparent_hugepage`` in ``madvise`` mode) and only for
 2 MiB-aligned ranges, hence the alignment; elsewhere the buffer is plain anonymous memory.

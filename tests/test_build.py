@@ -1,4 +1,4 @@
-"""The doit build graph (SPEC §5), run for real with the doit CLI in a temporary copy of the
+"""The doit build graph, run for real with the doit CLI in a temporary copy of the
 project, on the small demo application so each build takes seconds."""
 
 import json

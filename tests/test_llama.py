@@ -1,7 +1,7 @@
 """The Llama application against an independent float32 implementation (transformers on
 torch CPU), on the embedded SmolLM2 checkpoint and a tiny Llama-3-style one.
 
-Accuracy is judged as the reference implementation of FACTS.md does: KL divergence between the
+Accuracy is judged as AMD's IRON judges its Llama on the NPU: KL divergence between the
 float32 model's next-token distribution and iron's, teacher-forced, mean <= 0.02, p90 <= 0.04,
 max <= 0.2, and top-1 agreement >= 95%.
 """

@@ -1,4 +1,4 @@
-"""The profile model of SPEC §3: matching, precedence, the file format and every error."""
+"""The profile model: matching, precedence, the file format and every error."""
 
 import json
 

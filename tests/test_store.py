@@ -1,4 +1,4 @@
-"""The artifact store and the cpu target's keys (SPEC §5): content addressing, atomic builds,
+"""The artifact store and the cpu target's keys: content addressing, atomic builds,
 damaged entries, concurrent builders, compile failures."""
 
 import shutil

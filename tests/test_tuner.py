@@ -1,4 +1,4 @@
-"""The tuner (SPEC §7): enumeration, rejection, resume, --only, budget, determinism, refusal.
+"""The tuner: enumeration, rejection, resume, --only, budget, determinism, refusal.
 
 Most tests run a small fake application (AXPY, GEMV and Embedding steps, decode and prefill)
 with a fake benchmark whose "times" are a fixed function of the setting, so runs are instant and
@@ -17,6 +17,7 @@ import pytest
 
 import iron
 from iron.errors import CompileError, DeviceError, IronError
+from iron.operator import Operator
 from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
 from iron.profile import diff as profile_diff
 from iron.targets import cpu
@@ -390,13 +391,14 @@ def test_budget_stops_midway_keeping_the_best_so_far_and_a_rerun_finishes(tmp_pa
 
 def test_changed_kernel_source_remeasures_only_that_kernel(tmp_path, monkeypatch):
     run(tmp_path, FakeBench())
-    sources = tmp_path / "kernels"
-    sources.mkdir()
+    sources = tmp_path / "kernels" / "cpu"
+    sources.mkdir(parents=True)
     for f in cpu.SOURCE_DIR.iterdir():
         (sources / f.name).write_bytes(f.read_bytes())
     with open(sources / "gemv.c", "a") as f:
         f.write("/* edited */\n")
     monkeypatch.setattr(cpu, "SOURCE_DIR", sources)
+    monkeypatch.setattr(Operator, "kernel_root", sources.parent)
     bench = FakeBench()
     run(tmp_path, bench)
     assert bench.measured and all(type(op) is GEMV for op in bench.measured)

@@ -10,14 +10,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from iron.lm.checkpoint import Checkpoint
+from iron.lm.layout import LmMeta
 
 from .model import kernel_weights, record, tail_chunk
 
 #: Prompt rows per prefill call; longer prompts take several chunks. A bundle also holds a
 #: program for half a chunk, for a prompt's last rows: each call streams every weight once,
 #: so big chunks serve long prompts, and the small one spares a short prompt (or a short rest)
-#: the padding of a big one. 128 tokens took 65 ms in 32-row chunks, 51 ms in 64-row ones; 9
-#: tokens 16.5 ms in a 32-row chunk, 24.7 ms padded to 64.
+#: the padding of a big one (README, Performance, has the measured times).
 PREFILL_CHUNK = 64
 #: KV cache positions a bundle holds, unless the model's own context is shorter.
 DEFAULT_CONTEXT = 2048
@@ -60,9 +60,9 @@ class App:
     def meta(self) -> dict[str, Any]:
         c = self.config
         eos = c.eos_token_id
-        return {"context": self.context, "chunk": self.chunk, "tail_chunk": tail_chunk(self.chunk),
-                "vocab_size": c.vocab_size,
-                "hidden_size": c.hidden_size, "bos_token_id": c.bos_token_id,
-                "eos_token_ids": list(eos) if isinstance(eos, tuple) else
-                ([] if eos is None else [eos]),
-                "default_prompt": DEFAULT_PROMPT}
+        return LmMeta(context=self.context, chunk=self.chunk, tail_chunk=tail_chunk(self.chunk),
+                      vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                      bos_token_id=c.bos_token_id,
+                      eos_token_ids=tuple(eos) if isinstance(eos, tuple) else
+                      (() if eos is None else (eos,)),
+                      default_prompt=DEFAULT_PROMPT).to_json()

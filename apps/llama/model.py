@@ -20,6 +20,7 @@ import numpy as np
 
 import iron
 from iron.lm.checkpoint import LlamaConfig
+from iron.lm.layout import DECODE, HEAD, PREFILL, PREFILL_TAIL
 from iron.operators import (GEMM, GEMV, Attention, ElementwiseAdd, Embedding, QKVRoPE, RMSNorm,
                             SwiGLU)
 
@@ -91,10 +92,10 @@ def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None)
         return Decoder(config, rows, ctx, **graph).record(tokens, tokens)
 
     return {
-        "decode": Decoder(config, 1, ctx, **graph).record(token, token),
-        "prefill": prefill(chunk),
-        "prefill_tail": prefill(tail_chunk(chunk)),
-        "head": Head(config, **graph).record((1, config.hidden_size)),
+        DECODE: Decoder(config, 1, ctx, **graph).record(token, token),
+        PREFILL: prefill(chunk),
+        PREFILL_TAIL: prefill(tail_chunk(chunk)),
+        HEAD: Head(config, **graph).record((1, config.hidden_size)),
     }
 
 

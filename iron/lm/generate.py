@@ -1,9 +1,9 @@
 """Text generation on a Llama bundle: prefill in chunks, decode token by token, sample.
 
-The bundle holds three programs that share one KV cache: ``prefill`` (a chunk of prompt
-tokens), ``decode`` (one token) and ``head`` (logits of one hidden state).  Each call is one
-ctypes call into the compiled executor, so Python work per token is a few small array writes
-and the sampling.
+The bundle holds the programs ``iron.lm.layout`` names, sharing one KV cache: prefill (a chunk
+of prompt tokens, and a smaller one for a prompt's last rows), decode (one token) and head
+(logits of one hidden state).  Each call is one ctypes call into the compiled executor, so
+Python work per token is a few small array writes and the sampling.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from ..pipeline.bundle import Bundle
 from ..errors import IronError
+from .layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, LmMeta
 
 
 def chat_prompt(text: str) -> str:
@@ -87,15 +88,14 @@ class LlamaModel:
         instead of reading this bundle's own, so that two builds compared side by side read
         the very same memory."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
-        meta = self.bundle.meta
-        self.context, self.chunk, self.tail_chunk = (meta["context"], meta["chunk"],
-                                                     meta["tail_chunk"])
-        self.eos = set(meta["eos_token_ids"])
+        self.meta = meta = LmMeta.from_json(self.bundle.meta, str(self.bundle.path))
+        self.context, self.chunk, self.tail_chunk = meta.context, meta.chunk, meta.tail_chunk
+        self.eos = set(meta.eos_token_ids)
         weights = self.bundle.weights() if weights is None else weights
-        self.decode_exe = self.bundle.executable("decode", weights)
-        self.prefill_exe = self.bundle.executable("prefill", weights)
-        self.tail_exe = self.bundle.executable("prefill_tail", weights)
-        self.head_exe = self.bundle.executable("head", weights)
+        self.decode_exe = self.bundle.executable(DECODE, weights)
+        self.prefill_exe = self.bundle.executable(PREFILL, weights)
+        self.tail_exe = self.bundle.executable(PREFILL_TAIL, weights)
+        self.head_exe = self.bundle.executable(HEAD, weights)
         self.kv = {name: np.zeros(t.shape, t.dtype)
                    for name, t in self.decode_exe.program.named("state").items()}
         self.decode_exe.bind_state(self.kv)

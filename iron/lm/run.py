@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = LlamaModel(args.bundle)
         tokenizer = model.tokenizer()
-        prompt = args.prompt if args.prompt is not None else model.bundle.meta["default_prompt"]
+        prompt = args.prompt if args.prompt is not None else model.meta.default_prompt
         text_in = chat_prompt(prompt) if args.chat else prompt
         ids = tokenizer.encode(text_in, add_special_tokens=False).ids
         stream = TextStream(tokenizer)

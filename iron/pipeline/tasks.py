@@ -1,5 +1,5 @@
 """The doit task graph behind ``dodo.py``: checkpoint, compile, bundle, generate, tune, gc
-(SPEC §5's "run" task is ``generate``: doit reserves ``run`` for its own command).
+(the task that runs the bundle is ``generate``: doit reserves ``run`` for its own command).
 
 At load time the application is opened, its programs are recorded under the device's profile
 and every operator instance is resolved; each distinct instance becomes one ``compile:<name>``

@@ -114,7 +114,7 @@ class Profile:
         self.entries.append(entry)
 
     def lookup(self, op: Operator) -> dict[str, tuple[Any, Entry]]:
-        """For each tunable some entry sets for ``op``: (value, winning entry), per SPEC §3."""
+        """For each tunable some entry sets for ``op``: (value, winning entry), by the precedence rule above."""
         chosen: dict[str, tuple[Any, Entry]] = {}
         for name in op.tunables():
             best: list[tuple[Any, Entry]] = []

@@ -24,7 +24,7 @@ from ..operator import Operator
 from ..program import Program
 from ..targets import Target, target_for
 from ..tensor import spec
-from .candidates import InputSpec, Instance
+from .candidates import Instance
 from .check import mismatch
 from .log import Comparison
 
@@ -119,8 +119,9 @@ class TargetBenchmark:
     rotated through copies totalling ``cold_bytes`` — by default twice the host's last-level
     cache — so each run reads them from memory, as the real model does.  A run longer than
     ``timeout`` seconds rejects the candidate; one whose fastest of ``min_runs`` runs is 3x
-    the best median so far stops early, since it cannot win (a median would also stop one that
-    starts slow: the single-threaded prefill Embedding ran 11.6 us for 3 runs, then 1.2 us).
+    the best median so far stops early, since it cannot win (a median would also stop one whose
+    first runs are slow and later ones fast, as a single-threaded lookup's are while its rows
+    come into cache).
     ``compare`` runs the head-to-head.
     """
 
