@@ -40,7 +40,7 @@ class Measurement:
 
 
 class Benchmark(Protocol):
-    """What the tuner needs from a benchmark; ``CpuBenchmark`` is the real one."""
+    """What the tuner needs from a benchmark; ``TargetBenchmark`` is the real one."""
 
     method: str  # recorded in the log; a measurement by another method is not reused
 

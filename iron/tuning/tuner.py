@@ -1,15 +1,16 @@
 """The tuner: time every legal setting of every operator instance and rewrite the profile.
 
-Three small pieces, as in Triton's autotuner:
+Small pieces, each in its own module, as in Triton's autotuner and TVM's meta-schedule:
 
-- candidates: for each distinct operator instance the application builds (class + params; an
-  instance's tuned setting applies to all its uses), the frozen operators of
+- ``candidates``: for each distinct operator instance the application builds (class + params;
+  an instance's tuned setting applies to all its uses), the frozen operators of
   ``op.legal_settings(dev)`` — the same legality rules ``resolve`` enforces;
-- a benchmark passed in (``CpuBenchmark`` by default): it compiles candidates through the
-  artifact store, checks each against the reference maths on the instance's real shapes and
-  times it;
-- the log (``iron.tuning.log``): one durable line per measured candidate, keyed by its artifact
-  key, so an interrupted run resumes and a re-run measures only what changed.
+- ``measure``: a benchmark passed in (``TargetBenchmark`` by default): it compiles candidates
+  through the device's target and the artifact store, checks each against the reference maths
+  on the instance's real shapes and times it;
+- ``log``: one durable line per measured candidate, keyed by its artifact key, so an
+  interrupted run resumes and a re-run measures only what changed;
+- ``report``: the closing table of what moved; this module runs the whole.
 
 Per instance the setting the application runs today is measured first, so when the budget runs
 out the best found so far is never worse than what the profile had.  The fastest valid
