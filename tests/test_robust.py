@@ -3,7 +3,6 @@
 outside its bundle, gc beside a running build, a 10k-entry profile, a misspelt doit variable,
 ...). The doit tests run the real doit CLI on the demo application in a copy of the project."""
 
-import fcntl
 import json
 import os
 import resource

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,6 +196,8 @@ class Bundle:
 
     def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
         """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
+        from ..targets import target_for
+
         program = self.program(name)
         doc = self.manifest["programs"][name]
         exe = target_for(program.device).executable(
