@@ -444,3 +444,77 @@ def test_non_utf8_prompt_and_bad_threads_are_one_line_errors(tmp_path, capsys):
     assert "--prompt: byte 0xff at character 2 is not UTF-8 text" in capsys.readouterr().err
     assert main([str(tmp_path), "--threads", "0"]) == 2
     assert "--threads 0: must be a positive integer" in capsys.readouterr().err
+
+
+# ---- the tuner on a shared machine ---------------------------------------------------------
+
+def test_quiet_gate_sees_a_busy_process_and_refuses():
+    from iron.tuning.quiet import others_busy, wait_quiet
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert others_busy(0.5) >= 0.5  # one spinning process is (close to) a whole core
+        with pytest.raises(IronError, match="the machine stayed busy .* tune on a quiet"):
+            wait_quiet(limit=0.5, patience=2.0, out=open(os.devnull, "w"))
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_damaged_log_record_is_skipped_not_a_crash(tmp_path):
+    from iron.tuning.log import TuneLog
+
+    log_path = tmp_path / "tune.jsonl"
+    good = {"key": "a", "status": "ok", "method": "m", "median": 1e-5, "spread": 0.1,
+            "runs": 5, "load": 0.0}
+    bad = dict(good, key="b", median="fast")
+    nan = '{"key": "c", "status": "ok", "method": "m", "median": NaN}'
+    log_path.write_text("\n".join([json.dumps(good), json.dumps(bad), nan,
+                                   json.dumps({"key": "d", "status": "compared", "against": "a",
+                                               "gain": "big", "low": 1, "high": 1,
+                                               "rounds": 1, "method": "m"})]) + "\n")
+    with TuneLog(log_path, "m") as log:
+        assert log.get("a").median == 1e-5 and log.get("b") is None and log.get("c") is None
+        assert log.comparison("d", "a") is None and log.skipped == 3
+
+
+def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
+    from test_tuner import FakeApp, FakeBench, fake_time
+    from iron.tuning.log import Comparison
+    from iron.tuning.tuner import tune
+
+    class Bench(FakeBench):
+        """Honest gains, recorded under ``load``; the first one ``first_gain`` if given."""
+
+        def __init__(self, load, first_gain=None):
+            super().__init__()
+            self.load, self.first_gain = load, first_gain
+
+        def compare(self, instance, new, old):
+            self.compared.append((new, old))
+            gain = min(max(fake_time(old) / fake_time(new), 0.5), 2.0)  # plausible
+            if self.first_gain is not None and len(self.compared) == 1:
+                gain = self.first_gain
+            return Comparison(self.key(new), self.key(old), gain, gain, gain, 1, self.method,
+                              load=self.load)
+
+    def tune_once(bench, name):
+        out = tmp_path / f"{name}.txt"
+        tune(FakeApp(), "cpu", benchmark=bench, profile_path=tmp_path / f"{name}.json",
+             log_path=tmp_path / "tune.jsonl", out=open(out, "w"))
+        return out.read_text()
+
+    busy = Bench(load=1.8, first_gain=1496.0)
+    text = tune_once(busy, "busy")
+    assert "an implausible head-to-head gain of 1.5e+03x: measured again" in text
+    assert len(busy.compared) >= 2
+    # from the same defaults again: the logged head-to-heads ran under load, so none is reused
+    quiet = Bench(load=0.0)
+    text = tune_once(quiet, "quiet")
+    assert "ran beside 1.80 busy cores: measured again" in text
+    assert len(quiet.compared) == len(busy.compared) - 1  # the implausible one was extra
+    # and from the same defaults a third time: quiet head-to-heads are reused
+    third = Bench(load=0.0)
+    tune_once(third, "third")
+    assert third.compared == []
