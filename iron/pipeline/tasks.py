@@ -62,7 +62,11 @@ class BuildError(InvalidDodoFile):
     """An iron error while setting up tasks: doit prints ``ERROR: <message>``, one line."""
 
 
-build_dir().mkdir(parents=True, exist_ok=True)  # doit opens its state file before any task
+try:
+    build_dir().mkdir(parents=True, exist_ok=True)  # doit opens its state file before any task
+except OSError as e:
+    raise BuildError(f"cannot create the build folder {build_dir()} ({e.strerror}); make it "
+                     "writable or point $IRON_BUILD_DIR elsewhere") from None
 DOIT_CONFIG = {
     "backend": "sqlite3",
     "dep_file": str(build_dir() / ".doit.db"),
