@@ -518,3 +518,18 @@ def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
     third = Bench(load=0.0)
     tune_once(third, "third")
     assert third.compared == []
+
+
+def test_a_busy_machine_stops_the_tune_instead_of_rejecting_candidates(tmp_path):
+    from test_tuner import FakeApp, FakeBench
+    from iron.tuning.quiet import BusyError
+    from iron.tuning.tuner import tune
+
+    class Busy(FakeBench):
+        def measure(self, instance, op, best):
+            raise BusyError("the machine stayed busy for 300 s")
+
+    with pytest.raises(BusyError):
+        tune(FakeApp(), "cpu", benchmark=Busy(), profile_path=tmp_path / "p.json",
+             log_path=tmp_path / "tune.jsonl", out=open(os.devnull, "w"))
+    assert not (tmp_path / "p.json").exists()  # nothing written from a busy machine

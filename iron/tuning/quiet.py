@@ -17,6 +17,10 @@ from typing import TextIO
 
 from ..errors import IronError
 
+class BusyError(IronError):
+    """The machine stayed busy: the tune stops rather than record timings taken under load."""
+
+
 #: Cores' worth of CPU other processes may use while the tuner measures.
 QUIET = 0.25
 #: Seconds ``wait_quiet`` pauses for a busy machine before refusing.
@@ -65,7 +69,7 @@ def others_busy(interval: float = 0.25) -> float:
 def wait_quiet(limit: float = QUIET, patience: float = PATIENCE,
                out: TextIO | None = None) -> float:
     """Return others' load once it is at most ``limit``; pause while it is above; raise
-    ``IronError`` if it stays above for ``patience`` seconds."""
+    ``BusyError`` if it stays above for ``patience`` seconds."""
     waited, said = 0.0, False
     while True:
         busy = others_busy()
@@ -74,7 +78,7 @@ def wait_quiet(limit: float = QUIET, patience: float = PATIENCE,
                 print(f"    quiet again after {waited:.0f} s", file=out or sys.stdout, flush=True)
             return busy
         if waited >= patience:
-            raise IronError(f"the machine stayed busy for {waited:.0f} s (other processes used "
+            raise BusyError(f"the machine stayed busy for {waited:.0f} s (other processes used "
                             f"{busy:.2f} cores' worth, the limit is {limit:g}); timings taken "
                             "now would be wrong: tune on a quiet machine")
         if not said:

@@ -43,7 +43,7 @@ from ..targets import target_for
 from .candidates import Instance, candidates, instances, traffic
 from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
-from .quiet import QUIET
+from .quiet import QUIET, BusyError
 from .report import report, setting_text
 
 #: How much faster, head-to-head (median round), a setting must run to replace the one in use.
@@ -312,7 +312,7 @@ class _Run:
         self.log.start(key)
         try:
             m = self.bench.measure(inst, op, best)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BusyError):  # the user stops it, or the machine is busy
             self.log.interrupted(key)
             raise
         except Exception as e:  # a broken candidate never stops the sweep
