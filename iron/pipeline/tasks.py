@@ -19,7 +19,8 @@ record and imports neither numpy nor the application.
 
 Variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint`` (the
 application's default), ``context``, ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most
-the usable cores), ``prompt``, the tuner's ``only``, ``budget``, ``fresh``, and gc's ``days``.
+the usable cores), ``prompt``, the tuner's ``only``, ``budget``, ``fresh``, ``max_load``, and
+gc's ``days``.
 The default bundle is ``build/<app>/<device>/``; another checkpoint, context or -march level
 gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
 """
@@ -134,7 +135,7 @@ VARIABLES: dict[str, Callable[[str, str], Any]] = {
     "app": _identifier, "device": _choice(*DEVICE_NAMES), "checkpoint": _text,
     "context": _positive(1 << 20), "march": _march, "threads": _positive(4096),
     "prompt": _text, "only": _operators, "budget": _number, "fresh": _choice("0", "1"),
-    "days": _number,
+    "max_load": _number, "days": _number,
 }
 
 
@@ -211,7 +212,8 @@ class BuildGraph:
         self.checkpoint = self.vars.get("checkpoint")
         self.context = self.vars.get("context")
         self.prompt = self.vars.get("prompt")
-        self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh")}
+        self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
+                                                            "max_load")}
         from ..store import Store
 
         self.store = Store()
@@ -385,9 +387,9 @@ class BuildGraph:
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
-        for option in ("only", "budget"):
+        for option in ("only", "budget", "max_load"):
             if self.tune_options[option] is not None:
-                argv += [f"--{option}", str(self.tune_options[option])]
+                argv += [f"--{option.replace('_', '-')}", str(self.tune_options[option])]
         if self.tune_options["fresh"] == "1":
             argv.append("--fresh")
         return {"actions": [argv], "task_dep": ["checkpoint"], "uptodate": [False],
