@@ -271,7 +271,7 @@ def test_profile_from_a_two_core_host_builds_on_one_core(project):
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1, result.stderr
     assert "2 profile entries do not fit this host" in warnings[0]
-    assert "num_aie_columns <= 1" in warnings[0] and "cpu.json line 2" in warnings[0]
+    assert "num_aie_columns <= 1" in warnings[0] and "cpu.json lines 2, 3" in warnings[0]
     bundle = project / "build" / "demo" / "cpu"
     manifest = json.loads((bundle / "manifest.json").read_text())
     columns = {s["fields"]["num_aie_columns"] for s in manifest["programs"]["block"]["steps"]}

@@ -209,7 +209,12 @@ class Profile:
             return
         self._reported.update(new)
         rules = sorted({self.fallbacks[e] for e in new})
-        where = sorted({str(e.origin) or e.operator for e in new}, key=_natural)
+        files: dict[str, list[str]] = {}  # "cpu.json line 2", "cpu.json line 3" -> lines 2, 3
+        for origin in sorted({str(e.origin) or e.operator for e in new}, key=_natural):
+            head, sep, line = origin.rpartition(" line ")
+            files.setdefault(head if sep else origin, []).append(line if sep else "")
+        where = [f"{name} line{'s' if len(lines) > 1 else ''} {', '.join(lines)}"
+                 if lines[0] else name for name, lines in files.items()]
         print(f"warning: {len(new)} profile entr{'y' if len(new) == 1 else 'ies'} "
               f"do{'es' if len(new) == 1 else ''} not fit this host (breaking "
               f"{'; '.join(rules)}) and use the defaults instead: {', '.join(where)}",
