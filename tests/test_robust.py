@@ -533,3 +533,34 @@ def test_a_busy_machine_stops_the_tune_instead_of_rejecting_candidates(tmp_path)
         tune(FakeApp(), "cpu", benchmark=Busy(), profile_path=tmp_path / "p.json",
              log_path=tmp_path / "tune.jsonl", out=open(os.devnull, "w"))
     assert not (tmp_path / "p.json").exists()  # nothing written from a busy machine
+
+
+def test_kernels_wait_passively_and_threads_cap_the_team():
+    """libgomp reports its settings when it loads (OMP_DISPLAY_ENV): the first kernel brings
+    passive waiting unless the environment chose a policy, and --threads' limit."""
+    code = ("import dataclasses, iron\nfrom iron.operators import AXPY\n"
+            "from iron.targets import cpu\ncpu.set_thread_limit(1)\n"
+            "two = dataclasses.replace(iron.device('cpu'), columns=2)  # a team, on any host\n"
+            "op = AXPY(size=1 << 20, scalar_factor=1.5, num_aie_columns=2).resolve(two)\n"
+            "entry = cpu.compile_op(op)\n"
+            "cpu.load_library(str(entry.file(cpu.LIBRARY)))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_THREAD_LIMIT")}
+    env["OMP_DISPLAY_ENV"] = "true"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in result.stderr, result.stderr
+    assert "OMP_THREAD_LIMIT = '1'" in result.stderr, result.stderr
+    chosen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "OMP_WAIT_POLICY": "active"}, cwd=ROOT, timeout=300)
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in chosen.stderr, chosen.stderr
+
+
+def test_threads_variable_sets_the_cpu_columns(monkeypatch):
+    from iron.pipeline.tasks import BuildGraph
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # BuildGraph sets IRON_THREADS
+    assert BuildGraph(lambda *a: None, {"threads": "1"}).device.columns == 1
+    with pytest.raises(Exception, match="threads='0': must be an integer from 1"):
+        BuildGraph(lambda *a: None, {"threads": "0"})
