@@ -4,14 +4,15 @@
     doit generate prompt="Hello"  # ... then generate text (doit reserves the name "run")
     doit tune                     # rewrite profiles/<app>/<device>.json
     doit gc                       # drop cache entries nothing references
-    doit device=npu2 app=demo checkpoint=DIR ...   # selections; see iron/pipeline/tasks.py
+    doit device=npu2 app=demo checkpoint=DIR march=x86-64-v3 threads=1 ...
+                                  # selections; see iron/pipeline/tasks.py
 """
 
-from doit import create_after, get_var
+from doit import create_after, doit_cmd, get_var
 
 from iron.pipeline.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit reads DOIT_CONFIG)
 
-graph = BuildGraph(get_var)
+graph = BuildGraph(get_var, doit_cmd._CMDLINE_VARS)  # doit 0.37 keeps NAME=VALUE pairs there
 
 
 def task_checkpoint():

@@ -18,13 +18,27 @@ import numpy as np
 
 from .devices import Device
 from .devices import device as get_device
-from .errors import FieldError, ShapeError
+from .errors import FieldError, ResolveError, ShapeError
 from .operator import Operator
-from .profile import Profile, as_profile
+from .profile import Profile, as_profile, batch_reports
 from .program import Program, Step
 from .recording import current_recording, start, stop
 from .targets import executable_for
 from .tensor import Tensor, TensorSpec, bfloat16
+
+
+def host_rules_broken(op: Operator, dev: Device) -> list[str]:
+    """The rules ``op`` (its unset tunables at their defaults) breaks on ``dev`` only because
+    of how many columns ``dev`` has: empty if it also breaks a rule on a device with any number
+    of columns, or breaks none."""
+    roomy = dataclasses.replace(dev, columns=1 << 16)
+    try:
+        full = op.resolve(roomy)
+    except ResolveError:
+        return []
+    if not all(r.ok for r in full.rules(roomy)):
+        return []
+    return [r.text for r in full.rules(dev) if not r.ok]
 
 
 class Recording:
@@ -73,12 +87,24 @@ class Recording:
         op.signature(*inputs)  # shape errors before any tunable is looked at
         call = {n for n in cls.tunables() if fields.get(n) is not None}
         sources = {n: "the call" for n in call}
-        chosen = {}
+        chosen, used = {}, {}
         for name, (value, entry) in self.profile.lookup(op).items():
             if name not in call:
                 chosen[name] = value
                 sources[name] = entry.describe()
-        op = dataclasses.replace(op, **chosen).resolve(self.device, sources)
+                used[name] = entry
+        try:
+            resolved = dataclasses.replace(op, **chosen).resolve(self.device, sources)
+        except ResolveError:
+            # An entry tuned on a host with more cores breaks only this host's column rule:
+            # the instance takes the defaults and the profile says so once.  An entry that
+            # would break a rule on any host is a mistake in the profile, reported as such.
+            broken = host_rules_broken(dataclasses.replace(op, **chosen), self.device)
+            if not broken:
+                raise
+            resolved = op.resolve(self.device, {n: sources[n] for n in call})
+            self.profile.fall_back(set(used.values()), broken[0])
+        op = resolved
         outputs = []
         for i, (shape_, dtype) in enumerate(op.signature(*inputs)):
             alias = cls.inplace.get(i)
@@ -155,6 +181,8 @@ class Graph:
             raise ShapeError(f"{type(self).__name__}.record: {e}") from None
         rec = Recording(self.device, as_profile(self.profile, self.device.name))
         token = start(rec)
+        reports = batch_reports(rec.profile)  # one warning line for entries that do not fit
+        reports.__enter__()
         try:
             params = signature.parameters
             tensors, call_args, call_kwargs = [], [], {}
@@ -171,6 +199,7 @@ class Graph:
             result = self.body(*call_args, **call_kwargs)
         finally:
             stop(token)
+            reports.__exit__(None, None, None)
         outputs = result if isinstance(result, tuple) else (result,)
         for o in outputs:
             if not isinstance(o, Tensor):

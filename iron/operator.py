@@ -107,11 +107,11 @@ class Operator:
 
     @classmethod
     def params(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("iron") == PARAM)
+        return _field_kinds(cls)[0]
 
     @classmethod
     def tunables(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("iron") == TUNABLE)
+        return _field_kinds(cls)[1]
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -276,6 +276,21 @@ class Operator:
 
 
 # ---- helpers the operator declarations share ------------------------------------------------
+
+_FIELD_KINDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _field_kinds(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(params, tunables) of an operator class, read from its dataclass fields once: a
+    profile of many entries asks for them once per entry."""
+    kinds = _FIELD_KINDS.get(cls)
+    if kinds is None:
+        fields = dataclasses.fields(cls)
+        kinds = _FIELD_KINDS[cls] = (
+            tuple(f.name for f in fields if f.metadata.get("iron") == PARAM),
+            tuple(f.name for f in fields if f.metadata.get("iron") == TUNABLE))
+    return kinds
+
 
 
 def expect(ok: bool, op: Operator | type, message: str) -> None:

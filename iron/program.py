@@ -83,10 +83,18 @@ class Program:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Program:
+        from . import operators  # noqa: F401  (fills Operator.registry)
+
         tensors = [Tensor(i, tuple(t["shape"]), dtype_by_name(t["dtype"]), t["kind"], t["name"])
                    for i, t in enumerate(doc["tensors"])]
         steps = [Step(Operator.registry[s["operator"]](**s["fields"]), tuple(s["inputs"]),
                       tuple(s["outputs"])) for s in doc["steps"]]
+        indices = [i for s in steps for i in (*s.inputs, *s.outputs)]
+        indices += [*doc["inputs"], *doc["outputs"]]
+        bad = [i for i in indices if type(i) is not int or not 0 <= i < len(tensors)]
+        if bad:
+            raise ValueError(f"tensor index {bad[0]!r} is not one of the program's "
+                             f"{len(tensors)} tensors")
         return cls(get_device(doc["device"]), tensors, steps, list(doc["inputs"]),
                    list(doc["outputs"]))
 

@@ -121,24 +121,39 @@ def read_safetensors_header(path: Path) -> tuple[int, dict[str, TensorInfo]]:
     return data_start, infos
 
 
-def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+def read_safetensors(path: str | Path, digest: list | None = None) -> dict[str, np.ndarray]:
     """Every tensor of one safetensors file, read into huge-page memory (see ``iron.memory``).
 
     For weights a model streams on every call: reading costs a copy at load (a fraction of a
     second for SmolLM2) and makes every later pass over them faster than a file mapping would.
+    With ``digest`` (a list), the xxh3-128 of the whole file is appended to it, computed on each
+    block just read, while it is still in cache.
     """
     path = Path(path)
     start, infos = read_safetensors_header(path)
     data = huge_page_buffer(path.stat().st_size - start)
+    hasher = None
+    if digest is not None:
+        import xxhash
+
+        hasher = xxhash.xxh3_128()
     with open(path, "rb") as f:
+        if hasher is not None:
+            hasher.update(f.read(start))
         f.seek(start)
         done = 0
         while done < len(data):
-            n = f.readinto(memoryview(data[done:]))
+            n = f.readinto(memoryview(data[done:done + (8 << 20)]))
             if not n:
                 raise CheckpointError(f"{path}: the file ended after {start + done} bytes, "
                                       f"its header describes {start + len(data)}")
+            if hasher is not None:
+                hasher.update(memoryview(data[done:done + n]))
             done += n
+        if hasher is not None:
+            hasher.update(f.read())  # bytes past the data section (there should be none)
+    if digest is not None:
+        digest.append(hasher.hexdigest())
     return {name: tensor_view(data, info) for name, info in infos.items()}
 
 

@@ -143,12 +143,13 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
     """`doit tune only=... budget=...` runs the real tuner on the demo app; `doit` then
     recompiles only instances of the tuned operators; a re-run measures nothing again."""
     doit(project)
-    tuned = doit(project, "tune", "only=AXPY,SiLU", "budget=300")
+    # max_load: the timings are not what this checks, so a busy shared machine may take them
+    tuned = doit(project, "tune", "only=AXPY,SiLU", "budget=300", "max_load=99")
     assert "tuning demo on cpu: 2 instances" in tuned.stdout, tuned.stdout
     assert "tuning complete" in tuned.stdout
     profile = json.loads((project / "profiles" / "demo" / "cpu.json").read_text())
     assert sorted(e["operator"] for e in profile["entries"]) == ["AXPY", "SiLU"]
     rebuilt = executed(doit(project))
     assert all(t.startswith(("compile:AXPY", "compile:SiLU")) for t in rebuilt), rebuilt
-    again = doit(project, "tune", "only=AXPY")
+    again = doit(project, "tune", "only=AXPY", "max_load=99")
     assert "0 candidates measured this run" in again.stdout, again.stdout

@@ -60,7 +60,8 @@ def test_a_new_operator_needs_only_its_declaration_and_its_kernel(tmp_path):
         out = graph(*inputs)
         assert_close("ToyNegate", out, graph.reference(*inputs))
         assert np.array_equal(out, -inputs[0])
-        result = tune(ToyApp(), "cpu", benchmark=TargetBenchmark(min_time=0.005, blocks=4),
+        result = tune(ToyApp(), "cpu", benchmark=TargetBenchmark(min_time=0.005, blocks=4,
+                                                               quiet=None),  # timings unused
                       profile_path=tmp_path / "toy.json", log_path=tmp_path / "toy.jsonl")
         (outcome,) = result.outcomes
         assert outcome.measured == outcome.total == len(ToyNegate(size=256).legal_settings())

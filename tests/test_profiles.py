@@ -182,7 +182,7 @@ def test_malformed_json_names_file_and_line(tmp_path):
     path = write(tmp_path, '{"device": "cpu", "entries": [\n'
                  '  {"operator": "AXPY", "size": 2048, "tile_size": 1024},\n'
                  '  {"operator": "AXPY" "size": 1024, "tile_size": 256}\n]}\n')
-    with pytest.raises(iron.ProfileError, match=rf"{path.name} line 3 column 23: malformed JSON: Expecting .,. delimiter"):
+    with pytest.raises(iron.ProfileError, match=rf"{path.name} line 3 column 23: malformed JSON: .*expected ','"):
         iron.Profile.load(path)
 
 
@@ -202,7 +202,7 @@ def test_bad_field_in_file_names_the_line(tmp_path):
 
 
 def test_bad_top_level_and_device_are_reported(tmp_path):
-    with pytest.raises(iron.ProfileError, match="exactly the keys"):
+    with pytest.raises(iron.ProfileError, match="the keys .device. and .entries."):
         iron.Profile.load(write(tmp_path, '{"entries": []}'))
     with pytest.raises(iron.ProfileError, match="unknown device 'gpu'"):
         iron.Profile.load(write(tmp_path, '{"device": "gpu", "entries": []}'))

@@ -25,7 +25,7 @@ from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
 from iron.tuning.candidates import candidates, instances
 from iron.tuning.measure import Measurement, TargetBenchmark
-from iron.tuning.tuner import MIN_GAIN, tune
+from iron.tuning.tuner import IMPLAUSIBLE, MIN_GAIN, tune
 
 
 class Chain(iron.Graph):
@@ -185,8 +185,13 @@ def test_moved_table_compares_against_the_previous_profile(tmp_path):
         assert m.gain == pytest.approx(m.old_time / m.new_time) and m.gain >= MIN_GAIN
     assert "instances moved" in (tmp_path / "out.txt").read_text()
     # every winner that differs from the setting in use went head-to-head against it, once
-    assert bench.compared == [(o.best, o.instance.current) for o in first.outcomes
-                              if o.best != o.instance.current]
+    # (twice where the gain was implausible: beyond IMPLAUSIBLE it is measured again)
+    expected = []
+    for o in first.outcomes:
+        if o.best != o.instance.current:
+            gain = fake_time(o.instance.current) / fake_time(o.best)
+            expected += [(o.best, o.instance.current)] * (1 if gain <= IMPLAUSIBLE else 2)
+    assert bench.compared == expected
     second_bench = FakeBench()
     second = run(tmp_path, second_bench)
     assert second.moved == [] and second.measured_now == 0
@@ -248,7 +253,7 @@ class CorruptingBench(TargetBenchmark):
     """The real benchmark, but one setting's kernel output is corrupted after it runs."""
 
     def __init__(self, corrupt, **kw):
-        super().__init__(min_time=0.005, min_runs=3, **kw)
+        super().__init__(min_time=0.005, min_runs=3, quiet=None, **kw)  # timings unused
         self.corrupt = corrupt
         self.current = None
 
@@ -318,11 +323,18 @@ def test_real_head_to_head_finds_a_setting_even_with_itself_and_a_slow_one_slowe
     (inst,) = [i for i in instances(GemvApp().programs(iron.device("cpu"), iron.Profile()))]
     fast = inst.current
     slow = GEMV(M=512, K=1024, tile_size_input=1, tile_size_output=4, num_aie_columns=1)
-    bench = TargetBenchmark(min_time=0.02, blocks=8)
-    even = bench.compare(inst, fast, fast)
+    # timings taken only on a quiet machine: the comparison waits for one (up to a minute)
+    bench = TargetBenchmark(min_time=0.02, blocks=8, patience=60)
+    try:
+        even = bench.compare(inst, fast, fast)
+    except iron.IronError as e:
+        pytest.skip(f"no quiet minute on this shared machine: {e}")
     assert even.rounds == 8 and even.low <= even.gain <= even.high
     assert 0.8 < even.gain < 1.25  # same kernel, same inputs: a tie up to scheduling noise
-    gain = bench.compare(inst, fast, slow)
+    try:
+        gain = bench.compare(inst, fast, slow)
+    except iron.IronError as e:
+        pytest.skip(f"no quiet minute on this shared machine: {e}")
     assert gain.low <= gain.gain <= gain.high and gain.gain > 1.0, gain
 
 

@@ -23,4 +23,7 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    try:
+        sys.exit(main(sys.argv[1]))
+    except iron.IronError as e:
+        sys.exit(f"error: {e}")

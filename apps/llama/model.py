@@ -91,12 +91,14 @@ def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None)
         tokens = iron.spec((rows,), np.int32)
         return Decoder(config, rows, ctx, **graph).record(tokens, tokens)
 
-    return {
-        DECODE: Decoder(config, 1, ctx, **graph).record(token, token),
-        PREFILL: prefill(chunk),
-        PREFILL_TAIL: prefill(tail_chunk(chunk)),
-        HEAD: Head(config, **graph).record((1, config.hidden_size)),
-    }
+    batch = iron.profile.batch_reports(profile if isinstance(profile, iron.Profile) else None)
+    with batch:  # entries that do not fit this host: one warning line for the four programs
+        return {
+            DECODE: Decoder(config, 1, ctx, **graph).record(token, token),
+            PREFILL: prefill(chunk),
+            PREFILL_TAIL: prefill(tail_chunk(chunk)),
+            HEAD: Head(config, **graph).record((1, config.hidden_size)),
+        }
 
 
 def kernel_weights(checkpoint, config: LlamaConfig):

@@ -4,7 +4,12 @@ A checkpoint is a directory holding
 
 - ``config.json``: the model hyper-parameters, validated into a frozen :class:`LlamaConfig`;
 - ``model.safetensors``, or ``model.safetensors.index.json`` plus the shards it names;
-- ``tokenizer.json``: only its path is recorded here.
+- ``tokenizer.json``: parsed here (by ``tokenizers``), so a damaged one fails at checkpoint
+  time rather than in a built bundle.
+
+Every file must resolve inside the directory: a symlink to a file elsewhere is refused, so a
+bundle never copies in a file its checkpoint does not hold.  A config whose layer count is
+larger than the weights can hold is refused before anything the size of the model is built.
 
 Safetensors headers are parsed and checked by ``iron.tensorfile``; tensors are numpy views over
 a read-only memory map, in the dtype stored (bfloat16 is ``ml_dtypes.bfloat16``). The set of
@@ -348,14 +353,18 @@ class Checkpoint:
         directory = Path(directory)
         if not directory.is_dir():
             raise CheckpointError(f"{directory}: checkpoint directory does not exist")
-        config = LlamaConfig.from_json(directory / "config.json")
+        config = LlamaConfig.from_json(_inside(directory, "config.json"))
         tokenizer_path = directory / "tokenizer.json"
         if not tokenizer_path.is_file():
             raise CheckpointError(f"{tokenizer_path}: missing; a checkpoint directory needs "
                                   "the Hugging Face tokenizer.json")
+        _check_tokenizer(_inside(directory, "tokenizer.json"))
         infos: dict[str, tuple[Path, TensorInfo]] = {}
         data_start: dict[Path, int] = {}
-        for shard, names in _shards(directory).items():
+        shards = _shards(directory)
+        for shard in shards:
+            _inside(directory, shard.name)
+        for shard, names in shards.items():
             start, header = read_safetensors_header(shard)
             data_start[shard] = start
             if names is not None:
@@ -367,6 +376,7 @@ class Checkpoint:
                 infos[name] = (shard, info)
         for name in [n for n in infos if _HARMLESS.fullmatch(n)]:
             del infos[name]
+        _check_size(directory, config, len(infos))
         _check_tensors(directory, config, {n: i.shape for n, (_, i) in infos.items()})
         maps = {shard: _memmap(shard, start) for shard, start in data_start.items()}
         entries = {n: (maps[shard], info) for n, (shard, info) in infos.items()}
@@ -388,6 +398,42 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.directory)!r}, {len(self._entries)} tensors)"
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refused if it resolves outside ``directory`` (a symlink out)."""
+    path = directory / name
+    real, root = path.resolve(), directory.resolve()
+    if path.exists() and not real.is_relative_to(root):
+        raise CheckpointError(f"{path}: resolves to {real}, outside the checkpoint directory "
+                              f"{root}; copy the file in instead of linking to it")
+    return path
+
+
+def _check_tokenizer(path: Path) -> None:
+    """Parse ``tokenizer.json`` now: a bundle must not carry one its runtime cannot load."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own Exception type for every parse error
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path}: not a tokenizer the tokenizers library can load "
+                              f"({first})") from None
+
+
+#: Tensors a checkpoint holds besides its layers: the embedding, the final norm, lm_head.
+_PER_LAYER_TENSORS, _OTHER_TENSORS = 9, 3
+
+
+def _check_size(directory: Path, config: LlamaConfig, found: int) -> None:
+    """Refuse a layer count the files cannot hold before a table of that size is built."""
+    least = _PER_LAYER_TENSORS * config.num_hidden_layers
+    if least > found + _OTHER_TENSORS:
+        raise CheckpointError(
+            f"{directory / 'config.json'}: num_hidden_layers = {config.num_hidden_layers} "
+            f"needs at least {least} tensors, the checkpoint holds {found}; the config does "
+            "not describe these weights")
 
 
 def _memmap(path: Path, start: int) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..pipeline.bundle import Bundle
-from ..errors import IronError
-from .layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, LmMeta
+from ..errors import BundleError, IronError
+from .layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, PROGRAMS, LmMeta
 
 
 def chat_prompt(text: str) -> str:
@@ -79,6 +79,26 @@ class Stats:
                 "decode_tokens_per_s": self.decode_tokens_per_second}
 
 
+def check_cache(bundle: Bundle, states: dict, context: int) -> int:
+    """The context is what the KV cache holds, not what the metadata says: the positions
+    (the cache is ``(kv_heads, positions, head_dim)``) of the decode program's cache, which
+    every program must share and ``meta.context`` must agree with."""
+    where = bundle.path / "manifest.json"
+    cache = states[DECODE]
+    if not cache:
+        raise BundleError(f"{where}: the decode program has no KV cache state")
+    positions = {t.shape[1] if len(t.shape) == 3 else -1 for t in cache.values()}
+    for name, named in states.items():
+        for key, t in named.items():
+            if key not in cache or cache[key].shape != t.shape:
+                raise BundleError(f"{where}: program {name!r} state {key!r} {t.shape} is not "
+                                  "the decode program's KV cache")
+    if len(positions) != 1 or positions != {context}:
+        raise BundleError(f"{where}: meta.context = {context} but the KV cache "
+                          f"holds {sorted(positions)} positions; rebuild the bundle")
+    return positions.pop()
+
+
 class LlamaModel:
     """A loaded Llama bundle: forward passes with a persistent KV cache."""
 
@@ -89,8 +109,10 @@ class LlamaModel:
         the very same memory."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
         self.meta = meta = LmMeta.from_json(self.bundle.meta, str(self.bundle.path))
-        self.context, self.chunk, self.tail_chunk = meta.context, meta.chunk, meta.tail_chunk
+        self.chunk, self.tail_chunk = meta.chunk, meta.tail_chunk
         self.eos = set(meta.eos_token_ids)
+        states = {name: self.bundle.program(name).named("state") for name in PROGRAMS}
+        self.context = check_cache(self.bundle, states, meta.context)
         weights = self.bundle.weights() if weights is None else weights
         self.decode_exe = self.bundle.executable(DECODE, weights)
         self.prefill_exe = self.bundle.executable(PREFILL, weights)

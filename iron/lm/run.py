@@ -26,8 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="at most this many threads per kernel (default: as built, which "
+                             "is at most the cores this process may use)")
     args = parser.parse_args(argv)
     try:
+        if args.threads is not None:
+            if args.threads < 1:
+                raise IronError(f"--threads {args.threads}: must be a positive integer")
+            from ..targets.cpu import set_thread_limit
+
+            set_thread_limit(args.threads)
+        if args.prompt is not None:
+            check_text(args.prompt, "--prompt")
         model = LlamaModel(args.bundle)
         tokenizer = model.tokenizer()
         prompt = args.prompt if args.prompt is not None else model.meta.default_prompt
@@ -61,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{stats.prefill_tokens_per_second:.1f} tok/s  decode: "
               f"{stats.decode_tokens_per_second:.1f} tok/s ({stats.new_tokens} new tokens)")
     return 0
+
+
+def check_text(text: str, what: str) -> None:
+    """Command-line text that is not UTF-8 arrives with its bytes as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(text[e.start]) - 0xDC00 if 0xDC80 <= ord(text[e.start]) <= 0xDCFF else None
+        shown = f"byte 0x{byte:02x}" if byte is not None else repr(text[e.start])
+        raise IronError(f"{what}: {shown} at character {e.start} is not UTF-8 text") from None
 
 
 if __name__ == "__main__":

@@ -6,38 +6,58 @@ compiled instances and the executor, one artifact file each), ``weights.safetens
 the application's files (``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile
 it was built with).  It runs from any folder, without a compiler.
 
+Nothing in a bundle is trusted because it is there.  Opening one checks the manifest against a
+table of its fields and against its own digest, confines every kernel path to ``kernels/`` and
+to the files the manifest lists, checks each program's kernel count against its steps, checks
+the hash of every kernel and small file, and refuses a host that lacks a CPU feature the
+kernels' ``-march`` level needs (the manifest lists them).  The weights are hashed (xxh3-128)
+as they are read, which costs a few percent of the read; a mismatch anywhere is a one-line
+``BundleError``.
+
 A bundle is written into a temporary folder beside its destination and swapped into place, so
 an interrupted build leaves the previous bundle intact.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from safetensors.numpy import save_file
+if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is written or run
+    import numpy as np
 
-from ..errors import BundleError
-from ..profile import Profile
-from ..program import Program
-from ..store import Store
-from ..targets import target_for
-from ..tensorfile import read_safetensors
+    from ..profile import Profile
+    from ..program import Program
+
+from .. import host
+from ..errors import BundleError, IronError
 from ..util import atomic_write_bytes, sha256_file
+from ..store import Store, locked_temp_folder
 
-FORMAT = 1
+FORMAT = 2
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
+KERNEL_PATH = re.compile(r"kernels/[0-9a-f]{32}\.[a-z]{1,8}")
+#: The manifest's fields and their JSON types: checked on every open, before anything is used.
+FIELDS = {"format": int, "app": str, "device": str, "programs": dict, "runtime": str,
+          "meta": dict, "files": dict, "march": str, "isa": list, "cpu": str, "weights": dict,
+          "digest": str}
+WEIGHT_FIELDS = {"xxh3_128": str, "size": int}
+STAMP = ".weights-mtime"  # the weights' mtime as written
 
 
 def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None) -> Path:
     """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``."""
+    from safetensors.numpy import save_file
+
+    from ..targets import target_for
+
     target = target_for(device)
     target.require_available(device)
     out = Path(out)
@@ -47,8 +67,7 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
     entries = target.compile_all([*ops, None], store)
     artifacts = {e.key: target.artifact(e) for e in entries}
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
+    with locked_temp_folder(out.parent, f".tmp-{out.name}-") as tmp:
         (tmp / "kernels").mkdir()
         for key, artifact in artifacts.items():
             shutil.copy2(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
@@ -65,17 +84,37 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
         (tmp / "profile.json").write_text(profile.dumps())
         files = {str(p.relative_to(tmp)): sha256_file(p)
                  for p in sorted(tmp.rglob("*")) if p.is_file()}
+        weights = tmp / WEIGHTS
         manifest = {"format": FORMAT, "app": app.name, "device": device.name,
                     "programs": manifest_programs, "runtime": runtime, "meta": app.meta(),
-                    "files": files}
+                    "files": files, **target.requirements(),
+                    "weights": {"xxh3_128": xxh3_file(weights), "size": weights.stat().st_size}}
+        manifest["digest"] = manifest_digest(manifest)
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        # outside the manifest (which stays reproducible): lets `doit` skip re-hashing
+        (tmp / STAMP).write_text(json.dumps(weights.stat().st_mtime_ns))
         swap_into_place(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON without its own ``digest`` field."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def xxh3_file(path: Path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(16 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def swap_into_place(new: Path, out: Path) -> None:
+    """Replace ``out`` by ``new`` (two renames; ``recover`` undoes a kill between them)."""
     old = out.with_name(f".old-{out.name}")
     shutil.rmtree(old, ignore_errors=True)
     if out.exists():
@@ -93,32 +132,35 @@ def recover(out: Path) -> None:
 
 @dataclass
 class Bundle:
-    """An opened bundle: its manifest, with paths resolved inside its folder."""
+    """An opened, checked bundle: its manifest, with paths resolved inside its folder."""
 
     path: Path
     manifest: dict[str, Any]
 
     @classmethod
-    def open(cls, path: str | os.PathLike, verify: bool = False) -> Bundle:
-        """Open a bundle; ``verify`` re-hashes every file (the weights included)."""
+    def open(cls, path: str | os.PathLike, verify: bool = False, flags=None) -> Bundle:
+        """Open and check a bundle (see the module docstring); ``verify`` also re-hashes the
+        weights now rather than as they are read; ``flags`` stand in for this host's CPU
+        features."""
         path = Path(path)
         recover(path)
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except FileNotFoundError:
-            raise BundleError(f"{path}: not a bundle (no {MANIFEST}); build one with `doit`")
-        except ValueError as e:
-            raise BundleError(f"{path / MANIFEST}: damaged manifest ({e})") from None
-        if manifest.get("format") != FORMAT:
-            raise BundleError(f"{path}: bundle format {manifest.get('format')!r}, this iron "
-                              f"reads format {FORMAT}; rebuild it")
+        manifest = read_manifest(path)
+        missing = host.missing_features(manifest["isa"], flags)
+        if missing:
+            raise BundleError(
+                f"{path}: built with -march={manifest['march']} on {manifest['cpu']}, it needs "
+                f"CPU feature{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which this "
+                f"host ({host.cpu_model()}) lacks; rebuild it here, or build with "
+                "march=x86-64-v3 for a bundle most x86-64 hosts run")
         bundle = cls(path, manifest)
         for name, digest in manifest["files"].items():
             file = path / name
             if not file.is_file():
                 raise BundleError(f"{path}: {name} is missing")
-            if (verify or name.startswith("kernels/")) and sha256_file(file) != digest:
+            if name != WEIGHTS and sha256_file(file) != digest:
                 raise BundleError(f"{path}: {name} does not match its manifest hash")
+        if verify and xxh3_file(path / WEIGHTS) != manifest["weights"]["xxh3_128"]:
+            raise BundleError(f"{path}: {WEIGHTS} does not match its manifest hash")
         return bundle
 
     @property
@@ -126,14 +168,36 @@ class Bundle:
         return self.manifest["meta"]
 
     def program(self, name: str) -> Program:
-        return Program.from_json(self.manifest["programs"][name])
+        try:
+            doc = self.manifest["programs"][name]
+        except KeyError:
+            raise BundleError(f"{self.path / MANIFEST}: no program {name!r} (it has "
+                              f"{', '.join(self.manifest['programs'])})") from None
+        from ..program import Program
+
+        try:
+            return Program.from_json(doc)
+        except (KeyError, TypeError, ValueError, IndexError, IronError) as e:
+            raise BundleError(f"{self.path / MANIFEST}: program {name!r} is malformed "
+                              f"({type(e).__name__}: {e})") from None
 
     def weights(self) -> dict[str, np.ndarray]:
-        """The bundle's weights, read into huge pages: programs stream them on every call."""
-        return read_safetensors(self.path / WEIGHTS)
+        """The bundle's weights, read into huge pages (programs stream them on every call) and
+        hashed as they are read."""
+        from ..tensorfile import read_safetensors
+
+        digest: list[str] = []
+        weights = read_safetensors(self.path / WEIGHTS, digest=digest)
+        if digest[0] != self.manifest["weights"]["xxh3_128"]:
+            raise BundleError(f"{self.path}: {WEIGHTS} does not match its manifest hash (xxh3 "
+                              f"{digest[0]}, manifest {self.manifest['weights']['xxh3_128']}); "
+                              "the file is damaged or was changed: rebuild the bundle")
+        return weights
 
     def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
         """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
+        from ..targets import target_for
+
         program = self.program(name)
         doc = self.manifest["programs"][name]
         exe = target_for(program.device).executable(
@@ -143,3 +207,78 @@ class Bundle:
 
     def file(self, name: str) -> Path:
         return self.path / name
+
+
+def check(path: Path) -> bool:
+    """Whether the bundle at ``path`` checks out as ``Bundle.open`` would have it, the weights
+    included: by size and time when those are as written, else by their hash."""
+    try:
+        manifest = read_manifest(path)
+        for name, digest in manifest["files"].items():
+            if name != WEIGHTS and sha256_file(path / name) != digest:
+                return False
+        st, weights = (path / WEIGHTS).stat(), manifest["weights"]
+        if st.st_size != weights["size"]:
+            return False
+        try:
+            if json.loads((path / STAMP).read_text()) == st.st_mtime_ns:
+                return True
+        except (OSError, ValueError):
+            pass
+        return xxh3_file(path / WEIGHTS) == weights["xxh3_128"]
+    except (BundleError, OSError):
+        return False
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of bundle ``path``, checked against ``FIELDS``, its digest and the rules
+    for kernel paths and counts; any problem is a ``BundleError`` naming the field."""
+    where = path / MANIFEST
+    try:
+        manifest = json.loads(where.read_bytes())
+    except FileNotFoundError:
+        raise BundleError(f"{path}: not a bundle (no {MANIFEST}); build one with `doit`") from None
+    except (ValueError, OSError) as e:
+        raise BundleError(f"{where}: damaged manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{where}: damaged manifest (not a JSON object)")
+    if manifest.get("format") != FORMAT:
+        raise BundleError(f"{path}: bundle format {manifest.get('format')!r}, this iron reads "
+                          f"format {FORMAT}; rebuild it")
+    for field, kind in FIELDS.items():
+        if field not in manifest:
+            raise BundleError(f"{where}: field {field!r} is missing; rebuild the bundle")
+        if type(manifest[field]) is not kind:
+            raise BundleError(f"{where}: field {field!r} = {manifest[field]!r:.60} must be a "
+                              f"{kind.__name__}")
+    if manifest["digest"] != manifest_digest(manifest):
+        raise BundleError(f"{where}: the manifest does not match its digest; it was edited or "
+                          "damaged: rebuild the bundle")
+    files = manifest["files"]
+    for field, kind in WEIGHT_FIELDS.items():
+        if type(manifest["weights"].get(field)) is not kind:
+            raise BundleError(f"{where}: weights.{field} must be a {kind.__name__}")
+    if WEIGHTS not in files:
+        raise BundleError(f"{where}: files does not list {WEIGHTS}")
+    for name in files:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise BundleError(f"{where}: files lists {name!r}, a path outside the bundle")
+
+    def kernel(value: Any, what: str) -> None:
+        if not (isinstance(value, str) and KERNEL_PATH.fullmatch(value)):
+            raise BundleError(f"{where}: {what} = {value!r:.80} is not a kernel of this bundle "
+                              "(kernels/<key>.so)")
+        if value not in files:
+            raise BundleError(f"{where}: {what} = {value!r} is not among the bundle's files")
+
+    kernel(manifest["runtime"], "runtime")
+    for name, doc in manifest["programs"].items():
+        if not (isinstance(doc, dict) and isinstance(doc.get("kernels"), list)
+                and isinstance(doc.get("steps"), list)):
+            raise BundleError(f"{where}: program {name!r} needs 'steps' and 'kernels' lists")
+        if len(doc["kernels"]) != len(doc["steps"]):
+            raise BundleError(f"{where}: program {name!r} has {len(doc['steps'])} steps but "
+                              f"{len(doc['kernels'])} kernels; the counts must agree")
+        for i, k in enumerate(doc["kernels"]):
+            kernel(k, f"programs.{name}.kernels[{i}]")
+    return manifest

@@ -24,17 +24,29 @@ The file is UTF-8 JSON, one entry per line so that ``git diff`` shows which tuna
       {"operator": "AXPY", "size": 2048, "tile_size": 1024, "num_aie_columns": 2}
     ]}
 
-Saving is deterministic (sorted entries, fields in declaration order) and atomic.
+Saving is deterministic (sorted entries, fields in declaration order) and atomic.  A tuned
+profile also records the host it was tuned on (``"host": {"cpu": ..., "cores": 2, "march":
+"native"}``).  On another host an entry that breaks a rule there (more columns than this host's
+cores, ...) is not an error: its instance takes the defaults, and one warning line names every
+such entry.  Loading is strict JSON: NaN, Infinity and a key given twice are errors.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import itertools
 import json
 import os
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import orjson
+
+from .. import operators  # noqa: F401  (fills Operator.registry, which files name)
 from ..devices import DEVICE_NAMES
 from ..errors import FieldError, ProfileError
 from ..operator import Operator
@@ -48,7 +60,7 @@ class Entry:
     operator: str
     match: tuple[tuple[str, Any], ...]
     sets: tuple[tuple[str, Any], ...]
-    origin: str = field(default="", compare=False)  # for messages: "cpu.json line 3"
+    origin: Any = field(default="", compare=False)  # for messages: "cpu.json line 3"
 
     @property
     def specificity(self) -> int:
@@ -63,42 +75,68 @@ class Entry:
 
     def describe(self) -> str:
         body = json.dumps(self.fields(), separators=(", ", ": "))
-        return f"profile entry {body}" + (f" ({self.origin})" if self.origin else "")
+        return f"profile entry {body}" + (f" ({self.origin})" if str(self.origin) else "")
 
 
-def make_entry(cls: type[Operator], fields: Mapping[str, Any], origin: str = "") -> Entry:
+def make_entry(cls: type[Operator], fields: Mapping[str, Any], origin: Any = "") -> Entry:
     """Validate ``fields`` against ``cls``'s declaration and split them into match and sets."""
-    where = origin or f"Profile.add({cls.__name__}, ...)"
-    try:
-        cls.check_field_names(fields, where)
-    except FieldError as e:
-        raise ProfileError(str(e)) from None
     params, tunables = cls.params(), cls.tunables()
-    for name in tunables:
-        value = fields.get(name)
-        if name in fields and (type(value) is not int or value < 1):
-            raise ProfileError(f"{where}: {cls.__name__}.{name}={value!r} breaks the rule: a "
-                               "tunable is a positive integer")
-    for name in params:
-        if name in fields and not isinstance(fields[name], (bool, int, float)):
-            raise ProfileError(f"{where}: {cls.__name__}.{name}={fields[name]!r} is not a number")
+    if not fields.keys() <= _field_set(cls):
+        try:
+            cls.check_field_names(fields, origin or f"Profile.add({cls.__name__}, ...)")
+        except FieldError as e:
+            raise ProfileError(str(e)) from None
     sets = tuple((n, fields[n]) for n in tunables if n in fields)
+    match = tuple((n, fields[n]) for n in params if n in fields)
+    for name, value in sets:
+        if type(value) is not int or value < 1:
+            raise ProfileError(f"{origin or f'Profile.add({cls.__name__}, ...)'}: "
+                               f"{cls.__name__}.{name}={value!r} breaks the rule: a tunable is "
+                               "a positive integer")
+    for name, value in match:
+        if type(value) not in (bool, int, float):
+            raise ProfileError(f"{origin or f'Profile.add({cls.__name__}, ...)'}: "
+                               f"{cls.__name__}.{name}={value!r} is not a number")
     if not sets:
         raise ProfileError(
-            f"{where}: the entry for {cls.__name__} sets no tunable; name at least one of "
-            f"{', '.join(tunables) or '(it has none)'}")
-    match = tuple((n, fields[n]) for n in params if n in fields)
+            f"{origin or f'Profile.add({cls.__name__}, ...)'}: the entry for {cls.__name__} "
+            f"sets no tunable; name at least one of {', '.join(tunables) or '(it has none)'}")
     return Entry(cls.__name__, match, sets, origin)
 
 
-class Profile:
-    """An ordered set of entries for one device (or any device, for a profile made in code)."""
+_FIELD_SETS: dict[type, frozenset[str]] = {}
 
-    def __init__(self, entries: Iterable[Entry] = (), device: str | None = None):
+
+def _field_set(cls: type[Operator]) -> frozenset[str]:
+    names = _FIELD_SETS.get(cls)
+    if names is None:
+        names = _FIELD_SETS[cls] = frozenset(cls.field_names())
+    return names
+
+
+class Profile:
+    """An ordered set of entries for one device (or any device, for a profile made in code).
+
+    Entries are kept by (operator, matched params), so adding one replaces an earlier entry of
+    the same key and a lookup tries only the keys an instance can match: both cost the same
+    whether the profile holds ten entries or a hundred thousand.
+    """
+
+    def __init__(self, entries: Iterable[Entry] = (), device: str | None = None,
+                 host: Mapping[str, Any] | None = None):
         self.device = device
-        self.entries: list[Entry] = []
+        self.host = dict(host) if host else None  # the host it was tuned on, as tuned
+        self._entries: dict[tuple[str, tuple], Entry] = {}
+        self._by_operator: dict[str, dict[tuple, Entry]] = {}
+        self.fallbacks: dict[Entry, str] = {}  # entries that broke a rule here -> the rule
+        self.warnings_to = None  # where fallback warnings go (a text stream; None: stderr)
+        self._reported: set[Entry] = set()
         for e in entries:
             self._insert(e)
+
+    @property
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
 
     def add(self, cls: type[Operator], **fields: Any) -> Profile:
         """Add an entry: the ``param()`` fields given match, the ``tunable()`` fields given set."""
@@ -109,17 +147,38 @@ class Profile:
 
     def _insert(self, entry: Entry) -> None:
         """Add ``entry``, replacing an earlier one with the same operator and match."""
-        self.entries = [e for e in self.entries
-                        if (e.operator, e.match) != (entry.operator, entry.match)]
-        self.entries.append(entry)
+        key = (entry.operator, entry.match)
+        self._entries.pop(key, None)  # re-inserted last, as a replacement always was
+        self._entries[key] = entry
+        self._by_operator.setdefault(entry.operator, {})[entry.match] = entry
+
+    def candidates(self, op: Operator) -> list[Entry]:
+        """The entries that apply to ``op``: one dictionary probe per subset of its params."""
+        found = []
+        params = [(n, getattr(op, n)) for n in op.params()]
+        for cls in type(op).__mro__:
+            table = self._by_operator.get(cls.__name__)
+            if not table:
+                continue
+            if len(table) <= 1 << len(params):
+                found += [e for e in table.values() if e.applies_to(op)]
+                continue
+            for k in range(len(params) + 1):
+                for subset in itertools.combinations(params, k):
+                    entry = table.get(subset)
+                    if entry is not None:
+                        found.append(entry)
+        return found
 
     def lookup(self, op: Operator) -> dict[str, tuple[Any, Entry]]:
-        """For each tunable some entry sets for ``op``: (value, winning entry), by the precedence rule above."""
+        """For each tunable some entry sets for ``op``: (value, winning entry); see the module
+        docstring for the rule."""
         chosen: dict[str, tuple[Any, Entry]] = {}
+        candidates = self.candidates(op)
         for name in op.tunables():
             best: list[tuple[Any, Entry]] = []
-            for entry in self.entries:
-                if name in dict(entry.sets) and entry.applies_to(op):
+            for entry in candidates:
+                if name in dict(entry.sets):
                     if best and entry.specificity < best[0][1].specificity:
                         continue
                     if best and entry.specificity > best[0][1].specificity:
@@ -136,6 +195,31 @@ class Profile:
                 chosen[name] = best[0]
         return chosen
 
+    # ---- entries that do not fit this host ------------------------------------------------
+
+    def fall_back(self, entries: Iterable[Entry], rule_text: str) -> None:
+        """Note that ``entries`` broke ``rule_text`` here and their instance took defaults."""
+        for entry in entries:
+            self.fallbacks.setdefault(entry, rule_text)
+
+    def report_fallbacks(self, stream=None) -> None:
+        """One warning line naming the entries that fell back since the last report."""
+        new = [e for e in self.fallbacks if e not in self._reported]
+        if not new:
+            return
+        self._reported.update(new)
+        rules = sorted({self.fallbacks[e] for e in new})
+        files: dict[str, list[str]] = {}  # "cpu.json line 2", "cpu.json line 3" -> lines 2, 3
+        for origin in sorted({str(e.origin) or e.operator for e in new}, key=_natural):
+            head, sep, line = origin.rpartition(" line ")
+            files.setdefault(head if sep else origin, []).append(line if sep else "")
+        where = [f"{name} line{'s' if len(lines) > 1 else ''} {', '.join(lines)}"
+                 if lines[0] else name for name, lines in files.items()]
+        print(f"warning: {len(new)} profile entr{'y' if len(new) == 1 else 'ies'} "
+              f"do{'es' if len(new) == 1 else ''} not fit this host (breaking "
+              f"{'; '.join(rules)}) and use the defaults instead: {', '.join(where)}",
+              file=stream or self.warnings_to or sys.stderr)
+
     # ---- equality, files ------------------------------------------------------------------
 
     def sorted_entries(self) -> list[Entry]:
@@ -146,14 +230,16 @@ class Profile:
                 and set(self.entries) == set(other.entries))
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"<Profile device={self.device!r} entries={len(self.entries)}>"
+        return f"<Profile device={self.device!r} entries={len(self)}>"
 
     def dumps(self) -> str:
         lines = [json.dumps(e.fields(), separators=(", ", ": ")) for e in self.sorted_entries()]
         head = json.dumps({"device": self.device})[:-1]
+        if self.host:
+            head += ', "host": ' + json.dumps(self.host, sort_keys=True)
         if not lines:
             return head + ', "entries": []}\n'
         return head + ', "entries": [\n  ' + ",\n  ".join(lines) + "\n]}\n"
@@ -169,60 +255,172 @@ class Profile:
         """Read a profile file; any problem is an error naming the file, the line and the rule."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
         except FileNotFoundError:
             raise ProfileError(f"{path}: no such profile file") from None
+        except OSError as e:
+            raise ProfileError(f"{path}: cannot read the profile ({e.strerror})") from None
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ProfileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         return cls.loads(text, str(path))
 
     @classmethod
     def loads(cls, text: str, name: str = "<profile>") -> Profile:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{name} line {e.lineno} column {e.colno}: malformed JSON: "
-                               f"{e.msg}") from None
-        if not isinstance(doc, dict) or set(doc) != {"device", "entries"}:
+        """Parse a profile's text: strict JSON (no NaN or Infinity, no key given twice)."""
+        doc = _parse(text, name)
+        if not isinstance(doc, dict) or not {"device", "entries"} <= set(doc) <= _TOP_KEYS:
             keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
-            raise ProfileError(f"{name} line 1: a profile is an object with exactly the keys "
-                               f"'device' and 'entries', got {keys}")
+            raise ProfileError(f"{name} line 1: a profile is an object with the keys 'device' "
+                               f"and 'entries' (and optionally 'host'), got {keys}")
         device = doc["device"]
         if device is not None and device not in DEVICE_NAMES:
             raise ProfileError(f"{name} line 1: unknown device {device!r}; expected one of "
                                f"{', '.join(DEVICE_NAMES)}")
+        host = doc.get("host")
+        if host is not None and not isinstance(host, dict):
+            raise ProfileError(f"{name}: 'host' must be an object describing the tuning host, "
+                               f"got {json.dumps(host)}")
         if not isinstance(doc["entries"], list):
             raise ProfileError(f"{name}: 'entries' must be a list")
-        entries, seen = [], {}
-        for (raw, line) in zip(doc["entries"], entry_lines(text)):
-            where = f"{name} line {line}"
-            if not isinstance(raw, dict) or not isinstance(raw.get("operator"), str):
+        lines = _Lines(text, name)
+        profile = cls((), device, host)
+        table, registry = profile._entries, Operator.registry
+        for i, raw in enumerate(doc["entries"]):
+            where = _Origin(lines, i)
+            if type(raw) is not dict or type(raw.get("operator")) is not str:
                 raise ProfileError(f"{where}: an entry is an object with an \"operator\" name, "
                                    f"got {json.dumps(raw)}")
-            op_name = raw["operator"]
-            op_cls = Operator.registry.get(op_name)
+            op_name = raw.pop("operator")
+            op_cls = registry.get(op_name)
             if op_cls is None:
                 raise ProfileError(f"{where}: unknown operator {op_name!r}; known operators: "
-                                   f"{', '.join(sorted(Operator.registry))}")
-            entry = make_entry(op_cls, {k: v for k, v in raw.items() if k != "operator"}, where)
-            if (entry.operator, entry.match) in seen:
-                raise ProfileError(f"{where}: duplicates the entry at "
-                                   f"{seen[entry.operator, entry.match]} (same operator and "
-                                   "params); merge them")
-            seen[entry.operator, entry.match] = where
-            entries.append(entry)
-        return cls(entries, device)
+                                   f"{', '.join(sorted(registry))}")
+            entry = make_entry(op_cls, raw, where)
+            key = (entry.operator, entry.match)
+            if key in table:
+                raise ProfileError(f"{where}: duplicates the entry at {table[key].origin} "
+                                   "(same operator and params); merge them")
+            profile._insert(entry)
+        return profile
+
+
+_TOP_KEYS = {"device", "entries", "host"}
+_batch: contextvars.ContextVar[bool] = contextvars.ContextVar("iron_profile_batch",
+                                                              default=False)
+
+
+@contextlib.contextmanager
+def batch_reports(profile: Profile | None):
+    """Record several programs under ``profile`` and report its fallbacks once, at the end."""
+    token = _batch.set(True)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+    if profile is not None and not _batch.get():
+        profile.report_fallbacks()
+
+
+def _natural(text: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
+
+
+def _parse(text: str, name: str) -> Any:
+    """Strict JSON: orjson (no NaN, no Infinity), then a check for keys given twice."""
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        line = text.count("\n", 0, e.pos) + 1
+        column = e.pos - (text.rfind("\n", 0, e.pos) + 1) + 1
+        nan = (" (NaN and Infinity are not JSON numbers)"
+               if re.match(r"-?(NaN|Infinity)", text[e.pos:e.pos + 9]) else "")
+        raise ProfileError(f"{name} line {line} column {column}: malformed JSON{nan}: "
+                           f"{e.msg}") from None
+    _check_unique_keys(text, doc, name)
+    return doc
+
+
+def _colons_outside_strings(doc: Any) -> int:
+    """How many ':' a document's text has outside strings if no key were given twice: one per
+    key.  Profile entries are flat objects, counted without a Python-level walk."""
+    if type(doc) is not dict:
+        return -1
+    count = len(doc)
+    for key, value in doc.items():
+        count += key.count(":")
+        if key == "entries" and type(value) is list and all(type(e) is dict for e in value):
+            count += sum(map(len, value))
+            count += sum(e.get("operator", "").count(":") for e in value
+                         if type(e.get("operator")) is str)
+        elif type(value) in (dict, list):
+            count += len(orjson.dumps(value).split(b'":')) - 1  # keys; strings with ":" miss
+        elif type(value) is str:
+            count += value.count(":")
+    return count
+
+
+def _check_unique_keys(text: str, doc: Any, name: str) -> None:
+    """A key given twice in one object leaves the parsed document with fewer keys than the
+    text has ':'s; only then (or when strings hold ':'s) is the text parsed again to say where."""
+    if text.count(":") == _colons_outside_strings(doc):
+        return
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict:
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ValueError(key)
+            seen[key] = value
+        return seen
+
+    try:
+        json.loads(text, object_pairs_hook=unique)
+    except ValueError as e:
+        key = e.args[0]
+        at = text.find(json.dumps(key))
+        line = text.count("\n", 0, at) + 1 if at >= 0 else "?"
+        raise ProfileError(f"{name} line {line}: key {key!r} appears twice in one object; "
+                           "JSON keys must be unique") from None
+
+
+class _Lines:
+    """The line each entry of a profile text starts on, found once and only when a message
+    needs one (most loads never do)."""
+
+    def __init__(self, text: str, name: str):
+        self.text, self.name, self._lines = text, name, None
+
+    def __getitem__(self, i: int) -> int:
+        if self._lines is None:
+            self._lines = entry_lines(self.text)
+        return self._lines[i]
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """``cpu.json line 3``, computed when shown."""
+
+    lines: _Lines
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.lines.name} line {self.lines[self.index]}"
+
+    def __bool__(self) -> bool:
+        return True
 
 
 def entry_lines(text: str) -> list[int]:
-    """The line on which each element of the top-level "entries" list starts.
+    """The line on which each element of the top-level "entries" list starts, in one pass.
 
     Called only on text that already parsed, so the structure is known to be valid.
     """
     decoder = json.JSONDecoder()
     doc_start = text.index("{")
     pos = doc_start + 1
-    lines = []
+    lines, line, counted = [], 1, 0
     while True:  # walk the top-level keys until "entries"
         pos = skip_space(text, pos, ",")
         key, pos = decoder.raw_decode(text, pos)
@@ -235,7 +433,9 @@ def entry_lines(text: str) -> list[int]:
             pos = skip_space(text, pos, ",")
             if text[pos] == "]":
                 return lines
-            lines.append(text.count("\n", 0, pos) + 1)
+            line += text.count("\n", counted, pos)
+            counted = pos
+            lines.append(line)
             _, pos = decoder.raw_decode(text, pos)
 
 

@@ -99,6 +99,18 @@ class Target:
     def unavailable(self, dev: Device) -> str | None:
         return None
 
+    def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
+        """The recipe ``recipe(op)`` made, from its description and sources as data (the doit
+        tasks keep them in a file between runs)."""
+        macros = tuple(sorted(description.get("macros", {}).items()))
+        return Recipe(description["kernel"], macros, description, tuple(map(Path, sources)))
+
+    def requirements(self) -> dict[str, Any]:
+        """What a host needs to run this target's artifacts, as a bundle's manifest records it:
+        ``march`` (the -march level, or ""), ``isa`` (CPU features, as /proc/cpuinfo names
+        them) and ``cpu`` (the model of the build host)."""
+        return {"march": "", "isa": [], "cpu": ""}
+
     # ---- derived behaviour ------------------------------------------------------------------
 
     @property

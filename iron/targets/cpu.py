@@ -1,8 +1,9 @@
 """The cpu target: every resolved instance becomes a shared library, called through the C ABI.
 
 Each operator's kernel ``iron/kernels/cpu/<kernel>.c`` is compiled once per resolved instance
-with its params and tunables baked in as ``-DIRON_<FIELD>=<int>`` constants, ``-O3
--march=native`` and OpenMP threads for ``num_aie_columns``.  Every library exports
+with its params and tunables baked in as ``-DIRON_<FIELD>=<int>`` constants, ``-O3``, the
+build's ``-march`` level (``native`` unless ``$IRON_MARCH`` names another, see ``iron.host``)
+and OpenMP threads for ``num_aie_columns``.  Every library exports
 ``void iron_kernel(void *const *args)`` taking its inputs then its outputs.  A program runs
 through ``runtime.c``'s ``iron_exec``: one ctypes call walks the whole list of steps, so the
 Python cost of a call does not grow with the number of steps.
@@ -18,10 +19,11 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .. import host
 from ..errors import CompileError, DeviceError, ShapeError
 from ..memplan import temp_buffers
 from ..operator import Operator
@@ -32,8 +34,13 @@ from ..store import Entry, Store
 
 RECIPE_VERSION = 1
 SOURCE_DIR = KERNELS_DIR / "cpu"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")  # and -march=<level>
 LIBRARY = "kernel.so"
+
+
+def flags(level: str | None = None) -> list[str]:
+    """The compiler flags of a build at ``level`` (the build's -march level by default)."""
+    return [*FLAGS, f"-march={level or host.march()}"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,22 +93,38 @@ def kernel_source(op: Operator | None) -> Path:
     return path
 
 
-def recipe_for(op: Operator | None) -> Recipe:
-    """The recipe of an operator instance (or, for ``None``, of the program executor)."""
-    name = "runtime" if op is None else op.kernel
-    macros = tuple(sorted(({} if op is None else op.kernel_macros()).items()))
+def recipe_from(description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
+    """The recipe a description (as ``recipe_for`` made it) and its source files stand for;
+    the macros are checked again, since both may come from a file."""
+    macros = tuple(sorted(description["macros"].items()))
+    check_macros(macros)
+    host.check_march(description["march"])
+    return Recipe(description["kernel"], macros, description, tuple(Path(s) for s in sources))
+
+
+def check_macros(macros) -> None:
     for macro, value in macros:
         if type(value) is not int or not re.fullmatch(r"IRON_[A-Z0-9_]+", macro):
             raise CompileError(f"refusing to pass {macro}={value!r} to the compiler: only "
                                "IRON_* integer constants are allowed")
+
+
+def recipe_for(op: Operator | None) -> Recipe:
+    """The recipe of an operator instance (or, for ``None``, of the program executor)."""
+    name = "runtime" if op is None else op.kernel
+    macros = tuple(sorted(({} if op is None else op.kernel_macros()).items()))
+    check_macros(macros)
     cc, identity = compiler()
     sources = source_closure(kernel_source(op))
+    level = host.march()
     description = {
         "recipe": RECIPE_VERSION, "target": "cpu", "kernel": name,
         "operator": None if op is None else type(op).__name__,
         "fields": None if op is None else op.config(),
         "sources": dict(sorted((p.name, digest) for p, digest in sources.items())),
-        "compiler": identity, "host": host_identity(), "flags": list(FLAGS),
+        # only -march=native depends on the host's CPU; a named level builds the same anywhere
+        "compiler": identity, "host": host_identity() if level == "native" else None,
+        "march": level, "flags": flags(level),
         "macros": dict(macros),
     }
     return Recipe(name, macros, description, tuple(sources))
@@ -110,7 +133,8 @@ def recipe_for(op: Operator | None) -> Recipe:
 def build(recipe: Recipe, folder: Path) -> None:
     """Compile ``recipe``'s kernel into ``folder``/kernel.so."""
     cc, _ = compiler()
-    command = [cc, *FLAGS, f"-I{SOURCE_DIR}", *(f"-D{m}={v}" for m, v in recipe.macros),
+    level = host.check_march(recipe.description["march"])
+    command = [cc, *flags(level), f"-I{SOURCE_DIR}", *(f"-D{m}={v}" for m, v in recipe.macros),
                str(recipe.sources[0]), "-o", str(folder / LIBRARY)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -131,6 +155,14 @@ class CpuTarget(Target):
 
     def artifact(self, entry: Entry) -> Path:
         return entry.file(LIBRARY)
+
+    def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
+        return recipe_from(description, sources)
+
+    def requirements(self) -> dict[str, Any]:
+        level = host.march()
+        return {"march": level, "isa": list(host.required_features(compiler()[0], level)),
+                "cpu": host.cpu_model()}
 
     def executable(self, program: Program, step_files: Sequence[Path],
                    runtime_file: Path | None) -> Executable:
@@ -154,9 +186,29 @@ def compile_all(ops: Sequence[Operator | None], store: Store | None = None,
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
 
 
+#: libgomp's waiting policy unless the environment sets one.  libgomp's own default spins for
+#: about 3 ms before a waiting thread sleeps: beside one busy process on a 2-core host a spinning
+#: thread takes the core its descheduled partner needs, and decode fell to a few tokens/s.
+#: ``benchmarks/contention.py`` measures the policies side by side (figures in the README).
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "passive"}
+
+
+def set_thread_limit(threads: int) -> None:
+    """Cap every kernel's thread team at ``threads`` (``--threads``): libgomp reads
+    ``OMP_THREAD_LIMIT`` once, when the first kernel loads, so call this before that."""
+    if re.search(r"/libgomp\.so\.1\b", Path("/proc/self/maps").read_text()):
+        raise DeviceError("--threads must be set before the first kernel is loaded")
+    os.environ["OMP_THREAD_LIMIT"] = str(int(threads))
+
+
 @functools.lru_cache(maxsize=None)
 def load_library(path: str) -> ctypes.CDLL:
-    return ctypes.CDLL(path)
+    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        os.environ.update(OPENMP_DEFAULTS)  # read by libgomp when the first kernel loads it
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        raise DeviceError(f"cannot load the kernel library {path}: {e}") from None
 
 
 def kernel_address(library: Path) -> int:

@@ -14,6 +14,8 @@ from typing import Sequence
 
 from ..errors import IronError
 from ..pipeline.app import load_app
+from .measure import TargetBenchmark
+from .quiet import QUIET
 from .tuner import tune
 
 
@@ -31,13 +33,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         "the best setting found so far for each instance")
     parser.add_argument("--fresh", action="store_true", help="discard the tuning log and "
                         "measure everything again")
+    parser.add_argument("--max-load", type=float, default=QUIET,
+                        help="cores' worth of CPU other processes may use while a timing is "
+                             f"taken; above it the tuner pauses (default {QUIET:g}). Each "
+                             "timing's load is logged, and a head-to-head taken above the "
+                             "default is not reused by a later run")
     args = parser.parse_args(argv)
+    if args.max_load < 0:
+        parser.error(f"--max-load must be a non-negative number, got {args.max_load:g}")
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     try:
         app = load_app(args.app, args.checkpoint)
-        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh)
+        bench = TargetBenchmark(args.device, quiet=args.max_load)
+        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

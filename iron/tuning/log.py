@@ -17,12 +17,16 @@ Records::
 A candidate that was ``started`` twice without a result crashed or hung the tuner twice (a
 kernel that never returns cannot be stopped in-process): the next run rejects it instead of
 trying a third time.  One start is retried, so a kill in the middle of a run costs nothing.
-Records measured by another benchmark ``method`` are ignored.
+Records measured by another benchmark ``method`` are ignored.  Each timing records ``load``,
+the cores' worth of CPU other processes used while it ran (see ``iron.tuning.quiet``).  A line
+whose fields do not have their types (``"median": "fast"``) is skipped like a torn one, and
+counted in ``skipped``: the candidate is measured again.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +49,7 @@ class Record:
     runs: int = 0
     reason: str = ""
     method: str = ""
+    load: float | None = None  # cores' worth other processes used while it was timed
 
     @property
     def ok(self) -> bool:
@@ -54,7 +59,7 @@ class Record:
         doc = {"key": self.key, "status": self.status, "method": self.method,
                "operator": self.operator, "fields": self.fields}
         if self.ok:
-            doc.update(median=self.median, spread=self.spread, runs=self.runs)
+            doc.update(median=self.median, spread=self.spread, runs=self.runs, load=self.load)
         else:
             doc["reason"] = self.reason
         return doc
@@ -71,11 +76,45 @@ class Comparison:
     high: float
     rounds: int
     method: str = ""
+    load: float | None = None  # cores' worth other processes used while it ran
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "against": self.against, "status": "compared",
                 "gain": self.gain, "low": self.low, "high": self.high, "rounds": self.rounds,
-                "method": self.method}
+                "method": self.method, "load": self.load}
+
+
+STATUSES = ("started", "ok", "rejected", "interrupted", "compared")
+
+
+def _number(value: Any, zero: bool = False) -> float:
+    """A finite number above zero (or zero, where allowed); ValueError otherwise."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0 or (
+            value == 0 and not zero):
+        raise ValueError(f"{value!r} is not a positive number")
+    return float(value)
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
+
+
+def _load(value: Any) -> float | None:
+    return None if value is None else _number(value, zero=True)
+
+
+def _str(value: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"{value!r} is not text")
+    return value
+
+
+def _dict(value: Any) -> dict:
+    if type(value) is not dict:
+        raise ValueError(f"{value!r} is not an object")
+    return value
 
 
 class TuneLog:
@@ -87,6 +126,7 @@ class TuneLog:
         self.records: dict[str, Record] = {}
         self.comparisons: dict[tuple[str, str], Comparison] = {}
         self.starts: dict[str, int] = {}
+        self.skipped = 0  # lines that were not records of the right shape
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
             self.path.write_bytes(b"")
@@ -100,26 +140,39 @@ class TuneLog:
         for line in data.splitlines():
             try:
                 doc = json.loads(line)
+                if not (isinstance(doc, dict) and type(doc.get("key")) is str
+                        and doc.get("status") in STATUSES):
+                    raise ValueError("not a record")
                 key, status = doc["key"], doc["status"]
                 if status == "compared":
                     if doc.get("method") == self.method:
-                        c = Comparison(key, doc["against"], float(doc["gain"]),
-                                       float(doc["low"]), float(doc["high"]),
-                                       int(doc["rounds"]), self.method)
+                        c = Comparison(key, _str(doc["against"]), _number(doc["gain"]),
+                                       _number(doc["low"]), _number(doc["high"]),
+                                       _count(doc["rounds"]), self.method,
+                                       _load(doc.get("load")))
                         self.comparisons[c.key, c.against] = c
                     continue
+                if status == "ok" and doc.get("method") == self.method:
+                    record = Record(key, status, _str(doc.get("operator", "")),
+                                    _dict(doc.get("fields", {})), _number(doc["median"]),
+                                    _number(doc.get("spread", 0.0), zero=True),
+                                    _count(doc.get("runs", 0)), "", self.method,
+                                    _load(doc.get("load")))
+                elif status == "rejected" and doc.get("method") == self.method:
+                    record = Record(key, status, _str(doc.get("operator", "")),
+                                    _dict(doc.get("fields", {})),
+                                    reason=_str(doc.get("reason", "")), method=self.method)
+                else:
+                    record = None
             except (ValueError, KeyError, TypeError):
-                continue  # a torn line from a kill mid-write
+                self.skipped += 1  # a torn line from a kill mid-write, or a damaged one
+                continue
             if status == "started":
                 self.starts[key] = self.starts.get(key, 0) + 1
                 continue
             self.starts.pop(key, None)
-            if status not in ("ok", "rejected") or doc.get("method") != self.method:
-                continue
-            self.records[key] = Record(
-                key, status, doc.get("operator", ""), doc.get("fields", {}),
-                doc.get("median"), doc.get("spread"), doc.get("runs", 0),
-                doc.get("reason", ""), self.method)
+            if record is not None:
+                self.records[key] = record
 
     def get(self, key: str) -> Record | None:
         """The logged outcome of ``key``, a rejection if it crashed the tuner twice, or None."""

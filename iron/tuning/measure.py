@@ -7,6 +7,7 @@ stand-ins with the same methods.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -27,6 +28,7 @@ from ..tensor import spec
 from .candidates import Instance
 from .check import mismatch
 from .log import Comparison
+from .quiet import PATIENCE, QUIET, LoadMeter, wait_quiet
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Measurement:
     spread: float | None = None
     runs: int = 0
     error: str | None = None
+    load: float | None = None  # cores' worth other processes used while it was timed
 
 
 class Benchmark(Protocol):
@@ -122,13 +125,16 @@ class TargetBenchmark:
     the best median so far stops early, since it cannot win (a median would also stop one whose
     first runs are slow and later ones fast, as a single-threaded lookup's are while its rows
     come into cache).
-    ``compare`` runs the head-to-head.
+    ``compare`` runs the head-to-head.  Both record the load they ran under; with ``quiet``
+    (cores' worth of CPU other processes may use; None: no check) a timing taken beside busy
+    processes is discarded, the tuner pauses until the machine is quiet, and times again.
     """
 
     def __init__(self, device: Device | str = "cpu", store=None, jobs: int | None = None,
                  cold_bytes: int | None = None, max_copies: int = 256, warmup: int = 2,
                  min_runs: int = 5, max_runs: int = 200, min_time: float = 0.1,
-                 timeout: float = 5.0, blocks: int = 16):
+                 timeout: float = 5.0, blocks: int = 16, quiet: float | None = QUIET,
+                 patience: float = PATIENCE):
         self.device = get_device(device)
         self.target: Target = target_for(self.device)
         self.store = store
@@ -137,7 +143,9 @@ class TargetBenchmark:
         self.cold_bytes, self.max_copies = cold_bytes, max_copies
         self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
         self.min_time, self.timeout, self.blocks = min_time, timeout, blocks
-        self.method = f"{self.target.kind}-v2 cold={cold_bytes >> 20}MiB"
+        self.quiet, self.patience = quiet, patience
+        # v3: every timing records the load it was taken under
+        self.method = f"{self.target.kind}-v3 cold={cold_bytes >> 20}MiB"
         self._data: tuple[Operator, _InstanceData] | None = None
 
     def key(self, op: Operator) -> str:
@@ -180,6 +188,16 @@ class TargetBenchmark:
         return self.target.load(program, self.store), self._data[1]
 
     def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
+        """``_measure``, recording the load it ran under; with ``quiet`` set, a timing taken
+        beside busy processes is thrown away and taken again once the machine is quiet."""
+        while True:
+            with LoadMeter() as meter:
+                m = self._measure(instance, op, best)
+            if self.quiet is None or meter.load <= self.quiet or m.error is not None:
+                return dataclasses.replace(m, load=meter.load)
+            wait_quiet(self.quiet, self.patience)
+
+    def _measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
         exe, data = self._prepare(instance, op)
         overwritten = set(type(op).inplace.values())  # inputs the step writes in place
         outputs, first = self.run_once(exe, [a.copy() if i in overwritten else a
@@ -211,6 +229,14 @@ class TargetBenchmark:
         Both see the same neighbours and the same cache state within a round, so the median of
         the per-round ratios is the gain a move would bring, not the machine's drift.
         """
+        while True:
+            with LoadMeter() as meter:
+                c = self._compare(instance, new, old)
+            if self.quiet is None or meter.load <= self.quiet:
+                return dataclasses.replace(c, load=meter.load)
+            wait_quiet(self.quiet, self.patience)
+
+    def _compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
         exe_new, data = self._prepare(instance, new)
         exe_old, _ = self._prepare(instance, old)
         copies = itertools.cycle(data.rotation)

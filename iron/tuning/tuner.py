@@ -44,10 +44,15 @@ from ..targets import target_for
 from .candidates import Instance, candidates, instances, traffic
 from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
+from .quiet import QUIET, BusyError
 from .report import report, setting_text
 
 #: How much faster, head-to-head (median round), a setting must run to replace the one in use.
 MIN_GAIN = 1.03
+#: A head-to-head gain beyond this (or its inverse) is taken for a disturbed measurement and
+#: measured again once before it can move anything: no setting of one operator on one host has
+#: been 10x another here, and a 1496x "gain" came from a busy machine.
+IMPLAUSIBLE = 10.0
 
 
 @dataclass(frozen=True)
@@ -150,10 +155,9 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
           f"({logged} already in {log.path}); {len(fixed)} instances with a single legal "
           f"setting skipped" + (f"; budget {budget:g} s" if budget is not None else ""),
           file=out, flush=True)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load > 0.5:
-        print(f"warning: the machine is busy (load average {load:.1f}); other processes "
-              "distort the timings, multi-threaded candidates most", file=out, flush=True)
+    if log.skipped:
+        print(f"warning: {log.skipped} line(s) of {log.path} are not valid records and were "
+              "skipped; their candidates are measured again", file=out, flush=True)
 
     run = _Run(bench, log, deadline, started, total - logged, out)
     try:
@@ -163,7 +167,10 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     finally:
         log.close()
 
-    profile = Profile(previous.entries, dev.name)
+    from ..host import host_class
+
+    # the host it was tuned on, as data: another host falls back where an entry does not fit
+    profile = Profile(previous.entries, dev.name, host_class() if dev.kind == "cpu" else None)
     for o in outcomes:
         if o.chosen is not None:
             profile.add(type(o.chosen), **{p: getattr(o.chosen, p) for p in o.chosen.params()},
@@ -241,7 +248,17 @@ class _Run:
             return dataclasses.replace(o, chosen=current, decided=False)
         new, old = self.bench.key(o.best), self.bench.key(current)
         comparison = self.log.comparison(new, old)
+        if comparison is not None and comparison.load is not None and comparison.load > QUIET:
+            print(f"    the logged head-to-head ran beside {comparison.load:.2f} busy cores: "
+                  "measured again", file=self.out, flush=True)
+            comparison = None  # a timing taken under load is never reused
         if comparison is None and self.time_left():
+            comparison = self.bench.compare(o.instance, o.best, current)
+            self.log.compared(comparison)
+        if comparison is not None and not 1 / IMPLAUSIBLE <= comparison.gain <= IMPLAUSIBLE \
+                and self.time_left():
+            print(f"    an implausible head-to-head gain of {comparison.gain:.3g}x: measured "
+                  "again", file=self.out, flush=True)
             comparison = self.bench.compare(o.instance, o.best, current)
             self.log.compared(comparison)
         if comparison is None:
@@ -296,7 +313,7 @@ class _Run:
         self.log.start(key)
         try:
             m = self.bench.measure(inst, op, best)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BusyError):  # the user stops it, or the machine is busy
             self.log.interrupted(key)
             raise
         except Exception as e:  # a broken candidate never stops the sweep
@@ -312,7 +329,8 @@ class _Run:
 
     def _add(self, key: str, op: Operator, m: Measurement) -> Record:
         record = Record(key, "ok" if m.error is None else "rejected", type(op).__name__,
-                        op.config(), m.median, m.spread, m.runs, m.error or "", self.bench.method)
+                        op.config(), m.median, m.spread, m.runs, m.error or "", self.bench.method,
+                        getattr(m, "load", None))
         self.log.add(record)
         return record
 

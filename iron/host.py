@@ -1,0 +1,143 @@
+"""The host CPU as a build and a bundle see it: usable cores, ISA features, the -march level.
+
+- Usable cores come from the process's CPU affinity (``os.sched_getaffinity``), not the
+  machine's count: under ``taskset -c 0`` or a one-CPU container a process may use one core
+  even when the machine has more.  ``$IRON_THREADS`` lowers it further.
+- The ``-march`` level is an explicit build choice (``$IRON_MARCH``, ``doit march=...``;
+  ``native`` by default).  The features a level requires are read from the compiler itself:
+  the ISA macros ``cc -march=LEVEL -dM -E`` predefines beyond plain ``-march=x86-64``
+  (``__AVX2__``, ``__AVX512BF16__``, ``__AMX_TILE__``, ...), named as Linux names them in
+  ``/proc/cpuinfo`` (``avx2``, ``avx512_bf16``, ``amx_tile``).  Whatever kernels are added
+  later, the list follows the flags they are compiled with.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from .errors import DeviceError
+
+DEFAULT_MARCH = "native"
+#: A level gcc and clang accept: ``native``, ``x86-64-v3``, ``znver4``, ``sapphirerapids``...
+MARCH_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.-]{0,40}")
+#: Macros whose /proc/cpuinfo flag is not the macro's name in lower case (underscores aside).
+CPUINFO_ALIASES = {
+    "BMI": "bmi1", "LAHF_SAHF": "lahf_lm", "LZCNT": "abm", "PCLMUL": "pclmulqdq",
+    "PRFCHW": "3dnowprefetch", "RDRND": "rdrand", "SHA": "sha_ni", "SSE3": "pni",
+    "CRC32": "sse4_2", "SHSTK": "user_shstk",
+}
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask), lowered by ``$IRON_THREADS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    limit = os.environ.get("IRON_THREADS")
+    if limit:
+        return min(cores, parse_threads(limit, "$IRON_THREADS"))
+    return max(cores, 1)
+
+
+def parse_threads(value: str | int, where: str) -> int:
+    """A thread count from text: a positive integer, or an error naming ``where``."""
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
+        raise DeviceError(f"{where}={value!r}: the thread count must be a positive integer")
+    return int(text)
+
+
+def march() -> str:
+    """The -march level builds use: ``$IRON_MARCH``, else ``native``; validated."""
+    return check_march(os.environ.get("IRON_MARCH") or DEFAULT_MARCH, "$IRON_MARCH")
+
+
+def check_march(level: str, where: str = "march") -> str:
+    if not MARCH_PATTERN.fullmatch(level):
+        raise DeviceError(f"{where}={level!r}: not a -march level (letters, digits, '-', '_', "
+                          "'.'; e.g. native or x86-64-v3)")
+    return level
+
+
+def normalize(flag: str) -> str:
+    """Feature names compared without case or underscores: AVX512_BF16 == avx512bf16."""
+    return flag.lower().replace("_", "")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """This host's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    match = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    return frozenset(match.group(1).split()) if match else frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    match = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    return match.group(1).strip() if match else "unknown"
+
+
+def _isa_macros(cc: str, level: str) -> set[str]:
+    result = subprocess.run([cc, f"-march={level}", "-dM", "-E", "-x", "c", os.devnull],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        first = (result.stderr.strip().splitlines() or ["(no message)"])[0]
+        raise DeviceError(f"march={level!r}: the compiler {cc} rejects -march={level}: {first}")
+    return set(re.findall(r"^#define __([A-Z][A-Z0-9_]*)__ 1$", result.stdout, re.M))
+
+
+@functools.lru_cache(maxsize=None)
+def required_features(cc: str, level: str) -> tuple[str, ...]:
+    """The CPU features code built with ``-march=level`` may use, as /proc/cpuinfo names them.
+
+    For ``native`` a macro with no flag of that name on this host is a naming gap (the host
+    has the feature, since the compiler saw it there), so it is left out; for a named level it
+    is kept under its lower-case name and a host without it is refused.
+    """
+    added = _isa_macros(cc, level) - _isa_macros(cc, "x86-64")
+    by_name = {normalize(f): f for f in cpu_flags()}
+    features = set()
+    for macro in added:
+        name = CPUINFO_ALIASES.get(macro, macro.lower())
+        if normalize(name) in by_name:
+            features.add(by_name[normalize(name)])
+        elif level != "native":
+            features.add(name)
+    return tuple(sorted(features))
+
+
+def missing_features(required, flags=None) -> list[str]:
+    """The features in ``required`` that ``flags`` (this host's by default) lack."""
+    have = {normalize(f) for f in (cpu_flags() if flags is None else flags)}
+    return [f for f in required if normalize(f) not in have]
+
+
+def compiler_stamp() -> list:
+    """The C compiler's resolved path, size and time: changes when the compiler does, read
+    without running it (the full identity, ``cc --version``, goes into every artifact key)."""
+    import shutil
+
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return []
+    real = os.path.realpath(cc)
+    st = os.stat(real)
+    return [real, st.st_size, st.st_mtime_ns]
+
+
+def host_class() -> dict:
+    """What a profile records about the host it was tuned on."""
+    return {"cpu": cpu_model(), "cores": usable_cores(), "march": march()}

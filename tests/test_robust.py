@@ -1,0 +1,566 @@
+"""Robustness on other hosts and against bad input: each test is one probe that once failed
+(a profile tuned on 2 cores on a 1-core host, a flipped weight byte, a manifest pointing
+outside its bundle, gc beside a running build, a 10k-entry profile, a misspelt doit variable,
+...). The doit tests run the real doit CLI on the demo application in a copy of the project."""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import iron
+from iron import host
+from iron.errors import BundleError, CheckpointError, IronError, ProfileError
+from iron.pipeline import bundle as bundles
+from iron.profile import Profile
+
+from test_build import ROOT, doit, executed, project, run_bundle, set_profile  # noqa: F401
+
+TASKSET = shutil.which("taskset")
+
+
+def rewrite_manifest(path: Path, change) -> None:
+    """Edit a bundle's manifest and re-sign it, as someone meaning harm could."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest)
+    manifest["digest"] = bundles.manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def demo_bundle(tmp_path_factory):
+    """The demo application's bundle, built once by the real doit in a project copy."""
+    base = tmp_path_factory.mktemp("demo")
+    copy = base / "project"
+    copy.mkdir()
+    for name in ("iron", "apps"):
+        shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dodo.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, copy / name)
+    doit(copy)
+    return copy / "build" / "demo" / "cpu"
+
+
+@pytest.fixture
+def bundle_copy(demo_bundle, tmp_path):
+    out = tmp_path / "bundle"
+    shutil.copytree(demo_bundle, out)
+    return out
+
+
+# ---- the host: cores from affinity, -march level, ISA features -----------------------------
+
+@pytest.mark.skipif(TASKSET is None, reason="needs taskset (util-linux)")
+def test_cpu_columns_are_the_usable_cores_not_the_machines():
+    code = "import iron; print(iron.device('cpu').columns)"
+    one = subprocess.run([TASKSET, "-c", "0", sys.executable, "-c", code], capture_output=True,
+                         text=True, check=True, cwd=ROOT)
+    assert one.stdout.strip() == "1"
+    env = {**os.environ, "IRON_THREADS": "1"}
+    capped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, env=env, cwd=ROOT)
+    assert capped.stdout.strip() == "1"
+    assert iron.device("cpu").columns == len(os.sched_getaffinity(0))
+
+
+def test_march_level_features_come_from_the_compiler():
+    from iron.targets.cpu import compiler
+
+    cc = compiler()[0]
+    v3 = host.required_features(cc, "x86-64-v3")
+    assert {"avx2", "fma", "f16c", "bmi2"} <= set(v3)
+    assert not any(f.startswith("avx512") for f in v3)
+    v4 = host.required_features(cc, "x86-64-v4")
+    assert {"avx512f", "avx512bw", "avx512vl"} <= set(v4) and set(v3) <= set(v4)
+    # native: exactly what this host has, so a bundle built here opens here
+    assert host.missing_features(host.required_features(cc, "native")) == []
+    with pytest.raises(IronError, match="march='no such level'"):
+        host.check_march("no such level")
+
+
+def test_march_is_in_the_artifact_key(monkeypatch):
+    from iron.operators import AXPY
+    from iron.targets import cpu
+
+    op = AXPY(size=2048, scalar_factor=1.5).resolve("cpu")
+    native = cpu.recipe_for(op)
+    monkeypatch.setenv("IRON_MARCH", "x86-64-v3")
+    v3 = cpu.recipe_for(op)
+    assert v3.key != native.key and v3.description["march"] == "x86-64-v3"
+    assert "-march=x86-64-v3" in v3.description["flags"] and v3.description["host"] is None
+
+
+def test_missing_isa_feature_is_a_one_line_error(bundle_copy):
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    assert manifest["march"] == "native" and "avx2" in manifest["isa"]
+    iron.pipeline.bundle.Bundle.open(bundle_copy)  # this host has them all
+    without = host.cpu_flags() - {"avx2"}
+    with pytest.raises(BundleError) as e:
+        bundles.Bundle.open(bundle_copy, flags=without)
+    assert "needs CPU feature avx2" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- bundles: verified weights, kernels, manifest ------------------------------------------
+
+def test_flipped_weight_byte_is_a_one_line_error(bundle_copy):
+    weights = bundle_copy / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0x01  # a byte of tensor data
+    weights.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="weights.safetensors does not match its manifest"):
+        bundles.Bundle.open(bundle_copy).weights()
+    result = run_bundle(bundle_copy)
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "does not match" in result.stderr
+
+
+def test_weights_hash_costs_a_small_fraction_of_the_load(demo_bundle):
+    from iron.tensorfile import read_safetensors
+
+    path = demo_bundle / "weights.safetensors"
+    for _ in range(2):  # the same file, cached; best of five each, side by side
+        plain = min(_timed(lambda: read_safetensors(path)) for _ in range(5))
+        hashed = min(_timed(lambda: read_safetensors(path, digest=[])) for _ in range(5))
+    assert hashed < plain * 1.5 + 0.002, (plain, hashed)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def test_kernel_path_outside_the_bundle_is_refused(bundle_copy):
+    rewrite_manifest(bundle_copy, lambda m: m["programs"]["block"]["kernels"].__setitem__(
+        0, "../../../etc/passwd"))
+    with pytest.raises(BundleError) as e:
+        bundles.Bundle.open(bundle_copy)
+    assert "'../../../etc/passwd' is not a kernel of this bundle" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_kernel_list_one_short_is_refused(bundle_copy):
+    rewrite_manifest(bundle_copy, lambda m: m["programs"]["block"]["kernels"].pop())
+    with pytest.raises(BundleError, match="has 5 steps but 4 kernels"):
+        bundles.Bundle.open(bundle_copy)
+
+
+def test_kernel_listed_but_not_in_files_is_refused(bundle_copy):
+    def change(m):
+        m["runtime"] = "kernels/" + "0" * 32 + ".so"
+    rewrite_manifest(bundle_copy, change)
+    with pytest.raises(BundleError, match="runtime = 'kernels/0+.so' is not among"):
+        bundles.Bundle.open(bundle_copy)
+
+
+def test_manifest_missing_a_key_or_edited_is_refused(bundle_copy):
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    manifest["meta"]["dim"] = 7  # edited without re-signing
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="does not match its digest"):
+        bundles.Bundle.open(bundle_copy)
+    rewrite_manifest(bundle_copy, lambda m: m.pop("runtime"))
+    with pytest.raises(BundleError, match="field 'runtime' is missing"):
+        bundles.Bundle.open(bundle_copy)
+
+
+def test_step_tensor_index_out_of_range_is_refused(bundle_copy):
+    rewrite_manifest(bundle_copy, lambda m: m["programs"]["block"]["steps"][0][
+        "inputs"].__setitem__(0, 999))
+    with pytest.raises(BundleError, match="tensor index 999"):
+        bundles.Bundle.open(bundle_copy).program("block")
+
+
+def test_context_beyond_the_kv_cache_is_refused(tmp_path):
+    from conftest import make_bundle
+    from iron.lm.generate import LlamaModel
+    from tiny_llama import write_tiny_llama
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=4)
+    out = make_bundle(checkpoint, tmp_path / "bundle", context=16, chunk=8)
+    rewrite_manifest(out, lambda m: m["meta"].__setitem__("context", 64))
+    with pytest.raises(BundleError, match="meta.context = 64 but the KV cache holds .16."):
+        LlamaModel(out)
+
+
+# ---- doit: variables, errors, rebuilds, names, speed ----------------------------------------
+
+def test_unknown_or_bad_doit_variables_are_one_line_errors(project):
+    for args, message in ((["devce=npu2"], "unknown doit variable 'devce'"),
+                          (["promt=hi"], "unknown doit variable 'promt'"),
+                          (["context=abc"], "context='abc': must be an integer"),
+                          (["context=-5"], "context='-5': must be an integer"),
+                          (["device=npu7"], "device='npu7': must be one of cpu, npu1, npu2"),
+                          (["march=a b"], "march='a b': not a -march level")):
+        result = doit(project, *args, check=False)
+        assert result.returncode != 0, args
+        assert message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_iron_errors_in_tasks_are_one_line(project):
+    (project / "profiles" / "demo" / "cpu.json").write_text(
+        '{"device": "cpu", "entries": [\n  {"operator": "GEMV", "M": 512, "M": 512, '
+        '"tile_size_input": 4}\n]}\n')
+    result = doit(project, check=False)
+    assert result.returncode != 0
+    assert "key 'M' appears twice" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_damaged_bundle_is_rebuilt(project):
+    doit(project)
+    out = project / "build" / "demo" / "cpu"
+    kernel = sorted((out / "kernels").glob("*.so"))[0]
+    kernel.unlink()
+    assert executed(doit(project), "bundle") == ["bundle"]
+    kernel.write_bytes(kernel.read_bytes() + b"\0")
+    assert executed(doit(project), "bundle") == ["bundle"]
+    weights = out / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert executed(doit(project), "bundle") == ["bundle"]
+    assert executed(doit(project), "bundle") == []
+    assert run_bundle(out).returncode == 0
+
+
+def test_march_bundle_has_its_own_folder_and_manifest_record(project):
+    result = doit(project, "march=x86-64-v3")
+    assert "[1/5]" in result.stdout  # compile tasks count
+    out = project / "build" / "demo" / "cpu-x86-64-v3"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["march"] == "x86-64-v3" and "avx2" in manifest["isa"]
+    assert not any(f.startswith("avx512") for f in manifest["isa"])
+    assert not (project / "build" / "demo" / "cpu").exists()
+    assert run_bundle(out).returncode == 0
+
+
+def test_bundle_names_keep_checkpoints_and_contexts_apart(monkeypatch):
+    from iron.pipeline.tasks import BuildGraph
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # BuildGraph sets IRON_MARCH
+
+    def name(**variables):
+        return BuildGraph(lambda *a: None, variables).bundle_dir.name
+
+    assert name() == "cpu"
+    assert name(context="4096") == "cpu-ctx4096"
+    a, b = name(checkpoint="/x/model-a"), name(checkpoint="/y/model-a")
+    assert a.startswith("cpu-model-a-") and b.startswith("cpu-model-a-") and a != b
+    assert name(checkpoint="/x/m", context="512", march="x86-64-v3").endswith(
+        "-ctx512-x86-64-v3")
+
+
+@pytest.mark.skipif(TASKSET is None, reason="needs taskset (util-linux)")
+def test_profile_from_a_two_core_host_builds_on_one_core(project):
+    set_profile(project, [
+        {"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 64, "num_aie_columns": 2},
+        {"operator": "GEMV", "M": 256, "K": 512, "num_aie_columns": 2}])
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    result = subprocess.run([TASKSET, "-c", "0", sys.executable, "-m", "doit", "app=demo"],
+                            cwd=project, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, result.stderr
+    assert "2 profile entries do not fit this host" in warnings[0]
+    assert "num_aie_columns <= 1" in warnings[0] and "cpu.json lines 2, 3" in warnings[0]
+    bundle = project / "build" / "demo" / "cpu"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    columns = {s["fields"]["num_aie_columns"] for s in manifest["programs"]["block"]["steps"]}
+    assert columns == {1}
+    assert subprocess.run([TASKSET, "-c", "0", sys.executable, "-m", "apps.demo", str(bundle)],
+                          cwd=project, env=env, timeout=120).returncode == 0
+
+
+def test_noop_doit_is_fast(project):
+    doit(project)
+    doit(project)
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    times = []  # CPU seconds of the doit process: wall time on a shared machine is noise
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = subprocess.run([sys.executable, "-m", "doit", "app=demo"], cwd=project,
+                                env=env, capture_output=True, text=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        assert executed(result) == [] and executed(result, "bundle") == []
+    assert min(times) <= 0.5, times
+    imports = subprocess.run([sys.executable, "-X", "importtime", "-m", "doit", "app=demo"],
+                             cwd=project, env=env, capture_output=True, text=True, check=True)
+    loaded = {line.split("|")[-1].strip() for line in imports.stderr.splitlines()}
+    assert "doit" in loaded and "numpy" not in loaded and "apps.demo" not in loaded
+
+
+# ---- gc beside running builds and other checkouts -------------------------------------------
+
+def test_gc_spares_a_temp_folder_a_build_holds(project, tmp_path):
+    from iron.store import locked_temp_folder
+
+    cache = tmp_path / "shared-cache"
+    env = {"IRON_CACHE_DIR": str(cache)}
+    doit_env(project, env)
+    old = time.time() - 3600
+    with locked_temp_folder(cache, ".tmp-inuse-") as held:
+        os.utime(held, (old, old))  # old, but held: a long compile in another checkout
+        abandoned = cache / ".tmp-abandoned-x"
+        abandoned.mkdir()
+        os.utime(abandoned, (old, old))
+        doit_env(project, env, "gc")
+        assert held.is_dir() and not abandoned.exists()
+
+
+def test_gc_keeps_other_checkouts_entries_in_a_shared_cache(project, tmp_path):
+    cache = tmp_path / "shared-cache"
+    env = {"IRON_CACHE_DIR": str(cache)}
+    other = tmp_path / "other"
+    shutil.copytree(project, other)
+    doit_env(project, env)
+    theirs = set(os.listdir(cache))
+    set_profile(other, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
+    doit_env(other, env)
+    result = doit_env(other, env, "gc")
+    assert "unused for 7 days" in result.stdout
+    assert theirs <= set(os.listdir(cache))  # the first checkout's entries survive
+    doit_env(other, env, "gc", "days=0")
+    assert not theirs <= set(os.listdir(cache))  # told otherwise, they go
+
+
+def doit_env(project, env, *args):
+    environment = {**os.environ, "PYTHONPATH": str(project), **env}
+    result = subprocess.run([sys.executable, "-m", "doit", *args, "app=demo"], cwd=project,
+                            capture_output=True, text=True, env=environment, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_unwritable_cache_is_a_one_line_error(tmp_path):
+    from iron.operators import AXPY
+    from iron.store import Store
+    from iron.targets import cpu
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    op = AXPY(size=2048, scalar_factor=1.5).resolve("cpu")
+    with pytest.raises(IronError, match="cannot create a build folder in .*file/cache"):
+        cpu.compile_op(op, Store(blocker / "cache"))
+
+
+# ---- profiles: fast, strict ----------------------------------------------------------------
+
+def _profile_text(n: int) -> str:
+    lines = [json.dumps({"operator": "GEMV", "M": 64 * (i + 1), "K": 576, "batches": 1,
+                         "tile_size_input": 4, "tile_size_output": 32, "num_aie_columns": 2})
+             for i in range(n)]
+    return '{"device": "cpu", "entries": [\n  ' + ",\n  ".join(lines) + "\n]}\n"
+
+
+def test_ten_thousand_entry_profile_loads_in_under_a_second():
+    text = _profile_text(10_000)
+    start = time.perf_counter()
+    profile = Profile.loads(text, "big.json")
+    elapsed = time.perf_counter() - start
+    assert len(profile) == 10_000 and elapsed < 1.0, elapsed
+    from iron.operators import GEMV
+
+    op = GEMV(M=64 * 5000, K=576, batches=1)
+    start = time.perf_counter()
+    assert profile.lookup(op)["tile_size_output"][0] == 32
+    assert time.perf_counter() - start < 0.01
+
+
+def test_profile_duplicate_keys_and_nan_are_errors():
+    head = '{"device": "cpu", "entries": [\n'
+    with pytest.raises(ProfileError, match="x.json line 2: key 'M' appears twice"):
+        Profile.loads(head + '  {"operator": "GEMV", "M": 1, "M": 2, "tile_size_input": 4}\n]}',
+                      "x.json")
+    with pytest.raises(ProfileError, match="x.json line 2 .*NaN and Infinity are not JSON"):
+        Profile.loads(head + '  {"operator": "GEMV", "M": NaN, "tile_size_input": 4}\n]}',
+                      "x.json")
+    with pytest.raises(ProfileError, match="key 'device' appears twice"):
+        Profile.loads('{"device": "cpu", "device": "npu1", "entries": []}', "x.json")
+    # a ':' inside a string is not a key: no false alarm
+    ok = Profile.loads('{"device": "cpu", "host": {"cpu": "a: b"}, "entries": []}', "x.json")
+    assert ok.host == {"cpu": "a: b"}
+
+
+def test_profile_records_the_host_it_was_tuned_on():
+    profile = Profile(device="cpu", host=host.host_class())
+    again = Profile.loads(profile.dumps())
+    assert again.host["cores"] == host.usable_cores() and again.host["march"] == host.march()
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+
+def test_checkpoint_file_linking_outside_is_refused(tmp_path):
+    from iron.lm.checkpoint import Checkpoint
+    from tiny_llama import write_tiny_llama
+
+    ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(ckpt / "tokenizer.json", outside)
+    (ckpt / "tokenizer.json").symlink_to(outside)
+    with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+        Checkpoint.open(ckpt)
+
+
+def test_checkpoint_tokenizer_is_parsed_at_open(tmp_path):
+    from iron.lm.checkpoint import Checkpoint
+    from tiny_llama import write_tiny_llama
+
+    ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
+    (ckpt / "tokenizer.json").write_text('{"model": {"type": "nonsense"}}')
+    with pytest.raises(CheckpointError, match="tokenizer.json: not a tokenizer"):
+        Checkpoint.open(ckpt)
+
+
+def test_absurd_layer_count_is_refused_before_allocating(tmp_path):
+    from iron.lm.checkpoint import Checkpoint
+    from tiny_llama import write_tiny_llama
+
+    ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["num_hidden_layers"] = 10 ** 6
+    (ckpt / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match="num_hidden_layers = 1000000 needs at least"):
+        Checkpoint.open(ckpt)
+    assert time.perf_counter() - start < 2.0
+
+
+# ---- the run CLI ---------------------------------------------------------------------------
+
+def test_non_utf8_prompt_and_bad_threads_are_one_line_errors(tmp_path, capsys):
+    from iron.lm.run import main
+
+    assert main([str(tmp_path), "--prompt", "ab\udcffc"]) == 2
+    assert "--prompt: byte 0xff at character 2 is not UTF-8 text" in capsys.readouterr().err
+    assert main([str(tmp_path), "--threads", "0"]) == 2
+    assert "--threads 0: must be a positive integer" in capsys.readouterr().err
+
+
+# ---- the tuner on a shared machine ---------------------------------------------------------
+
+def test_quiet_gate_sees_a_busy_process_and_refuses():
+    from iron.tuning.quiet import others_busy, wait_quiet
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert others_busy(0.5) >= 0.5  # one spinning process is (close to) a whole core
+        with pytest.raises(IronError, match="the machine stayed busy .* tune on a quiet"):
+            wait_quiet(limit=0.5, patience=2.0, out=open(os.devnull, "w"))
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_damaged_log_record_is_skipped_not_a_crash(tmp_path):
+    from iron.tuning.log import TuneLog
+
+    log_path = tmp_path / "tune.jsonl"
+    good = {"key": "a", "status": "ok", "method": "m", "median": 1e-5, "spread": 0.1,
+            "runs": 5, "load": 0.0}
+    bad = dict(good, key="b", median="fast")
+    nan = '{"key": "c", "status": "ok", "method": "m", "median": NaN}'
+    log_path.write_text("\n".join([json.dumps(good), json.dumps(bad), nan,
+                                   json.dumps({"key": "d", "status": "compared", "against": "a",
+                                               "gain": "big", "low": 1, "high": 1,
+                                               "rounds": 1, "method": "m"})]) + "\n")
+    with TuneLog(log_path, "m") as log:
+        assert log.get("a").median == 1e-5 and log.get("b") is None and log.get("c") is None
+        assert log.comparison("d", "a") is None and log.skipped == 3
+
+
+def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
+    from test_tuner import FakeApp, FakeBench, fake_time
+    from iron.tuning.log import Comparison
+    from iron.tuning.tuner import tune
+
+    class Bench(FakeBench):
+        """Honest gains, recorded under ``load``; the first one ``first_gain`` if given."""
+
+        def __init__(self, load, first_gain=None):
+            super().__init__()
+            self.load, self.first_gain = load, first_gain
+
+        def compare(self, instance, new, old):
+            self.compared.append((new, old))
+            gain = min(max(fake_time(old) / fake_time(new), 0.5), 2.0)  # plausible
+            if self.first_gain is not None and len(self.compared) == 1:
+                gain = self.first_gain
+            return Comparison(self.key(new), self.key(old), gain, gain, gain, 1, self.method,
+                              load=self.load)
+
+    def tune_once(bench, name):
+        out = tmp_path / f"{name}.txt"
+        tune(FakeApp(), "cpu", benchmark=bench, profile_path=tmp_path / f"{name}.json",
+             log_path=tmp_path / "tune.jsonl", out=open(out, "w"))
+        return out.read_text()
+
+    busy = Bench(load=1.8, first_gain=1496.0)
+    text = tune_once(busy, "busy")
+    assert "an implausible head-to-head gain of 1.5e+03x: measured again" in text
+    assert len(busy.compared) >= 2
+    # from the same defaults again: the logged head-to-heads ran under load, so none is reused
+    quiet = Bench(load=0.0)
+    text = tune_once(quiet, "quiet")
+    assert "ran beside 1.80 busy cores: measured again" in text
+    assert len(quiet.compared) == len(busy.compared) - 1  # the implausible one was extra
+    # and from the same defaults a third time: quiet head-to-heads are reused
+    third = Bench(load=0.0)
+    tune_once(third, "third")
+    assert third.compared == []
+
+
+def test_a_busy_machine_stops_the_tune_instead_of_rejecting_candidates(tmp_path):
+    from test_tuner import FakeApp, FakeBench
+    from iron.tuning.quiet import BusyError
+    from iron.tuning.tuner import tune
+
+    class Busy(FakeBench):
+        def measure(self, instance, op, best):
+            raise BusyError("the machine stayed busy for 300 s")
+
+    with pytest.raises(BusyError):
+        tune(FakeApp(), "cpu", benchmark=Busy(), profile_path=tmp_path / "p.json",
+             log_path=tmp_path / "tune.jsonl", out=open(os.devnull, "w"))
+    assert not (tmp_path / "p.json").exists()  # nothing written from a busy machine
+
+
+def test_kernels_wait_passively_and_threads_cap_the_team():
+    """libgomp reports its settings when it loads (OMP_DISPLAY_ENV): the first kernel brings
+    passive waiting unless the environment chose a policy, and --threads' limit."""
+    code = ("import dataclasses, iron\nfrom iron.operators import AXPY\n"
+            "from iron.targets import cpu\ncpu.set_thread_limit(1)\n"
+            "two = dataclasses.replace(iron.device('cpu'), columns=2)  # a team, on any host\n"
+            "op = AXPY(size=1 << 20, scalar_factor=1.5, num_aie_columns=2).resolve(two)\n"
+            "entry = cpu.compile_op(op)\n"
+            "cpu.load_library(str(entry.file(cpu.LIBRARY)))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_THREAD_LIMIT")}
+    env["OMP_DISPLAY_ENV"] = "true"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in result.stderr, result.stderr
+    assert "OMP_THREAD_LIMIT = '1'" in result.stderr, result.stderr
+    chosen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "OMP_WAIT_POLICY": "active"}, cwd=ROOT, timeout=300)
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in chosen.stderr, chosen.stderr
+
+
+def test_threads_variable_sets_the_cpu_columns(monkeypatch):
+    from iron.pipeline.tasks import BuildGraph
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # BuildGraph sets IRON_THREADS
+    assert BuildGraph(lambda *a: None, {"threads": "1"}).device.columns == 1
+    with pytest.raises(Exception, match="threads='0': must be an integer from 1"):
+        BuildGraph(lambda *a: None, {"threads": "0"})
