@@ -1,6 +1,7 @@
 /* gemv: out[b, m] = sum_k W[m, k] * x[b, k]  (matrix-vector product, decode's hot kernel).
  *
- * args: W (M, K) bf16, x (BATCHES, K) bf16 -> out (BATCHES, M) bf16.
+ * args: W (M, K) bf16, or (M, row bytes) uint8 in a quantized format (iron_quant.h),
+ *   x (BATCHES, K) bf16 -> out (BATCHES, M) bf16.
  * macros:
  *   IRON_M                  rows of W (outputs per batch)
  *   IRON_K                  columns of W (reduction length)
@@ -9,6 +10,7 @@
  *                           (they share each load of x)
  *   IRON_TILE_SIZE_OUTPUT   rows of W per parallel work item (a multiple of TILE_SIZE_INPUT)
  *   IRON_NUM_AIE_COLUMNS    worker threads
+ *   IRON_WEIGHT_FORMAT, IRON_GROUP_SIZE   how W is stored (iron_quant.h)
  * legality (the operator's rules(), asserted below): M % TILE_SIZE_OUTPUT == 0,
  *   TILE_SIZE_OUTPUT % TILE_SIZE_INPUT == 0.
  *
@@ -17,8 +19,18 @@
  * without shuffles, into 2 * UNROLL accumulators per row (at least 4 independent FMA chains
  * in flight), TILE_SIZE_INPUT rows sharing each load of x. A software prefetch 4 KiB ahead
  * covers the hardware prefetcher's stop at page boundaries (measured faster from DRAM).
+ *
+ * Quantized W: each row's scales are converted to float32 once per row, with the term the
+ * minimums contribute (sum over groups of m_g * sum of x over the group, x's group sums taken
+ * once per call); then per group the codes' dot product with x is accumulated and scaled by
+ * d_g in float32. With AVX512-BF16 the 4-bit codes are widened in registers to the bf16
+ * numbers 128 + q (bits 0x4300 | q, exact) and vdpbf16ps multiplies 32 of them by 32 bf16
+ * x at once (the 128 * d_g * sum(x) this adds is taken off with the minimums' term); q8_0
+ * codes, and 4-bit codes without AVX512-BF16, are widened to float32 for FMAs with x in
+ * float32.
  */
 #include "iron_cpu.h"
+#include "iron_quant.h"
 
 #if !defined(IRON_M) || !defined(IRON_K) || !defined(IRON_BATCHES) \
     || !defined(IRON_TILE_SIZE_INPUT) || !defined(IRON_TILE_SIZE_OUTPUT) \
@@ -31,6 +43,9 @@ _Static_assert(IRON_TILE_SIZE_OUTPUT % IRON_TILE_SIZE_INPUT == 0,
                "tile_size_output % tile_size_input == 0");
 
 #define TI IRON_TILE_SIZE_INPUT
+
+#if QFMT == IRON_FMT_BF16
+
 #define UNROLL (TI >= 2 ? 1 : 2)  /* 16-element steps per iteration: >= 4 FMA chains */
 #define KSTEP (16 * UNROLL)
 #define K16 (IRON_K / 16 * 16)    /* k below K16 is done 16 at a time, the rest scalar */
@@ -90,6 +105,105 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
     }
 }
 
+#else /* quantized W */
+
+#define RB Q_ROW_BYTES(IRON_K) /* bytes per row of W */
+#define NG (IRON_K / QG)       /* groups per row */
+#define KP ((IRON_K + 15) / 16 * 16)
+#if defined(__AVX512BF16__) && QFMT != IRON_FMT_Q8_0
+#define DP_BF16 1
+#define OFFSET 128.0f /* each code q enters the dot products as the bf16 number 128 + q */
+#else
+#define OFFSET 0.0f
+#endif
+
+#ifdef DP_BF16
+/* 16 code bytes -> 32 bf16 lanes 128 + q in value order: the low nibbles, then the high ones */
+static inline __m512bh expand4(const uint8_t *c) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
+    /* (v & 0x000f) | 0x4300 */
+    return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x000f),
+                                               _mm512_set1_epi16(0x4300), 0xea);
+}
+#endif
+
+/* TI rows of W (row stride RB) times one x (bf16 x16, float32 xf, group sums xsum) */
+static inline void gemv_block(const uint8_t *w, const uint16_t *x16, const float *xf,
+                              const float *xsum, uint16_t *out) {
+    float d[TI][NG], bias[TI];
+    for (int t = 0; t < TI; t++) bias[t] = q_row_scales(w + t * RB, IRON_K, OFFSET, xsum, d[t]);
+#ifdef DP_BF16
+    __m512 acc[TI];
+    for (int t = 0; t < TI; t++) acc[t] = _mm512_setzero_ps();
+    for (long g = 0; g < NG; g++) {
+        __m512 part[TI];
+        for (int t = 0; t < TI; t++) part[t] = _mm512_setzero_ps();
+        for (long k = g * QG; k < (g + 1) * QG; k += 32) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x16 + k);
+            for (int t = 0; t < TI; t++)
+                part[t] = _mm512_dpbf16_ps(part[t], expand4(w + t * RB + k / 2), xv);
+        }
+        for (int t = 0; t < TI; t++)
+            acc[t] = _mm512_fmadd_ps(part[t], _mm512_set1_ps(d[t][g]), acc[t]);
+    }
+    for (int t = 0; t < TI; t++) out[t] = iron_f32_to_bf16(_mm512_reduce_add_ps(acc[t]) + bias[t]);
+    (void)xf;
+#else
+    __m256 acc[TI];
+    for (int t = 0; t < TI; t++) acc[t] = _mm256_setzero_ps();
+    for (long g = 0; g < NG; g++) {
+        __m256 part[TI];
+        for (int t = 0; t < TI; t++) part[t] = _mm256_setzero_ps();
+        for (long k = g * QG; k < (g + 1) * QG; k += 32)
+            for (int t = 0; t < TI; t++)
+                part[t] = q_dot32_f32(w + t * RB + Q_CODE_BYTES(k), xf + k, part[t]);
+        for (int t = 0; t < TI; t++)
+            acc[t] = _mm256_fmadd_ps(part[t], _mm256_set1_ps(d[t][g]), acc[t]);
+    }
+    for (int t = 0; t < TI; t++) out[t] = iron_f32_to_bf16(iron_hsum8(acc[t]) + bias[t]);
+    (void)x16;
+#endif
+}
+
+void iron_kernel(void *const *args) {
+    const uint8_t *W = args[0];
+    const uint16_t *x = args[1];
+    uint16_t *out = args[2];
+
+    /* per vector: x in float32 (KP floats), then its NG group sums */
+    float *xf = aligned_alloc(64, sizeof(float) * IRON_BATCHES * (KP + (NG + 15) / 16 * 16));
+    float *xs = xf + (long)IRON_BATCHES * KP;
+    for (long b = 0; b < IRON_BATCHES; b++) {
+        for (long k = 0; k < IRON_K; k++) xf[b * KP + k] = iron_bf16_to_f32(x[b * IRON_K + k]);
+        for (long g = 0; g < NG; g++) {
+            float s = 0.0f;
+            for (long k = g * QG; k < (g + 1) * QG; k++) s += xf[b * KP + k];
+            xs[b * NG + g] = s;
+        }
+    }
+
+#if IRON_NUM_AIE_COLUMNS > 1
+    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+#endif
+    for (long item = 0; item < IRON_M / IRON_TILE_SIZE_OUTPUT; item++) {
+        const long m_end = (item + 1) * IRON_TILE_SIZE_OUTPUT;
+        for (long m = item * IRON_TILE_SIZE_OUTPUT; m < m_end; m += TI) {
+            /* one prefetch per cache line, 4 KiB ahead of this block of rows */
+            const char *next = (const char *)(W + m * RB) + 4096;
+            for (long line = 0; line < TI * RB; line += 64)
+                _mm_prefetch(next + line, _MM_HINT_T0);
+            for (long b = 0; b < IRON_BATCHES; b++)
+                gemv_block(W + m * RB, x + b * IRON_K, xf + b * KP, xs + b * NG,
+                           out + b * (long)IRON_M + m);
+        }
+    }
+    free(xf);
+}
+
+#endif /* quantized W */
+
+#if QFMT == IRON_FMT_BF16
 void iron_kernel(void *const *args) {
     const uint16_t *W = args[0];
     const uint16_t *x = args[1];
@@ -116,3 +230,4 @@ void iron_kernel(void *const *args) {
     free(xf);
 #endif
 }
+#endif
