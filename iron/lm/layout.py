@@ -35,10 +35,13 @@ class LmMeta:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     default_prompt: str
+    weights: str  # which weights the bundle was built with: native, bf16, uint4
+    weight_formats: Mapping[str, tuple[str, int]]  # quantized weight -> (format, group size)
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["eos_token_ids"] = list(self.eos_token_ids)
+        doc["weight_formats"] = {n: list(f) for n, f in self.weight_formats.items()}
         return doc
 
     @classmethod
@@ -50,4 +53,5 @@ class LmMeta:
             raise BundleError(f"{where}: meta lacks {', '.join(missing)}; rebuild the bundle")
         values = {n: doc[n] for n in names}
         values["eos_token_ids"] = tuple(values["eos_token_ids"])
+        values["weight_formats"] = {n: tuple(f) for n, f in values["weight_formats"].items()}
         return cls(**values)

@@ -10,8 +10,10 @@ brings back tasks doit already knows to be done.  ``bundle`` depends on every co
 the checkpoint's files and the profile.
 
 Command-line variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint``
-(the application's default), ``context``, ``prompt``, and the tuner's ``only``, ``budget``,
-``fresh``.
+(the application's default), ``context``, ``weights`` (``native``: the checkpoint's own
+formats, ``bf16`` or ``uint4``; a bundle other than ``native`` goes to
+``build/<app>/<device>-<weights>``), ``group`` (uint4's group size), ``prompt``, and the
+tuner's ``only``, ``budget``, ``fresh``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def task_name(op, key: str) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return value
     return format(value, "g") if isinstance(value, float) else str(int(value))
 
 
@@ -56,11 +60,14 @@ class BuildGraph:
         self.device = get_device(get_var("device", None))
         self.checkpoint = get_var("checkpoint", None)
         self.context = get_var("context", None)
+        self.weights = get_var("weights", None)
+        self.group = get_var("group", None)
         self.prompt = get_var("prompt", None)
         self.tune_options = {k: get_var(k, None) for k in ("only", "budget", "fresh")}
         self.target = target_for(self.device)
         self.store = Store()
-        self.bundle_dir = build_dir() / self.app_name / self.device.name
+        suffix = f"-{self.weights}" if self.weights not in (None, "native") else ""
+        self.bundle_dir = build_dir() / self.app_name / f"{self.device.name}{suffix}"
         self.profile_file = profile_path(self.app_name, self.device.name)
         self._app = None
 
@@ -69,6 +76,10 @@ class BuildGraph:
     def app(self):
         if self._app is None:
             options = {"context": int(self.context)} if self.context else {}
+            if self.weights:
+                options["weights"] = self.weights
+            if self.group:
+                options["group"] = int(self.group)
             self._app = load_app(self.app_name, self.checkpoint, **options)
         return self._app
 
