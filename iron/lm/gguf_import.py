@@ -435,7 +435,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors
         save_file({n: a for n, (_, a) in blocks.items()}, str(tmp / "quantized.safetensors"),
-                  metadata={n: fmt for n, (fmt, _) in blocks.items()})
+                  metadata={n: fmt for n, (fmt, _) in blocks.items()} or None)  # {} breaks
+        # safetensors 0.x: it writes an invalid header for empty metadata
         del blocks
         cfg = config.to_json_dict()
         cfg.update(torch_dtype="bfloat16", pad_token_id=extra["pad_token_id"])
