@@ -117,6 +117,12 @@ class Operator:
         return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("iron") == TUNABLE)
 
     @classmethod
+    def choices(cls, name: str) -> tuple[str, ...]:
+        """The values a string param may take (empty for a numeric field)."""
+        return next(f.metadata.get("choices", ()) for f in dataclasses.fields(cls)
+                    if f.name == name)
+
+    @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return cls.params() + cls.tunables()
 
@@ -264,14 +270,14 @@ class Operator:
         nothing but integers ever reaches a compiler command line.
         """
         macros = {}
-        choices = {f.name: f.metadata.get("choices", ()) for f in dataclasses.fields(self)}
         for name, value in self.config().items():
             key = f"IRON_{name.upper()}"
             if isinstance(value, str):
-                if value not in choices[name]:
+                choices = self.choices(name)
+                if value not in choices:
                     raise FieldError(f"{self.describe()}: {name}={value!r} is not one of "
-                                     f"{', '.join(choices[name]) or '(no string values)'}")
-                macros[key] = choices[name].index(value)
+                                     f"{', '.join(choices) or '(no string values)'}")
+                macros[key] = choices.index(value)
             elif isinstance(value, bool):
                 macros[key] = int(value)
             elif isinstance(value, int):

@@ -118,3 +118,18 @@ def test_kernel_format_numbers_match_iron_quant():
     numbers = {name.lower(): int(n) for name, n in
                re.findall(r"#define IRON_FMT_(\w+) (\d+)", header)}
     assert numbers == {fmt: i for i, fmt in enumerate(quant.FORMATS)}
+
+
+def test_profile_entries_match_on_the_weight_format():
+    profile = iron.Profile()
+    profile.add(GEMV, M=64, K=576, tile_size_input=4)
+    profile.add(GEMV, M=64, K=576, weight_format="q4_1", tile_size_input=2)
+    rng = np.random.default_rng(4)
+    for fmt, ti in (("bf16", 4), ("q4_1", 2), ("q8_0", 4)):
+        cls, fields, inputs = case_inputs(
+            "GEMV", {"M": 64, "K": 576, "batches": 1, "weight_format": fmt}, rng)
+        graph = OneStep(cls, fields)
+        graph.profile = profile
+        assert graph.record_like(inputs).ops[0].tile_size_input == ti, fmt
+    with pytest.raises(iron.errors.ProfileError, match="weight_format='q9' is not one of bf16"):
+        profile.add(GEMV, weight_format="q9", tile_size_input=2)

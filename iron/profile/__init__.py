@@ -80,8 +80,12 @@ def make_entry(cls: type[Operator], fields: Mapping[str, Any], origin: str = "")
             raise ProfileError(f"{where}: {cls.__name__}.{name}={value!r} breaks the rule: a "
                                "tunable is a positive integer")
     for name in params:
-        if name in fields and not isinstance(fields[name], (bool, int, float)):
-            raise ProfileError(f"{where}: {cls.__name__}.{name}={fields[name]!r} is not a number")
+        value, choices = fields.get(name), cls.choices(name)
+        if name not in fields or (isinstance(value, str) and value in choices):
+            continue
+        if not isinstance(value, (bool, int, float)):
+            rule = f"one of {', '.join(choices)}" if choices else "a number"
+            raise ProfileError(f"{where}: {cls.__name__}.{name}={value!r} is not {rule}")
     sets = tuple((n, fields[n]) for n in tunables if n in fields)
     if not sets:
         raise ProfileError(

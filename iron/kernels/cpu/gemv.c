@@ -25,7 +25,9 @@
  * once per call); then per group the codes' dot product with x is accumulated and scaled by
  * d_g in float32. With AVX512-BF16 the 4-bit codes are widened in registers to the bf16
  * numbers 128 + q (bits 0x4300 | q, exact) and vdpbf16ps multiplies 32 of them by 32 bf16
- * x at once (the 128 * d_g * sum(x) this adds is taken off with the minimums' term); q8_0
+ * x at once (the 128 * d_g * sum(x) this adds is taken off with the minimums' term); two
+ * chunks of 32 values go together, their 32 code bytes widened in one zmm, against x
+ * reordered once per call to match the nibbles (low: values 0-15 of both chunks); q8_0
  * codes, and 4-bit codes without AVX512-BF16, are widened to float32 for FMAs with x in
  * float32.
  */
@@ -118,6 +120,8 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
 #endif
 
 #ifdef DP_BF16
+#define PAIRS (IRON_K / 64) /* pairs of 32-value chunks; an odd last chunk goes alone */
+
 /* 16 code bytes -> 32 bf16 lanes 128 + q in value order: the low nibbles, then the high ones */
 static inline __m512bh expand4(const uint8_t *c) {
     const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
@@ -126,27 +130,67 @@ static inline __m512bh expand4(const uint8_t *c) {
     return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x000f),
                                                _mm512_set1_epi16(0x4300), 0xea);
 }
+
+/* x reordered for pairs of chunks: for chunks 2p, 2p + 1 (values 64p ..), 32 bf16 of the
+ * values the low nibbles hold (64p + 0..15, 64p + 32..47), then 32 of the high nibbles'
+ * (64p + 16..31, 64p + 48..63); an odd last chunk stays in order */
+static void permute_x(const uint16_t *x, uint16_t *xp) {
+    for (long p = 0; p < PAIRS; p++)
+        for (int i = 0; i < 16; i++) {
+            xp[64 * p + i] = x[64 * p + i];
+            xp[64 * p + 16 + i] = x[64 * p + 32 + i];
+            xp[64 * p + 32 + i] = x[64 * p + 16 + i];
+            xp[64 * p + 48 + i] = x[64 * p + 48 + i];
+        }
+    for (long k = 64 * PAIRS; k < IRON_K; k++) xp[k] = x[k];
+}
+
+/* The dot products of the codes of chunks 2p, 2p + 1 (32 bytes at c) with x: float32 lanes
+ * 0-7 hold chunk 2p's partial sums, lanes 8-15 chunk 2p + 1's (codes taken as 128 + q) */
+static inline __m512 dot_pair(const uint8_t *c, const uint16_t *xp, __m512 acc) {
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)c));
+    const __m512i lo = _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x000f),
+                                                 _mm512_set1_epi16(0x4300), 0xea);
+    const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi16(0x4300));
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)lo, (__m512bh)_mm512_loadu_si512(xp));
+    return _mm512_dpbf16_ps(acc, (__m512bh)hi, (__m512bh)_mm512_loadu_si512(xp + 32));
+}
 #endif
 
-/* TI rows of W (row stride RB) times one x (bf16 x16, float32 xf, group sums xsum) */
-static inline void gemv_block(const uint8_t *w, const uint16_t *x16, const float *xf,
+/* TI rows of W (row stride RB) times one x (bf16 in pair order xp, float32 xf, group sums) */
+static inline void gemv_block(const uint8_t *w, const uint16_t *xp, const float *xf,
                               const float *xsum, uint16_t *out) {
     float d[TI][NG], bias[TI];
     for (int t = 0; t < TI; t++) bias[t] = q_row_scales(w + t * RB, IRON_K, OFFSET, xsum, d[t]);
 #ifdef DP_BF16
     __m512 acc[TI];
     for (int t = 0; t < TI; t++) acc[t] = _mm512_setzero_ps();
+#if QG == 32 /* a scale per chunk: lanes 0-7 take chunk 2p's, lanes 8-15 chunk 2p + 1's */
+    for (long p = 0; p < PAIRS; p++)
+        for (int t = 0; t < TI; t++) {
+            const __m512 part = dot_pair(w + t * RB + 32 * p, xp + 64 * p, _mm512_setzero_ps());
+            const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(d[t][2 * p]),
+                                                 _mm256_set1_ps(d[t][2 * p + 1]), 1);
+            acc[t] = _mm512_fmadd_ps(part, dd, acc[t]);
+        }
+    if (IRON_K % 64) /* the odd last chunk */
+        for (int t = 0; t < TI; t++) {
+            const long k = IRON_K - 32;
+            const __m512 part = _mm512_dpbf16_ps(_mm512_setzero_ps(), expand4(w + t * RB + k / 2),
+                                                 (__m512bh)_mm512_loadu_si512(xp + k));
+            acc[t] = _mm512_fmadd_ps(part, _mm512_set1_ps(d[t][NG - 1]), acc[t]);
+        }
+#else /* groups of 64 or more values: whole pairs, one scale */
     for (long g = 0; g < NG; g++) {
         __m512 part[TI];
         for (int t = 0; t < TI; t++) part[t] = _mm512_setzero_ps();
-        for (long k = g * QG; k < (g + 1) * QG; k += 32) {
-            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x16 + k);
+        for (long p = g * QG / 64; p < (g + 1) * QG / 64; p++)
             for (int t = 0; t < TI; t++)
-                part[t] = _mm512_dpbf16_ps(part[t], expand4(w + t * RB + k / 2), xv);
-        }
+                part[t] = dot_pair(w + t * RB + 32 * p, xp + 64 * p, part[t]);
         for (int t = 0; t < TI; t++)
             acc[t] = _mm512_fmadd_ps(part[t], _mm512_set1_ps(d[t][g]), acc[t]);
     }
+#endif
     for (int t = 0; t < TI; t++) out[t] = iron_f32_to_bf16(_mm512_reduce_add_ps(acc[t]) + bias[t]);
     (void)xf;
 #else
@@ -162,7 +206,7 @@ static inline void gemv_block(const uint8_t *w, const uint16_t *x16, const float
             acc[t] = _mm256_fmadd_ps(part[t], _mm256_set1_ps(d[t][g]), acc[t]);
     }
     for (int t = 0; t < TI; t++) out[t] = iron_f32_to_bf16(iron_hsum8(acc[t]) + bias[t]);
-    (void)x16;
+    (void)xp;
 #endif
 }
 
@@ -171,10 +215,17 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[1];
     uint16_t *out = args[2];
 
-    /* per vector: x in float32 (KP floats), then its NG group sums */
-    float *xf = aligned_alloc(64, sizeof(float) * IRON_BATCHES * (KP + (NG + 15) / 16 * 16));
+    /* per vector: x in float32 (KP floats), then its NG group sums, then x in bf16 as the
+     * kernel reads it (KP values) */
+    const long xs_floats = (IRON_BATCHES * NG + 15) / 16 * 16;
+    float *xf = aligned_alloc(64, sizeof(float) * (IRON_BATCHES * KP + xs_floats)
+                                      + sizeof(uint16_t) * IRON_BATCHES * KP);
     float *xs = xf + (long)IRON_BATCHES * KP;
+    uint16_t *xp = (uint16_t *)(xs + xs_floats);
     for (long b = 0; b < IRON_BATCHES; b++) {
+#ifdef DP_BF16
+        permute_x(x + b * IRON_K, xp + b * KP);
+#endif
         for (long k = 0; k < IRON_K; k++) xf[b * KP + k] = iron_bf16_to_f32(x[b * IRON_K + k]);
         for (long g = 0; g < NG; g++) {
             float s = 0.0f;
@@ -194,7 +245,7 @@ void iron_kernel(void *const *args) {
             for (long line = 0; line < TI * RB; line += 64)
                 _mm_prefetch(next + line, _MM_HINT_T0);
             for (long b = 0; b < IRON_BATCHES; b++)
-                gemv_block(W + m * RB, x + b * IRON_K, xf + b * KP, xs + b * NG,
+                gemv_block(W + m * RB, xp + b * KP, xf + b * KP, xs + b * NG,
                            out + b * (long)IRON_M + m);
         }
     }
