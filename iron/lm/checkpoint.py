@@ -423,8 +423,9 @@ def _open_blocks(directory: Path, config: LlamaConfig
         if name not in want:
             raise CheckpointError(f"{path}: tensor {name!r} is not a tensor of this config")
         if fmt not in quant.GGUF_TYPES.values():
+            known = ", ".join(quant.GGUF_TYPES.values())
             raise CheckpointError(f"{path}: tensor {name!r} has format {fmt!r} in the "
-                                  f"metadata; expected one of {', '.join(quant.GGUF_TYPES.values())}")
+                                  f"metadata; expected one of {known}")
         rows, k = want[name]
         shape = (rows, quant.row_bytes(fmt, k, 32)) if k % 32 == 0 else None
         if info.dtype != "U8" or info.shape != shape:

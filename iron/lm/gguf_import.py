@@ -9,9 +9,9 @@ llama.cpp's q/k row permutation, and writes bfloat16 ``model.safetensors``, ``co
 ``generation_config.json``. Tensors stored as Q4_0, Q4_1 or Q8_0 are also kept as they are, in
 ``quantized.safetensors`` (uint8, the blocks' fields moved into the planes of ``iron.quant``,
 q/k rows un-permuted as whole rows, no byte changed; the metadata names each tensor's format),
-so a bundle can run the file's own blocks. The directory is built beside its destination and renamed into
-place; ``iron-manifest.json``, written last, records the source hash and every file's hash, and
-a directory whose manifest checks out is reused as is::
+so a bundle can run the file's own blocks. The directory is built beside its destination and
+renamed into place; ``iron-manifest.json``, written last, records the source hash and every
+file's hash, and a directory whose manifest checks out is reused as is::
 
     python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
     python -m iron.lm.gguf_import --gguf model.gguf --out DIR     # offline, own file

@@ -3,8 +3,9 @@
  * args: A (M, K) bf16, B (N, K) bf16 -> C (M, N) bf16;  C[m, n] = sum_k A[m, k] * B[n, k].
  *   B may instead be (N, row bytes) uint8 in a quantized format (iron_quant.h, macros
  *   IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE): each TILE_N x TILE_K tile of B is then expanded
- *   to bf16 while it is packed (the result is the product with B's values rounded to bf16), a TILE_K a multiple of
- *   the group size; the AMX scheme, which reads B in place, is for bf16 B only.
+ *   to bf16 while it is packed (the result is the product with B's values rounded to bf16),
+ *   TILE_K a multiple of the group size; the AMX scheme, which reads B in place, is for bf16
+ *   B only.
  * macros:
  *   IRON_M                rows of A and C (tokens)
  *   IRON_K                reduction length
