@@ -149,11 +149,19 @@ static inline void q_row_f32(const uint8_t *row, const long k, const long k0, co
     (void)ms;
 }
 
-/* out[0 .. len) = the row's values k0 .. k0 + len rounded to bf16 (as iron_f32_to_bf16) */
+/* out[0 .. len) = the row's values k0 .. k0 + len rounded to bf16 (as iron_f32_to_bf16; with
+ * AVX512-BF16 by vcvtneps2bf16, the same rounding for the values here, which are never NaN
+ * nor subnormal) */
 static inline void q_row_bf16(const uint8_t *row, const long k, const long k0, const long len,
                               float *scratch, uint16_t *out) {
     q_row_f32(row, k, k0, len, scratch);
+#if defined(__AVX512BF16__)
+    for (long i = 0; i < len; i += 16) /* len is a multiple of 32 */
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(scratch + i)));
+#else
     for (long i = 0; i < len; i += 8) iron_store8_bf16(out + i, _mm256_loadu_ps(scratch + i));
+#endif
 }
 
 #endif /* QFMT != IRON_FMT_BF16 */
