@@ -150,16 +150,41 @@ static inline void q_row_f32(const uint8_t *row, const long k, const long k0, co
 }
 
 /* out[0 .. len) = the row's values k0 .. k0 + len rounded to bf16 (as iron_f32_to_bf16; with
- * AVX512-BF16 by vcvtneps2bf16, the same rounding for the values here, which are never NaN
- * nor subnormal) */
+ * AVX512-BF16 by vcvtne2ps2bf16, 32 values per instruction, the same rounding for the values
+ * here, which are never NaN nor subnormal) */
 static inline void q_row_bf16(const uint8_t *row, const long k, const long k0, const long len,
                               float *scratch, uint16_t *out) {
-    q_row_f32(row, k, k0, len, scratch);
 #if defined(__AVX512BF16__)
-    for (long i = 0; i < len; i += 16) /* len is a multiple of 32 */
-        _mm256_storeu_si256((__m256i *)(out + i),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(scratch + i)));
+    const uint8_t *ds = row + Q_CODE_BYTES(k), *ms = ds + 2 * (k / QG);
+    for (long g = k0 / QG; g < (k0 + len) / QG; g++) {
+        const __m512 d = _mm512_set1_ps(q_param(ds + 2 * g));
+#if Q_HAS_MIN
+        const __m512 m = _mm512_set1_ps(q_param(ms + 2 * g));
+#elif QFMT == IRON_FMT_Q4_0
+        const __m512 m = _mm512_mul_ps(_mm512_set1_ps(-8.0f), d);
 #else
+        const __m512 m = _mm512_setzero_ps();
+#endif
+        for (long k32 = g * QG; k32 < (g + 1) * QG; k32 += 32) {
+#if QFMT == IRON_FMT_Q8_0
+            const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + k32)));
+            const __m512i q1 = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(row + k32 + 16)));
+#else
+            const __m512i b =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + k32 / 2)));
+            const __m512i q0 = _mm512_and_si512(b, _mm512_set1_epi32(0x0f));
+            const __m512i q1 = _mm512_srli_epi32(b, 4);
+#endif
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), d, m);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), d, m);
+            _mm512_storeu_si512(out + (k32 - k0), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+    (void)ms;
+    (void)scratch;
+#else
+    q_row_f32(row, k, k0, len, scratch);
     for (long i = 0; i < len; i += 8) iron_store8_bf16(out + i, _mm256_loadu_ps(scratch + i));
 #endif
 }
