@@ -215,3 +215,24 @@ def test_smollm2_native_greedy_text_matches_bf16_up_to_near_ties(
             gap = abs(row[ours[same]] - row[theirs[same]])
             assert gap < 0.5, (f"token {same}: native {ours[same]}, bf16 {theirs[same]}, "
                                f"float32 logit gap {gap:.3f}")
+
+
+def test_uint4_bundle_quantizes_an_hf_checkpoint_at_bundle_time(tmp_path):
+    """weights=uint4 on a bf16 HF checkpoint: every projection becomes uint4 (group 128 where
+    it divides the row, else 32), the embedding stays bf16, and the next-token distributions
+    stay close to the bf16 bundle's."""
+    from tiny_llama import write_tiny_llama
+
+    from iron.pipeline.bundle import Bundle
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=8)
+    bf16 = LlamaModel(make_bundle(checkpoint, tmp_path / "bf16", chunk=8, weights="bf16"))
+    path = make_bundle(checkpoint, tmp_path / "uint4", chunk=8, weights="uint4")
+    formats = Bundle.open(path).meta["weight_formats"]
+    assert formats["model.layers.0.mlp.down_proj.weight"] == ["uint4", 128]  # K = 128
+    assert formats["model.layers.0.mlp.gate_up_proj.weight"] == ["uint4", 32]  # K = 64
+    assert "model.embed_tokens.weight" not in formats and "lm_head.weight" not in formats
+    ids = list(np.random.default_rng(2).integers(0, 256, 24))
+    kl, agree = kl_stats(decode_logits(bf16, ids), decode_logits(LlamaModel(path), ids))
+    print(f"tiny uint4 vs bf16: KL mean {kl.mean():.4f} max {kl.max():.4f} top-1 {agree:.3f}")
+    assert kl.mean() <= 0.05 and agree >= 0.8

@@ -42,7 +42,7 @@ class App:
         self.context = min(int(context or DEFAULT_CONTEXT), limit)
         self.chunk = int(chunk)
         self.weight_mode, self.group = weights, int(group)
-        self.formats = weight_formats(self.checkpoint, self.config, weights, self.group)
+        self.formats = weight_formats(self.checkpoint, weights, self.group)
 
     def programs(self, device, profile) -> dict:
         return record(self.config, self.context, self.chunk, device, profile, self.formats)

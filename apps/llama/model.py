@@ -147,14 +147,14 @@ def kernel_parts(checkpoint) -> dict[str, list[str]]:
     return parts
 
 
-def weight_formats(checkpoint, config: LlamaConfig, mode: str = "native",
-                   group: int = 128) -> Formats:
+def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Formats:
     """(weight_format, group_size) of every quantized kernel weight under ``mode``.
 
     ``native`` keeps a matrix in the format its source file stored it in when every part of
     it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding); ``uint4``
     quantizes every projection (not the embedding) in groups of ``group``, or of 32 where
-    ``group`` does not divide its rows; ``bf16`` quantizes nothing.
+    ``group`` does not divide its rows (rows not a multiple of 32 stay bf16); ``bf16``
+    quantizes nothing.
     """
     if mode not in WEIGHT_MODES:
         raise IronError(f"weights={mode!r} is not one of {', '.join(WEIGHT_MODES)}")
@@ -166,7 +166,8 @@ def weight_formats(checkpoint, config: LlamaConfig, mode: str = "native",
                 formats[name] = (found.pop(), 32)
         elif mode == "uint4" and name.endswith("_proj.weight"):
             k = checkpoint.tensor(parts[0]).shape[1]
-            formats[name] = ("uint4", group if k % group == 0 else 32)
+            if k % 32 == 0:
+                formats[name] = ("uint4", group if k % group == 0 else 32)
     return formats
 
 
