@@ -141,9 +141,11 @@ def test_instances_are_deduplicated_and_single_setting_ones_skipped(tmp_path):
     found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
     names = sorted(i.describe() for i in found)
     assert names == sorted([
-        "Embedding(vocab=10, dim=64, rows=1)", "AXPY(size=64, scalar_factor=2.0)",
-        "GEMV(M=16, K=64, batches=1)", "AXPY(size=128, scalar_factor=2.0)",
-        "GEMV(M=16, K=64, batches=2)"])
+        "Embedding(vocab=10, dim=64, rows=1, weight_format='bf16', group_size=32)",
+        "AXPY(size=64, scalar_factor=2.0)",
+        "GEMV(M=16, K=64, batches=1, weight_format='bf16', group_size=32)",
+        "AXPY(size=128, scalar_factor=2.0)",
+        "GEMV(M=16, K=64, batches=2, weight_format='bf16', group_size=32)"])
     assert all(i.uses == 1 for i in found if not i.describe().startswith("Embedding"))
     assert [i.uses for i in found if i.describe().startswith("Embedding")] == [2]
     bench = FakeBench()
