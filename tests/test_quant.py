@@ -133,3 +133,18 @@ def test_profile_entries_match_on_the_weight_format():
         assert graph.record_like(inputs).ops[0].tile_size_input == ti, fmt
     with pytest.raises(iron.errors.ProfileError, match="weight_format='q9' is not one of bf16"):
         profile.add(GEMV, weight_format="q9", tile_size_input=2)
+
+
+@pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("uint4", 128, 256)])
+def test_every_rows_per_block_setting_of_a_quantized_gemv(fmt, group, k):
+    """tile_size_input changes the kernel's register blocking (1 to 8 rows share x); each
+    setting, with an odd count of 32-value chunks for q4_1, against the reference."""
+    rng = np.random.default_rng(5)
+    shape = {"M": 16, "K": k, "batches": 2, "weight_format": fmt, "group_size": group}
+    cls, fields, inputs = case_inputs("GEMV", shape, rng)
+    programs = [OneStep(cls, {**fields, "tile_size_input": ti, "tile_size_output": 8,
+                              "num_aie_columns": 2}).record_like(inputs) for ti in (1, 2, 4, 8)]
+    cpu.compile_all([p.ops[0] for p in programs])
+    for program in programs:
+        out = cpu.load(program).run(inputs)[0]
+        assert_close("GEMV", out, program.reference(inputs)[0])

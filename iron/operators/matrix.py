@@ -45,8 +45,6 @@ def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
     expect_dtype(w, dtype, op, what)
 
 
-
-
 class GEMV(Operator):
     """``y[b] = W @ x[b]`` for ``batches`` vectors: W (M, K), x (K,) or (batches, K).
 
