@@ -17,6 +17,8 @@
 #error "embedding.c needs IRON_VOCAB, IRON_DIM, IRON_ROWS, IRON_NUM_AIE_COLUMNS"
 #endif
 _Static_assert(IRON_ROWS % IRON_NUM_AIE_COLUMNS == 0, "rows % num_aie_columns == 0");
+_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_DIM % 32 == 0 && IRON_DIM % QG == 0),
+               "a quantized table holds whole groups and 32-value chunks");
 
 void iron_kernel(void *const *args) {
     const uint8_t *table = args[0];
