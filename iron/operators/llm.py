@@ -6,10 +6,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import quant
 from ..devices import Device
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, mid_context,
                         normal, param, pow2_tiles, rope_frequencies, rule, tunable)
+from ..quant import FORMATS, dequantize
 from ..tensor import Tensor
 from .matrix import example_weight, expect_weight, weight_k
 from .rowwise import RoPE
@@ -33,7 +33,7 @@ class Embedding(Operator):
     vocab: int = param()
     dim: int = param()
     rows: int = param()
-    weight_format: str = param("bf16", choices=quant.FORMATS)
+    weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
     num_aie_columns: int = tunable()
 
@@ -73,7 +73,7 @@ class Embedding(Operator):
 
     def reference(self, table, tokens):
         ok = (tokens >= 0) & (tokens < self.vocab)
-        rows = quant.dequantize(self.weight_format, table[np.where(ok, tokens, 0)], self.dim,
+        rows = dequantize(self.weight_format, table[np.where(ok, tokens, 0)], self.dim,
                                 self.group_size)
         return np.where(ok[:, None], rows, np.float32(0))
 

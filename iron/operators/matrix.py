@@ -6,22 +6,23 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import quant
 from ..devices import Device
 from ..errors import ShapeError
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, param,
                         pow2_tiles, rule, tunable)
+from ..quant import (FORMATS, FormatError, check_format, dequantize, k_of, random_matrix,
+                     row_bytes)
 from ..tensor import Tensor
 
 
 def weight_k(op: Operator | type, w: Tensor, fmt: str, group: int) -> int:
     """K of a weight (rows, K) in bf16 or (rows, row bytes) in a quantized format."""
     try:
-        quant.check_format(fmt, group, getattr(op, "__name__", type(op).__name__))
+        check_format(fmt, group, getattr(op, "__name__", type(op).__name__))
         if fmt == "bf16":
             return w.shape[1]
-        return quant.k_of(fmt, w.shape[1], group)
-    except quant.FormatError as e:
+        return k_of(fmt, w.shape[1], group)
+    except FormatError as e:
         raise ShapeError(str(e)) from None
 
 
@@ -31,13 +32,13 @@ def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: s
     if weight_format == "bf16":
         return {}, normal(rng, rows, k, scale=scale)
     return ({"weight_format": weight_format, "group_size": group_size},
-            quant.random_matrix(weight_format, rows, k, group_size, rng, scale))
+            random_matrix(weight_format, rows, k, group_size, rng, scale))
 
 
 def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
     """W must be (rows, K) bf16, or (rows, row bytes) uint8 for a quantized format."""
     fmt, k = op.weight_format, op.K if hasattr(op, "K") else op.dim
-    want = (rows, quant.row_bytes(fmt, k, op.group_size))
+    want = (rows, row_bytes(fmt, k, op.group_size))
     dtype = bfloat16 if fmt == "bf16" else np.uint8
     expect(w.shape == (rows, k) if fmt == "bf16" else w.shape == want, op,
            f"{what} has shape {w.shape}, expected {(rows, k) if fmt == 'bf16' else want} "
@@ -72,7 +73,7 @@ class GEMV(Operator):
     M: int = param()
     K: int = param()
     batches: int = param(1)
-    weight_format: str = param("bf16", choices=quant.FORMATS)
+    weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
     tile_size_input: int = tunable()
     tile_size_output: int = tunable()
@@ -130,7 +131,7 @@ class GEMV(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, w, x):
-        return x @ quant.dequantize(self.weight_format, w, self.K, self.group_size).T
+        return x @ dequantize(self.weight_format, w, self.K, self.group_size).T
 
 
 class GEMM(Operator):
@@ -158,7 +159,7 @@ class GEMM(Operator):
     M: int = param()
     K: int = param()
     N: int = param()
-    weight_format: str = param("bf16", choices=quant.FORMATS)
+    weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
     tile_m: int = tunable()
     tile_k: int = tunable()
@@ -217,7 +218,7 @@ class GEMM(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, a, b):
-        b = quant.dequantize(self.weight_format, b, self.K, self.group_size)
+        b = dequantize(self.weight_format, b, self.K, self.group_size)
         if self.weight_format != "bf16":  # quantized B is expanded to bf16 tiles
             b = b.astype(bfloat16).astype(np.float32)
         return a @ b.T
