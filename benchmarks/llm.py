@@ -1,15 +1,19 @@
 """iron's Llama bundle against llama.cpp on the same SmolLM2 weights, side by side in one run.
 
-Each round runs both engines, alternating, each in a fresh child process (so peak resident
+Each round runs the engines, alternating, each in a fresh child process (so peak resident
 memory is each engine's own), on the same 128 prompt token ids, greedy, 128 new tokens, 2
-threads. llama.cpp (the prebuilt ``xllamacpp`` wheel) reads the weights as an F16 GGUF written
-from the same dequantized tensors (``benchmarks/llamacpp.py``). Printed per engine: time to
-first token, prefill tokens/s, decode tokens/s, peak RSS (medians over rounds); then the ratios
-iron / llama.cpp, decode as a fraction of the bandwidth ceiling measured in the same run
-(streaming bandwidth / bytes of bf16 weights), and where iron's decode token goes: time in
-kernels per operator against time outside kernels.
+threads. llama.cpp (the prebuilt ``xllamacpp`` wheel) reads ``--dtype``: Q4_1 is the embedded
+GGUF file itself, the others a GGUF written from its dequantized tensors
+(``benchmarks/llamacpp.py``). ``--also`` adds more iron bundles (e.g. the bf16 bundle built by
+``doit weights=bf16``). Printed per engine: time to first token, prefill tokens/s, decode
+tokens/s, peak RSS (medians over rounds); then the ratios against llama.cpp, each iron
+bundle's decode as a fraction of its bandwidth ceiling (streaming bandwidth measured in the
+same run / the weight bytes its decode token streams: every GEMV matrix, one embedding row,
+the norms), and where the first bundle's decode token goes: time in kernels per operator
+against time outside kernels.
 
-    python benchmarks/llm.py [--bundle build/llama/cpu] [--rounds 3] [--dtype F16]
+    python benchmarks/llm.py [--bundle build/llama/cpu] [--also build/llama/cpu-bf16]
+                             [--rounds 3] [--dtype Q4_1]
 """
 
 from __future__ import annotations
@@ -99,11 +103,33 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def streamed_bytes(bundle: Path) -> int:
+    """Weight bytes one decode token reads: the decode and head programs' weights, except
+    the embedding table, of which a token reads one row."""
+    import numpy as np
+
+    from iron.pipeline.bundle import Bundle
+
+    b = Bundle.open(bundle)
+    total = 0
+    for name in ("decode", "head"):
+        program = b.program(name)
+        tables = {s.inputs[0] for s in program.steps if type(s.op).__name__ == "Embedding"}
+        for t in program.tensors:
+            if t.kind != "weight":
+                continue
+            nbytes = int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+            total += nbytes // t.shape[0] if t.index in tables else nbytes
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", default="build/llama/cpu")
+    parser.add_argument("--also", nargs="*", default=[], help="more iron bundles to compare")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dtype", default="F16", help="llama.cpp's weight type (F16, BF16, F32)")
+    parser.add_argument("--dtype", default="F16",
+                        help="llama.cpp's weight type (Q4_1: the embedded file; F16, BF16, F32)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--ids", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -117,42 +143,66 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from bandwidth import streaming_bandwidth
 
-    bundle = Path(args.bundle)
-    ids = prompt_ids(bundle)
-    ids_file = bundle.parent / ".bench-prompt.json"
+    bundles = [Path(args.bundle), *map(Path, args.also)]
+    names = [f"iron {bundle_weights(b)}" for b in bundles]
+    ids = prompt_ids(bundles[0])
+    ids_file = bundles[0].parent / ".bench-prompt.json"
     ids_file.write_text(json.dumps(ids))
-    runs = {"iron": [], "llama.cpp": []}
+    runs = {n: [] for n in [*names, "llama.cpp"]}
     for round_ in range(args.rounds):
-        runs["iron"].append(run_child("iron", str(bundle), "--ids", str(ids_file)))
+        for name, b in zip(names, bundles):
+            runs[name].append(run_child("iron", str(b), "--ids", str(ids_file)))
         runs["llama.cpp"].append(run_child("llamacpp", args.dtype, "--ids", str(ids_file)))
-        print(f"round {round_ + 1}/{args.rounds}: iron {runs['iron'][-1]['decode_tok_s']:.1f} "
-              f"tok/s, llama.cpp {runs['llama.cpp'][-1]['decode_tok_s']:.1f} tok/s", flush=True)
+        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
+            f"{n} {r[-1]['decode_tok_s']:.1f}" for n, r in runs.items()) + " tok/s", flush=True)
     bandwidth = streaming_bandwidth(threads=2, mib=1024)  # larger than the L3
-    weight_bytes = (bundle / "weights.safetensors").stat().st_size
-    ceiling = bandwidth * 1e9 / weight_bytes
 
     print(f"\nSmolLM2-135M, {len(ids)} prompt tokens, {NEW_TOKENS} new tokens, 2 threads, "
-          f"medians of {args.rounds} rounds; llama.cpp weights {args.dtype}, iron bf16")
-    print(f"{'engine':10s} {'TTFT ms':>8s} {'prefill tok/s':>14s} {'decode tok/s':>13s} "
+          f"medians of {args.rounds} rounds; llama.cpp weights {args.dtype}")
+    print(f"{'engine':16s} {'TTFT ms':>8s} {'prefill tok/s':>14s} {'decode tok/s':>13s} "
           f"{'peak RSS MiB':>13s}")
     for name, rs in runs.items():
-        print(f"{name:10s} {median(rs, 'ttft_s') * 1e3:8.1f} {median(rs, 'prefill_tok_s'):14.1f} "
+        print(f"{name:16s} {median(rs, 'ttft_s') * 1e3:8.1f} "
+              f"{median(rs, 'prefill_tok_s'):14.1f} "
               f"{median(rs, 'decode_tok_s'):13.1f} {median(rs, 'peak_rss_mib'):13.0f}")
-    i, l = runs["iron"], runs["llama.cpp"]
-    print(f"iron / llama.cpp: decode {median(i, 'decode_tok_s') / median(l, 'decode_tok_s'):.2f}x"
-          f", prefill {median(i, 'prefill_tok_s') / median(l, 'prefill_tok_s'):.2f}x, "
-          f"TTFT {median(i, 'ttft_s') / median(l, 'ttft_s'):.2f}x (lower is better)")
-    same = sum(a == b for a, b in zip(i[0]["token_ids"], l[0]["token_ids"]))
-    print(f"greedy tokens identical to llama.cpp's: {same} of {NEW_TOKENS}")
-    print(f"bandwidth {bandwidth:.1f} GB/s, bf16 weights {weight_bytes / 1e6:.0f} MB: ceiling "
-          f"{ceiling:.1f} tok/s; iron decode at {median(i, 'decode_tok_s') / ceiling:.0%} of it")
-    breakdown = i[-1]["breakdown"]
+    l = runs["llama.cpp"]
+    for name, b in zip(names, bundles):
+        i = runs[name]
+        print(f"{name} / llama.cpp: decode "
+              f"{median(i, 'decode_tok_s') / median(l, 'decode_tok_s'):.2f}x, prefill "
+              f"{median(i, 'prefill_tok_s') / median(l, 'prefill_tok_s'):.2f}x, TTFT "
+              f"{median(i, 'ttft_s') / median(l, 'ttft_s'):.2f}x (lower is better), peak RSS "
+              f"{median(i, 'peak_rss_mib') / median(l, 'peak_rss_mib'):.2f}x")
+    first = runs[names[0]]
+    for name in names[1:]:
+        o = runs[name]
+        print(f"{names[0]} / {name}: decode "
+              f"{median(first, 'decode_tok_s') / median(o, 'decode_tok_s'):.2f}x, prefill "
+              f"{median(first, 'prefill_tok_s') / median(o, 'prefill_tok_s'):.2f}x, peak RSS "
+              f"{median(first, 'peak_rss_mib') / median(o, 'peak_rss_mib'):.2f}x")
+    same = sum(a == b for a, b in zip(first[0]["token_ids"], l[0]["token_ids"]))
+    print(f"greedy tokens of {names[0]} identical to llama.cpp's: {same} of {NEW_TOKENS}")
+    print(f"bandwidth {bandwidth:.1f} GB/s")
+    for name, b in zip(names, bundles):
+        streamed = streamed_bytes(b)
+        ceiling = bandwidth * 1e9 / streamed
+        print(f"  {name}: {streamed / 1e6:.1f} MB streamed per decode token, ceiling "
+              f"{ceiling:.1f} tok/s; decode at {median(runs[name], 'decode_tok_s') / ceiling:.0%}"
+              " of it")
+    breakdown = first[-1]["breakdown"]
     kernels = sum(breakdown["kernels"].values())
     wall = breakdown["wall_s"]
-    print(f"\niron decode token: {wall * 1e3:.2f} ms, in kernels {kernels * 1e3:.2f} ms, outside "
-          f"kernels {(wall - kernels) * 1e3:.2f} ms ({(wall - kernels) / wall:.1%})")
+    print(f"\n{names[0]} decode token: {wall * 1e3:.2f} ms, in kernels {kernels * 1e3:.2f} ms, "
+          f"outside kernels {(wall - kernels) * 1e3:.2f} ms ({(wall - kernels) / wall:.1%})")
     for label, t in breakdown["kernels"].items():
         print(f"  {label:24s} {t * 1e3:7.3f} ms  {t / wall:6.1%}")
+
+
+def bundle_weights(bundle: Path) -> str:
+    """The bundle's weight mode as its manifest records it (bf16 for bundles before it did)."""
+    from iron.pipeline.bundle import Bundle
+
+    return Bundle.open(bundle).meta.get("weights", "bf16")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ class Recording:
             if not isinstance(t, Tensor) or self.tensors[t.index] is not t:
                 raise ShapeError(f"{where}: input {i} is a {type(t).__name__}, not a tensor of "
                                  "this graph; pass the body's arguments or earlier steps' outputs")
-        shape = cls.shape_params(*inputs)
+        shape = cls.shape_params(*inputs, **{n: fields[n] for n in cls.shape_fields
+                                             if n in fields})
         for name, value in fields.items():
             if name in shape and shape[name] != value:
                 raise FieldError(f"{where}: {name}={value!r} disagrees with the inputs, which "

@@ -48,9 +48,12 @@ PARAM = "param"
 TUNABLE = "tunable"
 
 
-def param(default: Any = MISSING) -> Any:
-    """Declare a field that makes the operator what it is (a shape or a semantic constant)."""
-    return dataclasses.field(default=default, metadata={"iron": PARAM})
+def param(default: Any = MISSING, choices: tuple[str, ...] = ()) -> Any:
+    """Declare a field that makes the operator what it is (a shape or a semantic constant).
+
+    A string param names one of ``choices``; it reaches a kernel as its index in them.
+    """
+    return dataclasses.field(default=default, metadata={"iron": PARAM, "choices": choices})
 
 
 def tunable() -> Any:
@@ -114,6 +117,12 @@ class Operator:
         return _field_kinds(cls)[1]
 
     @classmethod
+    def choices(cls, name: str) -> tuple[str, ...]:
+        """The values a string param may take (empty for a numeric field)."""
+        return next(f.metadata.get("choices", ()) for f in dataclasses.fields(cls)
+                    if f.name == name)
+
+    @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return cls.params() + cls.tunables()
 
@@ -133,6 +142,10 @@ class Operator:
     def shape_params(cls, *inputs: Tensor) -> dict[str, Any]:
         """The param values implied by the inputs' shapes."""
         raise NotImplementedError
+
+    #: Params a call may give that ``shape_params`` needs to read the inputs' shapes (a
+    #: quantized weight's row of bytes means K values only for a known format).
+    shape_fields: ClassVar[tuple[str, ...]] = ()
 
     def signature(self, *inputs: Tensor) -> list[tuple[tuple[int, ...], Any]]:
         """Check the inputs' shapes and dtypes; return each output's (shape, dtype)."""
@@ -259,7 +272,13 @@ class Operator:
         macros = {}
         for name, value in self.config().items():
             key = f"IRON_{name.upper()}"
-            if isinstance(value, bool):
+            if isinstance(value, str):
+                choices = self.choices(name)
+                if value not in choices:
+                    raise FieldError(f"{self.describe()}: {name}={value!r} is not one of "
+                                     f"{', '.join(choices) or '(no string values)'}")
+                macros[key] = choices.index(value)
+            elif isinstance(value, bool):
                 macros[key] = int(value)
             elif isinstance(value, int):
                 macros[key] = value

@@ -32,6 +32,7 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F16": np.dtype("<f2"),
     "F32": np.dtype("<f4"),
+    "U8": np.dtype(np.uint8),  # quantized weight blocks (iron.quant)
 }
 _MAX_HEADER = 100_000_000  # the safetensors format's own limit
 
@@ -56,11 +57,19 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def read_safetensors_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` object of a safetensors file (validated like the whole header)."""
+    read_safetensors_header(path)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n).decode("utf-8")).get("__metadata__", {})
+
+
 def read_safetensors_header(path: Path) -> tuple[int, dict[str, TensorInfo]]:
     """Parse and validate a safetensors header: ``(data section offset, name -> TensorInfo)``.
 
     Checks: the header length fits the file, the JSON is an object without duplicate keys,
-    every entry has exactly ``dtype``/``shape``/``data_offsets``, the dtype is BF16, F16 or F32,
+    every entry has exactly ``dtype``/``shape``/``data_offsets``, the dtype is BF16, F16, F32 or U8,
     the byte range matches the shape and lies inside the data section, and no two overlap.
     """
     try:

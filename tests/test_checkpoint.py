@@ -307,9 +307,12 @@ def test_unpermute_inverts_llama_cpp_permute():
         gguf_import.unpermute_rows(llama_cpp_permute(w, 3), 3, 4), w)
 
 
-def _write_tiny_gguf(path: Path, seed: int) -> dict[str, np.ndarray]:
-    """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling)."""
+def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling);
+    with ``quantize``, projections in Q4_1 and the embedding in Q8_0, like SmolLM2's file.
+    Returns the float32 weights written (the blocks' values when quantized)."""
     import gguf
+    from gguf.quants import dequantize, quantize as gguf_quantize
 
     cfg = {**TINY_CONFIG, "rope_scaling": None, "eos_token_id": 257}
     weights = tiny_weights(cfg, seed)
@@ -346,7 +349,20 @@ def _write_tiny_gguf(path: Path, seed: int) -> dict[str, np.ndarray]:
             t = llama_cpp_permute(t, 4)
         elif name.endswith("k_proj.weight"):
             t = llama_cpp_permute(t, 2)
-        w.add_tensor(gname, np.ascontiguousarray(t))
+        qtype = None
+        if quantize and name.endswith("_proj.weight"):
+            qtype = gguf.GGMLQuantizationType.Q4_1
+        elif quantize and name == "model.embed_tokens.weight":
+            qtype = gguf.GGMLQuantizationType.Q8_0
+        if qtype is None:
+            w.add_tensor(gname, np.ascontiguousarray(t))
+            continue
+        blocks = gguf_quantize(np.ascontiguousarray(t, np.float32), qtype)
+        w.add_tensor(gname, blocks, raw_dtype=qtype)
+        values = dequantize(blocks, qtype)
+        heads = 4 if name.endswith("q_proj.weight") else 2
+        weights[name] = (gguf_import.unpermute_rows(values, heads, 16)
+                         if name.endswith(("q_proj.weight", "k_proj.weight")) else values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -379,6 +395,42 @@ def test_convert_tiny_gguf(tmp_path: Path):
     gguf_import.convert_gguf(src, out)
     assert gguf_import.is_complete(out)
     assert not list(tmp_path.glob(".ckpt.tmp-*"))
+
+
+def test_convert_keeps_quantized_blocks_intact(tmp_path: Path):
+    """Q4_1 / Q8_0 tensors are kept as their blocks (q/k rows un-permuted whole), whose exact
+    values are what the bf16 tensors round; a bundle on them runs the blocks."""
+    from iron import quant
+
+    src = tmp_path / "tiny-q.gguf"
+    weights = _write_tiny_gguf(src, seed=6, quantize=True)
+    ckpt = Checkpoint.open(gguf_import.convert_gguf(src, tmp_path / "ckpt"))
+    kept = {n: ckpt.quantized(n) for n in ckpt.tensor_names() if ckpt.quantized(n)}
+    assert {f for f, _ in kept.values()} == {"q4_1", "q8_0"}
+    assert kept["model.embed_tokens.weight"][0] == "q8_0"
+    assert len(kept) == 1 + 2 * 7
+    for name, (fmt, blocks) in kept.items():
+        values = quant.dequantize(fmt, blocks, weights[name].shape[1], 32)
+        np.testing.assert_array_equal(values, weights[name], name)
+        np.testing.assert_array_equal(ckpt.tensor(name), values.astype(ml_dtypes.bfloat16))
+
+
+def test_quantized_file_that_does_not_fit_the_config_is_refused(tmp_path: Path):
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "tiny-q.gguf"
+    _write_tiny_gguf(src, seed=6, quantize=True)
+    out = gguf_import.convert_gguf(src, tmp_path / "ckpt")
+    name = "model.layers.0.mlp.down_proj.weight"
+    save_file({name: np.zeros((64, 79), np.uint8)}, str(out / "quantized.safetensors"),
+              metadata={name: "q4_1"})
+    with pytest.raises(CheckpointError, match=r"down_proj.weight' is U8 \(64, 79\); a q4_1 "
+                       r"\(64, 128\) tensor must be U8 \(64, 80\)"):
+        Checkpoint.open(out)
+    save_file({name: np.zeros((64, 80), np.uint8)}, str(out / "quantized.safetensors"),
+              metadata={name: "q5_k"})
+    with pytest.raises(CheckpointError, match="has format 'q5_k' in the metadata"):
+        Checkpoint.open(out)
 
 
 def test_convert_refuses_foreign_directory(tmp_path: Path):

@@ -164,3 +164,75 @@ def test_run_cli_prints_json(smollm2_bundle):
     assert "Paris" in report["text"] and report["prompt_tokens"] == 5
     for key in ("time_to_first_token_s", "prefill_tokens_per_s", "decode_tokens_per_s"):
         assert report[key] > 0
+
+
+def test_native_bundle_runs_the_files_blocks(tmp_path):
+    """A GGUF with Q4_1 projections and a Q8_0 embedding: the default bundle binds the blocks
+    (not bf16 copies) and matches the float32 reference of the same weights."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llama_reference import LlamaReference
+    from test_checkpoint import _write_tiny_gguf
+
+    from iron.lm import gguf_import
+    from iron.pipeline.bundle import Bundle
+
+    _write_tiny_gguf(tmp_path / "tiny.gguf", seed=7, quantize=True)
+    checkpoint = gguf_import.convert_gguf(tmp_path / "tiny.gguf", tmp_path / "ckpt")
+    bundle = Bundle.open(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
+    meta = bundle.meta
+    assert meta["weights"] == "native"
+    assert {tuple(f) for f in meta["weight_formats"].values()} == {("q4_1", 32), ("q8_0", 32)}
+    weights = bundle.weights()
+    assert weights["model.layers.0.mlp.gate_up_proj.weight"].dtype == np.uint8
+    assert weights["model.embed_tokens.weight"].shape == (260, 2 * 34)
+    decode_ops = {(type(op).__name__, op.weight_format)
+                  for op in bundle.program("decode").ops if hasattr(op, "weight_format")}
+    assert decode_ops == {("Embedding", "q8_0"), ("GEMV", "q4_1")}
+    model = LlamaModel(bundle.path)
+    ids = list(np.random.default_rng(1).integers(0, 256, 40))
+    ref = LlamaReference(checkpoint).logits(ids)
+    for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
+        kl, agree = kl_stats(ref, ours)
+        assert_accurate(kl, agree)
+
+
+def test_smollm2_native_greedy_text_matches_bf16_up_to_near_ties(
+        smollm2, smollm2_model, smollm2_reference, tmp_path):
+    """The default (native Q4_1 / Q8_0) bundle against a bf16 bundle of the same checkpoint:
+    greedy continuations agree, or part only where the float32 model itself is near a tie."""
+    from iron.pipeline.bundle import Bundle
+
+    assert Bundle.open(smollm2_model.bundle.path).meta["weights"] == "native"
+    bf16 = LlamaModel(make_bundle(smollm2, tmp_path / "bf16", weights="bf16"))
+    for text in TEXTS:
+        prompt = token_ids(smollm2_model, text)[:24]
+        ours, _ = smollm2_model.generate(prompt, 16)
+        theirs, _ = bf16.generate(prompt, 16)
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        if same < len(ours):
+            row = smollm2_reference.logits(prompt + ours[:same])[-1]
+            gap = abs(row[ours[same]] - row[theirs[same]])
+            assert gap < 0.5, (f"token {same}: native {ours[same]}, bf16 {theirs[same]}, "
+                               f"float32 logit gap {gap:.3f}")
+
+
+def test_uint4_bundle_quantizes_an_hf_checkpoint_at_bundle_time(tmp_path):
+    """weights=uint4 on a bf16 HF checkpoint: every projection becomes uint4 (group 128 where
+    it divides the row, else 32), the embedding stays bf16, and the next-token distributions
+    stay close to the bf16 bundle's."""
+    from tiny_llama import write_tiny_llama
+
+    from iron.pipeline.bundle import Bundle
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=8)
+    bf16 = LlamaModel(make_bundle(checkpoint, tmp_path / "bf16", chunk=8, weights="bf16"))
+    path = make_bundle(checkpoint, tmp_path / "uint4", chunk=8, weights="uint4")
+    formats = Bundle.open(path).meta["weight_formats"]
+    assert formats["model.layers.0.mlp.down_proj.weight"] == ["uint4", 128]  # K = 128
+    assert formats["model.layers.0.mlp.gate_up_proj.weight"] == ["uint4", 32]  # K = 64
+    assert "model.embed_tokens.weight" not in formats and "lm_head.weight" not in formats
+    ids = list(np.random.default_rng(2).integers(0, 256, 24))
+    kl, agree = kl_stats(decode_logits(bf16, ids), decode_logits(LlamaModel(path), ids))
+    print(f"tiny uint4 vs bf16: KL mean {kl.mean():.4f} max {kl.max():.4f} top-1 {agree:.3f}")
+    assert kl.mean() <= 0.05 and agree >= 0.8

@@ -141,9 +141,11 @@ def test_instances_are_deduplicated_and_single_setting_ones_skipped(tmp_path):
     found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
     names = sorted(i.describe() for i in found)
     assert names == sorted([
-        "Embedding(vocab=10, dim=64, rows=1)", "AXPY(size=64, scalar_factor=2.0)",
-        "GEMV(M=16, K=64, batches=1)", "AXPY(size=128, scalar_factor=2.0)",
-        "GEMV(M=16, K=64, batches=2)"])
+        "Embedding(vocab=10, dim=64, rows=1, weight_format='bf16', group_size=32)",
+        "AXPY(size=64, scalar_factor=2.0)",
+        "GEMV(M=16, K=64, batches=1, weight_format='bf16', group_size=32)",
+        "AXPY(size=128, scalar_factor=2.0)",
+        "GEMV(M=16, K=64, batches=2, weight_format='bf16', group_size=32)"])
     assert all(i.uses == 1 for i in found if not i.describe().startswith("Embedding"))
     assert [i.uses for i in found if i.describe().startswith("Embedding")] == [2]
     bench = FakeBench()
@@ -479,3 +481,30 @@ def test_cli_reports_an_unknown_application():
     done = subprocess.run([sys.executable, "-m", "iron.lm.tune", "nosuchapp"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "unknown application 'nosuchapp'" in done.stderr
+
+
+class OnlyQ41Gemv(iron.Graph):
+    def body(self, x):
+        w = self.weight("w", (256, 640), np.uint8)  # 256 rows of K = 1024 in Q4_1 blocks
+        return GEMV.step(w, x, weight_format="q4_1")
+
+
+class Q41GemvApp(FakeApp):
+    name = "gemv-q4_1"
+
+    def programs(self, device, profile):
+        return {"decode": OnlyQ41Gemv(device, profile).record((1024,))}
+
+
+def test_real_benchmark_checks_and_times_quantized_instances():
+    """A quantized weight gets valid blocks (finite scales) as its random input, so every
+    candidate is checked against the reference and timed, not rejected."""
+    (inst,) = instances(Q41GemvApp().programs(iron.device("cpu"), iron.Profile()))
+    assert (inst.op.weight_format, inst.op.K) == ("q4_1", 1024)
+    bench = TargetBenchmark(min_time=0.01, blocks=2)
+    cands = candidates(inst.op, "cpu")
+    assert len(cands) > 4
+    cpu.compile_all(cands[:3])
+    for op in cands[:3]:
+        m = bench.measure(inst, op, None)
+        assert m.error is None and m.median > 0, m

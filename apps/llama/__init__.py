@@ -12,7 +12,7 @@ import numpy as np
 from iron.lm.checkpoint import Checkpoint
 from iron.lm.layout import LmMeta
 
-from .model import kernel_weights, record, tail_chunk
+from .model import kernel_weights, record, tail_chunk, weight_formats
 
 #: Prompt rows per prefill call; longer prompts take several chunks. A bundle also holds a
 #: program for half a chunk, for a prompt's last rows: each call streams every weight once,
@@ -28,7 +28,9 @@ class App:
     name = "llama"
 
     def __init__(self, checkpoint: str | Path | None = None, context: int | None = None,
-                 chunk: int = PREFILL_CHUNK):
+                 chunk: int = PREFILL_CHUNK, weights: str = "native", group: int = 128):
+        """``weights``: one of WEIGHT_MODES (see ``model.weight_formats``); ``group``: the
+        uint4 group size."""
         if checkpoint is None:
             from iron.lm.gguf_import import ensure_default_checkpoint
             from iron.paths import build_dir
@@ -39,12 +41,14 @@ class App:
         limit = self.config.max_position_embeddings
         self.context = min(int(context or DEFAULT_CONTEXT), limit)
         self.chunk = int(chunk)
+        self.weight_mode, self.group = weights, int(group)
+        self.formats = weight_formats(self.checkpoint, weights, self.group)
 
     def programs(self, device, profile) -> dict:
-        return record(self.config, self.context, self.chunk, device, profile)
+        return record(self.config, self.context, self.chunk, device, profile, self.formats)
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
-        return kernel_weights(self.checkpoint, self.config)
+        return kernel_weights(self.checkpoint, self.config, self.formats)
 
     def files(self) -> dict[str, Path]:
         return {"tokenizer.json": self.checkpoint.tokenizer_path,
@@ -65,4 +69,6 @@ class App:
                       bos_token_id=c.bos_token_id,
                       eos_token_ids=tuple(eos) if isinstance(eos, tuple) else
                       (() if eos is None else (eos,)),
-                      default_prompt=DEFAULT_PROMPT).to_json()
+                      default_prompt=DEFAULT_PROMPT, weights=self.weight_mode,
+                      weight_formats={n: tuple(f) for n, f in sorted(self.formats.items())}
+                      ).to_json()

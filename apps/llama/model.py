@@ -12,6 +12,10 @@ computes all three and ``QKVRoPE`` rotates them and fills the KV cache),
 ``model.layers.N.mlp.gate_up_proj.weight`` (gate stacked over up, so one matrix product reads
 both and ``SwiGLU`` combines them) and ``rope.inv_freq`` (float32 frequencies, llama3 scaling
 included).
+
+Matrices may be stored quantized (``iron.quant``): ``formats`` maps a kernel weight's name to
+its (weight_format, group_size); a quantized matrix is a uint8 (rows, row bytes) tensor and
+its GEMV / GEMM / Embedding steps name the format. Stacking rows of blocks is exact.
 """
 
 from __future__ import annotations
@@ -19,47 +23,69 @@ from __future__ import annotations
 import numpy as np
 
 import iron
+from iron import quant
+from iron.errors import IronError
 from iron.lm.checkpoint import LlamaConfig
 from iron.lm.layout import DECODE, HEAD, PREFILL, PREFILL_TAIL
 from iron.operators import (GEMM, GEMV, Attention, ElementwiseAdd, Embedding, QKVRoPE, RMSNorm,
                             SwiGLU)
 
+Formats = dict  # kernel weight name -> (weight_format, group_size); absent means bf16
 
-def linear(weight: iron.Tensor, x: iron.Tensor) -> iron.Tensor:
-    """``x @ weight.T``: a GEMV for one row (decode), a GEMM for a chunk (prefill)."""
-    return GEMV.step(weight, x) if x.shape[0] == 1 else GEMM.step(x, weight)
+
+def matrix(graph: iron.Graph, formats: Formats, name: str, rows: int, k: int):
+    """The weight tensor ``name`` (rows, k) as stored, and the fields its steps need."""
+    fmt, group = formats.get(name, ("bf16", 32))
+    if fmt == "bf16":
+        return graph.weight(name, (rows, k)), {}
+    return (graph.weight(name, (rows, quant.row_bytes(fmt, k, group)), np.uint8),
+            {"weight_format": fmt, "group_size": group})
+
+
+def linear(weight, x: iron.Tensor) -> iron.Tensor:
+    """``x @ W.T`` for ``weight`` = (W, fields): a GEMV for one row (decode), a GEMM for a
+    chunk (prefill)."""
+    w, fields = weight
+    return GEMV.step(w, x, **fields) if x.shape[0] == 1 else GEMM.step(x, w, **fields)
 
 
 class Decoder(iron.Graph):
     """All layers over ``rows`` tokens at positions ``pos``; returns normed hidden states."""
 
-    def __init__(self, config: LlamaConfig, rows: int, ctx: int, **graph):
+    def __init__(self, config: LlamaConfig, rows: int, ctx: int, formats: Formats | None = None,
+                 **graph):
         super().__init__(**graph)
         self.config, self.rows, self.ctx = config, rows, ctx
+        self.formats = formats or {}
 
     def body(self, tokens, pos):  # tokens, pos: int32 (rows,)
         c = self.config
         d, hd = c.hidden_size, c.head_dim
         q_dim, kv_dim = c.num_attention_heads * hd, c.num_key_value_heads * hd
         w = self.weight
-        x = Embedding.step(w("model.embed_tokens.weight", (c.vocab_size, d)), tokens)  # (rows, d)
+
+        def mat(name, rows, k):
+            return matrix(self, self.formats, name, rows, k)
+
+        table, fields = mat("model.embed_tokens.weight", c.vocab_size, d)
+        x = Embedding.step(table, tokens, **fields)  # (rows, d)
         inv_freq = w("rope.inv_freq", (hd // 2,), np.float32)
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             h = RMSNorm.step(x, w(p + "input_layernorm.weight", (d,)), eps=c.rms_norm_eps)
-            qkv = linear(w(p + "self_attn.qkv_proj.weight", (q_dim + 2 * kv_dim, d)), h)
+            qkv = linear(mat(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, d), h)
             cache = (c.num_key_value_heads, self.ctx, hd)
             q, k_cache, v_cache = QKVRoPE.step(  # q: (rows, heads * hd), rotated
                 qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
                 self.state(f"v_cache.{i}", cache))
             a = Attention.step(q, k_cache, v_cache, pos)  # (rows, heads * hd)
-            x = ElementwiseAdd.step(x, linear(w(p + "self_attn.o_proj.weight", (d, q_dim)), a))
+            x = ElementwiseAdd.step(x, linear(mat(p + "self_attn.o_proj.weight", d, q_dim), a))
             h = RMSNorm.step(x, w(p + "post_attention_layernorm.weight", (d,)),
                              eps=c.rms_norm_eps)
-            gate_up = linear(w(p + "mlp.gate_up_proj.weight", (2 * c.intermediate_size, d)), h)
+            gate_up = linear(mat(p + "mlp.gate_up_proj.weight", 2 * c.intermediate_size, d), h)
             m = SwiGLU.step(gate_up)  # (rows, intermediate)
-            x = ElementwiseAdd.step(x, linear(w(p + "mlp.down_proj.weight",
-                                                (d, c.intermediate_size)), m))
+            x = ElementwiseAdd.step(x, linear(mat(p + "mlp.down_proj.weight", d,
+                                                  c.intermediate_size), m))
         return RMSNorm.step(x, w("model.norm.weight", (d,)), eps=c.rms_norm_eps)  # (rows, d)
 
 
@@ -67,14 +93,14 @@ class Head(iron.Graph):
     """Logits of one hidden state; the tied embedding is the output matrix when there is no
     separate ``lm_head``."""
 
-    def __init__(self, config: LlamaConfig, **graph):
+    def __init__(self, config: LlamaConfig, formats: Formats | None = None, **graph):
         super().__init__(**graph)
-        self.config = config
+        self.config, self.formats = config, formats or {}
 
     def body(self, h):  # h: (1, hidden)
         c = self.config
         name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        return GEMV.step(self.weight(name, (c.vocab_size, c.hidden_size)), h)  # (1, vocab)
+        return linear(matrix(self, self.formats, name, c.vocab_size, c.hidden_size), h)
 
 
 def tail_chunk(chunk: int) -> int:
@@ -82,10 +108,11 @@ def tail_chunk(chunk: int) -> int:
     return max(1, chunk // 2)
 
 
-def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None) -> dict:
+def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None,
+           formats: Formats | None = None) -> dict:
     """The four programs of a Llama bundle, recorded and resolved for ``device``."""
     token = iron.spec((1,), np.int32)
-    graph = {"device": device, "profile": profile}
+    graph = {"device": device, "profile": profile, "formats": formats}
 
     def prefill(rows: int):
         tokens = iron.spec((rows,), np.int32)
@@ -101,24 +128,69 @@ def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None)
         }
 
 
-def kernel_weights(checkpoint, config: LlamaConfig):
-    """Every weight the programs bind, as (name, bf16 or float32 array), in the kernels' layout.
+#: What ``weights=`` selects: the checkpoint's own formats, bf16, or uint4 quantized here.
+WEIGHT_MODES = ("native", "bf16", "uint4")
+_STACKED = {".self_attn.q_proj.": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+            ".mlp.gate_proj.": ("gate_up_proj", ("gate_proj", "up_proj"))}
+_ABSORBED = (".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.up_proj.")
+
+
+def kernel_parts(checkpoint) -> dict[str, list[str]]:
+    """Kernel weight name -> the checkpoint tensors stacked (in order) to make it."""
+    parts = {}
+    for name in checkpoint.tensor_names():
+        first = next((k for k in _STACKED if k in name), None)
+        if first:
+            fused, names = _STACKED[first]
+            old = first.strip(".").split(".")[-1]
+            parts[name.replace(old, fused)] = [name.replace(old, part) for part in names]
+        elif not any(part in name for part in _ABSORBED):
+            parts[name] = [name]
+    return parts
+
+
+def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Formats:
+    """(weight_format, group_size) of every quantized kernel weight under ``mode``.
+
+    ``native`` keeps a matrix in the format its source file stored it in when every part of
+    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding); ``uint4``
+    quantizes every projection (not the embedding) in groups of ``group``, or of 32 where
+    ``group`` does not divide its rows (rows not a multiple of 32 stay bf16); ``bf16``
+    quantizes nothing.
+    """
+    if mode not in WEIGHT_MODES:
+        raise IronError(f"weights={mode!r} is not one of {', '.join(WEIGHT_MODES)}")
+    formats: Formats = {}
+    for name, parts in kernel_parts(checkpoint).items():
+        if mode == "native":
+            found = {(checkpoint.quantized(p) or ("bf16", None))[0] for p in parts}
+            if len(found) == 1 and found != {"bf16"}:
+                formats[name] = (found.pop(), 32)
+        elif mode == "uint4" and name.endswith("_proj.weight"):
+            k = checkpoint.tensor(parts[0]).shape[1]
+            if k % 32 == 0:
+                formats[name] = ("uint4", group if k % group == 0 else 32)
+    return formats
+
+
+def kernel_weights(checkpoint, config: LlamaConfig, formats: Formats | None = None):
+    """Every weight the programs bind, as (name, array) in the kernels' layout: bf16 or
+    float32, or uint8 blocks for a matrix ``formats`` names.
 
     Yields one tensor at a time so a bundle can be written without holding the model twice.
     """
     from iron.lm.checkpoint import inv_freq
 
-    bf16 = iron.bfloat16
+    formats = formats or {}
     yield "rope.inv_freq", inv_freq(config)
-    stacked = {".self_attn.q_proj.": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-               ".mlp.gate_proj.": ("gate_up_proj", ("gate_proj", "up_proj"))}
-    absorbed = (".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.up_proj.")
-    for name in checkpoint.tensor_names():
-        first = next((k for k in stacked if k in name), None)
-        if first:
-            fused, parts = stacked[first]
-            old = first.strip(".").split(".")[-1]
-            yield (name.replace(old, fused), np.concatenate(
-                [checkpoint.tensor(name.replace(old, part)) for part in parts]).astype(bf16))
-        elif not any(part in name for part in absorbed):
-            yield name, np.asarray(checkpoint.tensor(name)).astype(bf16, copy=False)
+    for name, parts in kernel_parts(checkpoint).items():
+        fmt, group = formats.get(name, ("bf16", 32))
+        if fmt == "bf16":
+            arrays = [checkpoint.tensor(p) for p in parts]
+            yield name, (np.concatenate(arrays) if len(arrays) > 1 else
+                         np.asarray(arrays[0])).astype(iron.bfloat16, copy=False)
+        elif fmt == "uint4":
+            w = np.concatenate([np.asarray(checkpoint.tensor(p), np.float32) for p in parts])
+            yield name, quant.quantize_uint4(w, group)
+        else:
+            yield name, np.concatenate([checkpoint.quantized(p)[1] for p in parts])

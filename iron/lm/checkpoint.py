@@ -341,11 +341,13 @@ class Checkpoint:
     """An open, validated checkpoint directory; tensors are read-only memory-mapped views."""
 
     def __init__(self, directory: Path, config: LlamaConfig, tokenizer_path: Path,
-                 entries: dict[str, tuple[np.memmap, TensorInfo]]):
+                 entries: dict[str, tuple[np.memmap, TensorInfo]],
+                 blocks: dict[str, tuple[str, np.memmap, TensorInfo]] | None = None):
         self.directory = directory
         self.config = config
         self.tokenizer_path = tokenizer_path
         self._entries = entries
+        self._blocks = blocks or {}
 
     @classmethod
     def open(cls, directory: str | Path) -> Checkpoint:
@@ -380,7 +382,7 @@ class Checkpoint:
         _check_tensors(directory, config, {n: i.shape for n, (_, i) in infos.items()})
         maps = {shard: _memmap(shard, start) for shard, start in data_start.items()}
         entries = {n: (maps[shard], info) for n, (shard, info) in infos.items()}
-        return cls(directory, config, tokenizer_path, entries)
+        return cls(directory, config, tokenizer_path, entries, _open_blocks(directory, config))
 
     def tensor_names(self) -> list[str]:
         """Names of the checkpoint's tensors, in :func:`expected_tensors` order."""
@@ -395,6 +397,14 @@ class Checkpoint:
             raise CheckpointError(f"{self.directory}: no tensor {name!r} in this checkpoint "
                                   "(see Checkpoint.tensor_names())") from None
         return tensor_view(mm, info)
+
+    def quantized(self, name: str) -> tuple[str, np.ndarray] | None:
+        """The tensor ``name`` as the source file's own blocks: (format, uint8 array in the
+        layout of ``iron.quant``), or None when it was not stored quantized."""
+        if name not in self._blocks:
+            return None
+        fmt, mm, info = self._blocks[name]
+        return fmt, tensor_view(mm, info)
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.directory)!r}, {len(self._entries)} tensors)"
@@ -434,6 +444,41 @@ def _check_size(directory: Path, config: LlamaConfig, found: int) -> None:
             f"{directory / 'config.json'}: num_hidden_layers = {config.num_hidden_layers} "
             f"needs at least {least} tensors, the checkpoint holds {found}; the config does "
             "not describe these weights")
+
+
+BLOCKS_FILE = "quantized.safetensors"
+
+
+def _open_blocks(directory: Path, config: LlamaConfig
+                 ) -> dict[str, tuple[str, np.ndarray, TensorInfo]]:
+    """The checkpoint's quantized blocks (``quantized.safetensors``, written by the GGUF
+    importer), each checked against its tensor's shape in config.json."""
+    from iron import quant
+    from iron.tensorfile import read_safetensors_metadata
+
+    path = directory / BLOCKS_FILE
+    if not path.is_file():
+        return {}
+    start, infos = read_safetensors_header(path)
+    formats = read_safetensors_metadata(path)
+    want = expected_tensors(config)
+    mm = _memmap(path, start)
+    blocks = {}
+    for name, info in infos.items():
+        fmt = formats.get(name)
+        if name not in want:
+            raise CheckpointError(f"{path}: tensor {name!r} is not a tensor of this config")
+        if fmt not in quant.GGUF_TYPES.values():
+            known = ", ".join(quant.GGUF_TYPES.values())
+            raise CheckpointError(f"{path}: tensor {name!r} has format {fmt!r} in the "
+                                  f"metadata; expected one of {known}")
+        rows, k = want[name]
+        shape = (rows, quant.row_bytes(fmt, k, 32)) if k % 32 == 0 else None
+        if info.dtype != "U8" or info.shape != shape:
+            raise CheckpointError(f"{path}: tensor {name!r} is {info.dtype} {info.shape}; a "
+                                  f"{fmt} {want[name]} tensor must be U8 {shape}")
+        blocks[name] = (fmt, mm, info)
+    return blocks
 
 
 def _memmap(path: Path, start: int) -> np.ndarray:

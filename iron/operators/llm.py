@@ -9,29 +9,44 @@ import numpy as np
 from ..devices import Device
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, mid_context,
                         normal, param, pow2_tiles, rope_frequencies, rule, tunable)
+from ..quant import FORMATS, dequantize
 from ..tensor import Tensor
+from .matrix import example_weight, expect_weight, weight_k
 from .rowwise import RoPE
 
 
 class Embedding(Operator):
-    """``out[r] = table[tokens[r]]``: table (vocab, dim), tokens int32 (rows,)."""
+    """``out[r] = table[tokens[r]]``: table (vocab, dim), tokens int32 (rows,).
+
+    A quantized table (``weight_format``, see ``iron.quant``) is expanded row by row to bf16,
+    so the tied embedding and lm head of a model share one copy of the blocks.
+    """
 
     kernel = "embedding"
     test_shapes = ({"vocab": 1, "dim": 1, "rows": 1}, {"vocab": 50, "dim": 7, "rows": 3},
-                   {"vocab": 1000, "dim": 576, "rows": 4})
+                   {"vocab": 1000, "dim": 576, "rows": 4},
+                   {"vocab": 300, "dim": 576, "rows": 5, "weight_format": "q8_0"},
+                   {"vocab": 50, "dim": 64, "rows": 3, "weight_format": "q4_1"},
+                   {"vocab": 50, "dim": 256, "rows": 2, "weight_format": "uint4",
+                    "group_size": 128})
+    shape_fields = ("weight_format", "group_size")
     vocab: int = param()
     dim: int = param()
     rows: int = param()
+    weight_format: str = param("bf16", choices=FORMATS)
+    group_size: int = param(32)
     num_aie_columns: int = tunable()
 
     @classmethod
-    def shape_params(cls, table: Tensor, tokens: Tensor) -> dict:
+    def shape_params(cls, table: Tensor, tokens: Tensor, weight_format: str = "bf16",
+                     group_size: int = 32) -> dict:
         expect(table.ndim == 2 and tokens.ndim == 1, cls,
                f"takes table (vocab, dim) and tokens (rows,), got {table.shape} and {tokens.shape}")
-        return {"vocab": table.shape[0], "dim": table.shape[1], "rows": tokens.shape[0]}
+        return {"vocab": table.shape[0], "dim": weight_k(cls, table, weight_format, group_size),
+                "rows": tokens.shape[0]}
 
     def signature(self, table: Tensor, tokens: Tensor) -> list:
-        expect_dtype(table, bfloat16, self, "table")
+        expect_weight(self, table, self.vocab, "table")
         expect_dtype(tokens, np.int32, self, "tokens")
         return [((self.rows, self.dim), bfloat16)]
 
@@ -44,17 +59,23 @@ class Embedding(Operator):
                    "rows % num_aie_columns == 0")
 
     @classmethod
-    def example(cls, rng, vocab, dim, rows):
-        return {}, [normal(rng, vocab, dim), rng.integers(0, vocab, rows).astype(np.int32)]
+    def example(cls, rng, vocab, dim, rows, **fmt):
+        fields, table = example_weight(rng, vocab, dim, **fmt)
+        return fields, [table, rng.integers(0, vocab, rows).astype(np.int32)]
 
     def example_input(self, index, shape, dtype, rng):
         if index == 1:  # token ids
             return rng.integers(0, self.vocab, shape).astype(np.int32)
+        if self.weight_format != "bf16":
+            return example_weight(rng, self.vocab, self.dim, self.weight_format,
+                                  self.group_size)[1]
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, table, tokens):
         ok = (tokens >= 0) & (tokens < self.vocab)
-        return np.where(ok[:, None], table[np.where(ok, tokens, 0)], np.float32(0))
+        rows = dequantize(self.weight_format, table[np.where(ok, tokens, 0)], self.dim,
+                                self.group_size)
+        return np.where(ok[:, None], rows, np.float32(0))
 
 
 def cache_shape(t: Tensor, op: type) -> tuple[int, int, int]:

@@ -4,10 +4,46 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
+
 from ..devices import Device
+from ..errors import ShapeError
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, param,
                         pow2_tiles, rule, tunable)
+from ..quant import (FORMATS, FormatError, check_format, dequantize, k_of, random_matrix,
+                     row_bytes)
 from ..tensor import Tensor
+
+
+def weight_k(op: Operator | type, w: Tensor, fmt: str, group: int) -> int:
+    """K of a weight (rows, K) in bf16 or (rows, row bytes) in a quantized format."""
+    try:
+        check_format(fmt, group, getattr(op, "__name__", type(op).__name__))
+        if fmt == "bf16":
+            return w.shape[1]
+        return k_of(fmt, w.shape[1], group)
+    except FormatError as e:
+        raise ShapeError(str(e)) from None
+
+
+def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: str = "bf16",
+                   group_size: int = 32, scale: float = 1.0) -> tuple[dict, np.ndarray]:
+    """(call fields, weight matrix) of a test case: bf16 normal numbers, or valid blocks."""
+    if weight_format == "bf16":
+        return {}, normal(rng, rows, k, scale=scale)
+    return ({"weight_format": weight_format, "group_size": group_size},
+            random_matrix(weight_format, rows, k, group_size, rng, scale))
+
+
+def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
+    """W must be (rows, K) bf16, or (rows, row bytes) uint8 for a quantized format."""
+    fmt, k = op.weight_format, op.K if hasattr(op, "K") else op.dim
+    want = (rows, row_bytes(fmt, k, op.group_size))
+    dtype = bfloat16 if fmt == "bf16" else np.uint8
+    expect(w.shape == (rows, k) if fmt == "bf16" else w.shape == want, op,
+           f"{what} has shape {w.shape}, expected {(rows, k) if fmt == 'bf16' else want} "
+           f"for weight_format {fmt!r}")
+    expect_dtype(w, dtype, op, what)
 
 
 class GEMV(Operator):
@@ -15,30 +51,45 @@ class GEMV(Operator):
 
     ``tile_size_input`` rows of W are computed together (they share each load of x);
     ``tile_size_output`` rows make one unit of parallel work, split over the columns.
+    ``weight_format`` is how W is stored (see ``iron.quant``): bf16 (M, K), or a quantized
+    uint8 (M, row bytes) whose blocks the kernel expands in registers.
     """
 
     kernel = "gemv"
     tolerance = (0.005, 0.005)
     test_shapes = ({"M": 1, "K": 1, "batches": 1}, {"M": 7, "K": 3, "batches": 1},
                    {"M": 5, "K": 33, "batches": 3}, {"M": 576, "K": 576, "batches": 1},
-                   {"M": 192, "K": 1536, "batches": 2})
+                   {"M": 192, "K": 1536, "batches": 2},
+                   {"M": 64, "K": 576, "batches": 1, "weight_format": "q4_1"},
+                   {"M": 24, "K": 96, "batches": 3, "weight_format": "q4_1"},
+                   {"M": 40, "K": 576, "batches": 1, "weight_format": "q4_0"},
+                   {"M": 96, "K": 1536, "batches": 1, "weight_format": "q8_0"},
+                   {"M": 8, "K": 64, "batches": 2, "weight_format": "q8_0"},
+                   {"M": 32, "K": 576, "batches": 1, "weight_format": "uint4", "group_size": 32},
+                   {"M": 48, "K": 1536, "batches": 2, "weight_format": "uint4",
+                    "group_size": 128})
     sweep_shape = 3
+    shape_fields = ("weight_format", "group_size")
     M: int = param()
     K: int = param()
     batches: int = param(1)
+    weight_format: str = param("bf16", choices=FORMATS)
+    group_size: int = param(32)
     tile_size_input: int = tunable()
     tile_size_output: int = tunable()
     num_aie_columns: int = tunable()
 
     @classmethod
-    def shape_params(cls, w: Tensor, x: Tensor) -> dict:
+    def shape_params(cls, w: Tensor, x: Tensor, weight_format: str = "bf16",
+                     group_size: int = 32) -> dict:
         expect(w.ndim == 2, cls, f"W must be (M, K), got shape {w.shape}")
         expect(x.ndim in (1, 2), cls, f"x must be (K,) or (batches, K), got shape {x.shape}")
-        return {"M": w.shape[0], "K": w.shape[1], "batches": 1 if x.ndim == 1 else x.shape[0]}
+        return {"M": w.shape[0], "K": weight_k(cls, w, weight_format, group_size),
+                "batches": 1 if x.ndim == 1 else x.shape[0]}
 
     def signature(self, w: Tensor, x: Tensor) -> list:
         expect(x.shape[-1] == self.K, self, f"x has {x.shape[-1]} columns, W has K={self.K}")
-        expect_dtype(w, bfloat16, self, "W")
+        expect_weight(self, w, self.M, "W")
         expect_dtype(x, bfloat16, self, "x")
         return [(x.shape[:-1] + (self.M,), bfloat16)]
 
@@ -68,12 +119,19 @@ class GEMV(Operator):
                        f"{dev.tile_memory} bytes of tile memory")
 
     @classmethod
-    def example(cls, rng, M, K, batches):
+    def example(cls, rng, M, K, batches, **fmt):
         x = normal(rng, K) if batches == 1 else normal(rng, batches, K)
-        return {}, [normal(rng, M, K, scale=0.1), x]
+        fields, w = example_weight(rng, M, K, scale=0.1, **fmt)
+        return fields, [w, x]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 0 and self.weight_format != "bf16":
+            return example_weight(rng, self.M, self.K, self.weight_format, self.group_size,
+                                  0.1)[1]
+        return super().example_input(index, shape, dtype, rng)
 
     def reference(self, w, x):
-        return x @ w.T
+        return x @ dequantize(self.weight_format, w, self.K, self.group_size).T
 
 
 class GEMM(Operator):
@@ -81,7 +139,10 @@ class GEMM(Operator):
 
     Tiles of ``tile_m x tile_k`` of A and ``tile_n x tile_k`` of B make one block product;
     columns split the N dimension.  On a cpu with AMX the hardware fixes the tiles (16 x 32), so
-    there only ``tile_n`` and ``num_aie_columns`` change the kernel's speed.
+    there only ``tile_n`` and ``num_aie_columns`` change the kernel's speed.  B may be stored
+    quantized (``weight_format``, see ``iron.quant``): each tile of B is then expanded to bf16
+    as it is packed, and the bf16 kernel runs on it (so the product is with B rounded to bf16,
+    as in a bf16 bundle of the same weights).
     """
 
     kernel = "gemm"
@@ -89,26 +150,33 @@ class GEMM(Operator):
     test_shapes = ({"M": 1, "K": 1, "N": 1}, {"M": 7, "K": 3, "N": 5}, {"M": 16, "K": 576, "N": 96},
                    {"M": 32, "K": 64, "N": 48},
                    {"M": 20, "K": 96, "N": 80},  # AMX hosts: a part-filled row tile, odd n tiles
-                   {"M": 32, "K": 80, "N": 96})  # K % 32 != 0: the non-AMX path on AMX hosts
+                   {"M": 32, "K": 80, "N": 96},  # K % 32 != 0: the non-AMX path on AMX hosts
+                   {"M": 16, "K": 576, "N": 96, "weight_format": "q4_1"},
+                   {"M": 7, "K": 64, "N": 40, "weight_format": "q8_0"},
+                   {"M": 20, "K": 256, "N": 48, "weight_format": "uint4", "group_size": 128})
     sweep_shape = 3
+    shape_fields = ("weight_format", "group_size")
     M: int = param()
     K: int = param()
     N: int = param()
+    weight_format: str = param("bf16", choices=FORMATS)
+    group_size: int = param(32)
     tile_m: int = tunable()
     tile_k: int = tunable()
     tile_n: int = tunable()
     num_aie_columns: int = tunable()
 
     @classmethod
-    def shape_params(cls, a: Tensor, b: Tensor) -> dict:
+    def shape_params(cls, a: Tensor, b: Tensor, weight_format: str = "bf16",
+                     group_size: int = 32) -> dict:
         expect(a.ndim == 2 and b.ndim == 2, cls,
                f"A and B must be 2-D, got shapes {a.shape} and {b.shape}")
+        weight_k(cls, b, weight_format, group_size)
         return {"M": a.shape[0], "K": a.shape[1], "N": b.shape[0]}
 
     def signature(self, a: Tensor, b: Tensor) -> list:
-        expect(b.shape[1] == self.K, self, f"B has shape {b.shape}, expected (N, K={self.K})")
+        expect_weight(self, b, self.N, "B")
         expect_dtype(a, bfloat16, self, "A")
-        expect_dtype(b, bfloat16, self, "B")
         return [((self.M, self.N), bfloat16)]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
@@ -120,6 +188,10 @@ class GEMM(Operator):
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)
         yield rule(self.K % self.tile_k == 0, "tile_k", "K % tile_k == 0")
+        if self.weight_format != "bf16":
+            yield rule(self.tile_k % self.group_size == 0, "tile_k",
+                       f"tile_k % group_size == 0 (B's {self.weight_format} groups of "
+                       f"{self.group_size} are expanded whole)")
         if dev.kind == "cpu":
             yield rule(self.M % self.tile_m == 0, "tile_m", "M % tile_m == 0")
             yield rule(self.N % self.tile_n == 0, "tile_n", "N % tile_n == 0")
@@ -135,8 +207,18 @@ class GEMM(Operator):
                        f"<= {dev.tile_memory} bytes of tile memory")
 
     @classmethod
-    def example(cls, rng, M, K, N):
-        return {}, [normal(rng, M, K), normal(rng, N, K, scale=0.1)]
+    def example(cls, rng, M, K, N, **fmt):
+        fields, b = example_weight(rng, N, K, scale=0.1, **fmt)
+        return fields, [normal(rng, M, K), b]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 1 and self.weight_format != "bf16":
+            return example_weight(rng, self.N, self.K, self.weight_format, self.group_size,
+                                  0.1)[1]
+        return super().example_input(index, shape, dtype, rng)
 
     def reference(self, a, b):
+        b = dequantize(self.weight_format, b, self.K, self.group_size)
+        if self.weight_format != "bf16":  # quantized B is expanded to bf16 tiles
+            b = b.astype(bfloat16).astype(np.float32)
         return a @ b.T

@@ -18,7 +18,8 @@ iron's and the application's sources and of the checkpoint's files.  A no-op ``d
 record and imports neither numpy nor the application.
 
 Variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint`` (the
-application's default), ``context``, ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most
+application's default), ``context``, ``weights`` (``native``: the checkpoint's own
+formats, ``bf16`` or ``uint4``), ``group`` (uint4's group size), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most
 the usable cores), ``prompt``, the tuner's ``only``, ``budget``, ``fresh``, ``max_load``, and
 gc's ``days``.
 The default bundle is ``build/<app>/<device>/``; another checkpoint, context or -march level
@@ -133,7 +134,8 @@ def _operators(name: str, text: str) -> str:
 #: Every variable ``doit NAME=VALUE`` takes, and the check of its value.
 VARIABLES: dict[str, Callable[[str, str], Any]] = {
     "app": _identifier, "device": _choice(*DEVICE_NAMES), "checkpoint": _text,
-    "context": _positive(1 << 20), "march": _march, "threads": _positive(4096),
+    "context": _positive(1 << 20), "weights": _choice("native", "bf16", "uint4"),
+    "group": _choice("32", "128"), "march": _march, "threads": _positive(4096),
     "prompt": _text, "only": _operators, "budget": _number, "fresh": _choice("0", "1"),
     "max_load": _number, "days": _number,
 }
@@ -161,6 +163,8 @@ def task_name(op, key: str) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return value
     return format(value, "g") if isinstance(value, float) else str(int(value))
 
 
@@ -211,6 +215,8 @@ class BuildGraph:
             raise BuildError(str(e)) from None
         self.checkpoint = self.vars.get("checkpoint")
         self.context = self.vars.get("context")
+        self.weights = self.vars.get("weights")
+        self.group = self.vars.get("group")
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
                                                             "max_load")}
@@ -234,6 +240,8 @@ class BuildGraph:
             parts.append(f"{_slug(path.name)}-{digest}")
         if self.context:
             parts.append(f"ctx{self.context}")
+        if self.weights not in (None, "native"):
+            parts.append(self.weights + (f"-g{self.group}" if self.group else ""))
         if self.level != host.DEFAULT_MARCH:
             parts.append(_slug(self.level))
         return "-".join(parts)
@@ -244,8 +252,8 @@ class BuildGraph:
         if self._app is None:
             from .app import load_app
 
-            options = {"context": int(self.context)} if self.context else {}
-            self._app = load_app(self.app_name, self.checkpoint, **options)
+            self._app = load_app(self.app_name, self.checkpoint,
+                                 **app_options(self.context, self.weights, self.group))
         return self._app
 
     def profile(self):
@@ -259,7 +267,7 @@ class BuildGraph:
         profile = self.profile_file.read_bytes() if self.profile_file.exists() else b""
         key = {"version": RECORD_VERSION, "vars": {k: v for k, v in self.vars.items()
                                                      if k in ("app", "device", "checkpoint",
-                                                              "context")},
+                                                              "context", "weights", "group")},
                "march": self.level, "columns": self.device.columns,
                "checkpoint": str(Path(self.checkpoint).resolve()) if self.checkpoint else None,
                "profile": hashlib.sha256(profile).hexdigest(), "code": _code_stamp(),
@@ -359,8 +367,8 @@ class BuildGraph:
             deps.append(str(self.profile_file))
         deps += record["runtime_sources"]
         return {"actions": [(write_bundle_action, [self.app_name, self.checkpoint,
-                                                   self.context, self.device.name,
-                                                   str(self.bundle_dir)])],
+                                                   self.context, self.weights, self.group,
+                                                   self.device.name, str(self.bundle_dir)])],
                 "file_dep": sorted(set(deps)),
                 "task_dep": ["compile"],
                 "targets": [str(self.bundle_dir / MANIFEST)],
@@ -441,15 +449,24 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
           f"{entry.path}")
 
 
-def write_bundle_action(app_name, checkpoint, context, device_name, out):
+def app_options(context, weights, group) -> dict[str, Any]:
+    """The application's options from the doit variables that were given."""
+    options: dict[str, Any] = {"context": int(context)} if context else {}
+    if weights:
+        options["weights"] = weights
+    if group:
+        options["group"] = int(group)
+    return options
+
+
+def write_bundle_action(app_name, checkpoint, context, weights, group, device_name, out):
     """doit action: write the bundle (opens the application: it needs the weights)."""
     from ..devices import device
     from .app import app_profile, load_app
     from .bundle import write_bundle
 
     try:
-        options = {"context": int(context)} if context else {}
-        app = load_app(app_name, checkpoint, **options)
+        app = load_app(app_name, checkpoint, **app_options(context, weights, group))
         dev = device(device_name)
         profile = app_profile(app_name, dev.name)
         profile.warnings_to = io.StringIO()  # said when the tasks were set up

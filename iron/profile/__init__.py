@@ -94,9 +94,12 @@ def make_entry(cls: type[Operator], fields: Mapping[str, Any], origin: Any = "")
                                f"{cls.__name__}.{name}={value!r} breaks the rule: a tunable is "
                                "a positive integer")
     for name, value in match:
-        if type(value) not in (bool, int, float):
+        choices = cls.choices(name)
+        if type(value) not in (bool, int, float) and not (isinstance(value, str)
+                                                          and value in choices):
+            rule = f"one of {', '.join(choices)}" if choices else "a number"
             raise ProfileError(f"{origin or f'Profile.add({cls.__name__}, ...)'}: "
-                               f"{cls.__name__}.{name}={value!r} is not a number")
+                               f"{cls.__name__}.{name}={value!r} is not {rule}")
     if not sets:
         raise ProfileError(
             f"{origin or f'Profile.add({cls.__name__}, ...)'}: the entry for {cls.__name__} "

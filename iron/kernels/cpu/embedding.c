@@ -1,22 +1,27 @@
 /* embedding: out[r] = table[tokens[r]]; a token outside [0, VOCAB) gives a row of zeros.
  *
- * args: table (VOCAB, DIM) bf16, tokens (ROWS) int32 -> out (ROWS, DIM) bf16.
+ * args: table (VOCAB, DIM) bf16, or (VOCAB, row bytes) uint8 in a quantized format whose
+ *   rows are expanded to bf16 (iron_quant.h), tokens (ROWS) int32 -> out (ROWS, DIM) bf16.
  * macros:
  *   IRON_VOCAB            rows of the table
  *   IRON_DIM              row length
  *   IRON_ROWS             tokens looked up
  *   IRON_NUM_AIE_COLUMNS  worker threads over the tokens
+ *   IRON_WEIGHT_FORMAT, IRON_GROUP_SIZE   how the table is stored (iron_quant.h)
  */
 #include "iron_cpu.h"
+#include "iron_quant.h"
 
 #if !defined(IRON_VOCAB) || !defined(IRON_DIM) || !defined(IRON_ROWS) \
     || !defined(IRON_NUM_AIE_COLUMNS)
 #error "embedding.c needs IRON_VOCAB, IRON_DIM, IRON_ROWS, IRON_NUM_AIE_COLUMNS"
 #endif
 _Static_assert(IRON_ROWS % IRON_NUM_AIE_COLUMNS == 0, "rows % num_aie_columns == 0");
+_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_DIM % 32 == 0 && IRON_DIM % QG == 0),
+               "a quantized table holds whole groups and 32-value chunks");
 
 void iron_kernel(void *const *args) {
-    const uint16_t *table = args[0];
+    const uint8_t *table = args[0];
     const int32_t *tokens = args[1];
     uint16_t *out = args[2];
 
@@ -26,9 +31,15 @@ void iron_kernel(void *const *args) {
     for (long r = 0; r < IRON_ROWS; r++) {
         const int32_t tok = tokens[r];
         uint16_t *o = out + r * (long)IRON_DIM;
-        if (tok >= 0 && tok < IRON_VOCAB)
-            memcpy(o, table + (long)tok * IRON_DIM, sizeof(uint16_t) * IRON_DIM);
-        else
+        if (tok >= 0 && tok < IRON_VOCAB) {
+#if QFMT == IRON_FMT_BF16
+            memcpy(o, table + (long)tok * IRON_DIM * 2, sizeof(uint16_t) * IRON_DIM);
+#else
+            float scratch[IRON_DIM];
+            q_row_bf16(table + (long)tok * Q_ROW_BYTES(IRON_DIM), IRON_DIM, 0, IRON_DIM,
+                       scratch, o);
+#endif
+        } else
             memset(o, 0, sizeof(uint16_t) * IRON_DIM);
     }
 }

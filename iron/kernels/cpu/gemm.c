@@ -1,6 +1,11 @@
 /* gemm: C = A @ B^T  (B in the Linear-weight layout), for prompt prefill.
  *
  * args: A (M, K) bf16, B (N, K) bf16 -> C (M, N) bf16;  C[m, n] = sum_k A[m, k] * B[n, k].
+ *   B may instead be (N, row bytes) uint8 in a quantized format (iron_quant.h, macros
+ *   IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE): each TILE_N x TILE_K tile of B is then expanded
+ *   to bf16 while it is packed (the result is the product with B's values rounded to bf16),
+ *   TILE_K a multiple of the group size; the AMX scheme, which reads B in place, is for bf16
+ *   B only.
  * macros:
  *   IRON_M                rows of A and C (tokens)
  *   IRON_K                reduction length
@@ -32,6 +37,7 @@
 #include <omp.h>
 
 #include "iron_cpu.h"
+#include "iron_quant.h"
 
 #if !defined(IRON_M) || !defined(IRON_K) || !defined(IRON_N) || !defined(IRON_TILE_M) \
     || !defined(IRON_TILE_K) || !defined(IRON_TILE_N) || !defined(IRON_NUM_AIE_COLUMNS)
@@ -41,6 +47,8 @@ IRON_NUM_AIE_COLUMNS"
 _Static_assert(IRON_M % IRON_TILE_M == 0, "M % tile_m == 0");
 _Static_assert(IRON_K % IRON_TILE_K == 0, "K % tile_k == 0");
 _Static_assert(IRON_N % IRON_TILE_N == 0, "N % tile_n == 0");
+_Static_assert(IRON_WEIGHT_FORMAT == 0 || IRON_TILE_K % IRON_GROUP_SIZE == 0,
+               "tile_k % group_size == 0 for quantized B");
 
 #define NR 16                                     /* columns per packed panel of B */
 #define TN_PAD ((IRON_TILE_N + NR - 1) / NR * NR) /* tile width rounded up to panels */
@@ -81,9 +89,18 @@ static inline __attribute__((always_inline)) void micro(const int rows, const in
 }
 
 /* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][kp][16][2], an odd TILE_K padded by a zero */
-static void pack_b(const uint16_t *B, long n0, long k0, uint16_t *bp) {
+static void pack_b(const void *B, long n0, long k0, uint16_t *bp) {
+#if QFMT != IRON_FMT_BF16
+    float scratch[IRON_TILE_K];
+    uint16_t row[IRON_TILE_K];
+#endif
     for (long n = 0; n < IRON_TILE_N; n++) {
-        const uint16_t *row = B + (n0 + n) * IRON_K + k0;
+#if QFMT == IRON_FMT_BF16
+        const uint16_t *row = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
+#else
+        q_row_bf16((const uint8_t *)B + (n0 + n) * Q_ROW_BYTES(IRON_K), IRON_K, k0, IRON_TILE_K,
+                   scratch, row);
+#endif
         uint16_t *dst = bp + (n / NR) * (long)KP * NR * 2 + n % NR * 2;
         for (long kp = 0; kp < IRON_TILE_K / 2; kp++) memcpy(dst + kp * NR * 2, row + 2 * kp, 4);
         if (IRON_TILE_K % 2) {
@@ -151,11 +168,21 @@ static inline __attribute__((always_inline)) void micro(const int rows, const fl
 }
 
 /* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][k][16] in float32 */
-static void pack_b(const uint16_t *B, long n0, long k0, float *bp) {
+static void pack_b(const void *B, long n0, long k0, float *bp) {
+#if QFMT != IRON_FMT_BF16
+    float scratch[IRON_TILE_K];
+    uint16_t row[IRON_TILE_K];
+#endif
     for (long n = 0; n < IRON_TILE_N; n++) {
-        const uint16_t *row = B + (n0 + n) * IRON_K + k0;
         float *dst = bp + (n / NR) * (long)IRON_TILE_K * NR + n % NR;
+#if QFMT == IRON_FMT_BF16
+        const uint16_t *b = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
+        for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = iron_bf16_to_f32(b[k]);
+#else
+        q_row_bf16((const uint8_t *)B + (n0 + n) * Q_ROW_BYTES(IRON_K), IRON_K, k0, IRON_TILE_K,
+                   scratch, row); /* the same bf16 weights as the AVX512_BF16 build */
         for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = iron_bf16_to_f32(row[k]);
+#endif
     }
 }
 
@@ -182,7 +209,7 @@ static void tile_update(const float *Af, long m0, long k0, const float *bp, floa
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) \
-    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0
+    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0 && QFMT == IRON_FMT_BF16
 #define AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -331,7 +358,7 @@ static void gemm_amx(const uint16_t *A, const uint16_t *B, uint16_t *C) {
 
 void iron_kernel(void *const *args) {
     const uint16_t *A = args[0];
-    const uint16_t *B = args[1];
+    const void *B = args[1];
     uint16_t *C = args[2];
 
 #ifdef AMX

@@ -1,0 +1,182 @@
+"""Block-quantized weight formats: their byte layout in a bundle, exact dequantization, and
+round-to-nearest uint4 quantization.
+
+A quantized weight matrix (rows, K) is a uint8 array (rows, row_bytes(fmt, K, group)). Each
+row holds its K values in groups of ``group`` elements, stored as planes so that kernels load
+whole vectors of one kind (the kernels' layout)::
+
+    q4_0   codes (K/2 bytes) | d fp16 (K/group)                      w = d * (q - 8)
+    q4_1   codes (K/2 bytes) | d fp16 (K/group) | m fp16 (K/group)   w = d * q + m
+    q8_0   codes (K int8)    | d fp16 (K/group)                      w = d * q
+    uint4  codes (K/2 bytes) | d bf16 (K/group) | m bf16 (K/group)   w = d * q + m
+
+4-bit codes keep llama.cpp's nibble order within every 32 elements: byte j of a 32-element
+chunk holds element j in its low nibble and element j + 16 in its high nibble. The three
+llama.cpp formats (group 32) are the GGUF blocks with their fields moved into planes
+(``from_gguf``): every byte is kept, nothing is rounded again. Block definitions:
+ggml-common.h (block_q4_0, block_q4_1, block_q8_0) in github.com/ggml-org/llama.cpp.
+``uint4`` is group-wise asymmetric uint4 with bf16 scale and minimum, the weight format Ryzen
+AI's LLM flow uses (group 128), here also with group 32.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+#: Weight formats, in the order of their IRON_FMT_* numbers in kernels/cpu/iron_cpu.h.
+FORMATS = ("bf16", "q4_0", "q4_1", "q8_0", "uint4")
+QUANTIZED = FORMATS[1:]
+#: Group sizes each format supports (bf16 has no groups: its group_size stays 32).
+GROUPS = {"bf16": (32,), "q4_0": (32,), "q4_1": (32,), "q8_0": (32,), "uint4": (32, 128)}
+#: GGUF tensor type names of the formats a GGUF file stores as such.
+GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+
+
+class FormatError(ValueError):
+    """A weight format, group size or byte array that does not fit together."""
+
+
+def check_format(fmt: str, group: int, where: str) -> None:
+    if fmt not in FORMATS:
+        raise FormatError(f"{where}: weight_format={fmt!r} is not one of {', '.join(FORMATS)}")
+    if group not in GROUPS[fmt]:
+        raise FormatError(f"{where}: group_size={group} is not supported by weight_format "
+                          f"{fmt!r} (supported: {', '.join(map(str, GROUPS[fmt]))})")
+
+
+def has_min(fmt: str) -> bool:
+    return fmt in ("q4_1", "uint4")
+
+
+def code_bytes(fmt: str, k: int) -> int:
+    return k if fmt == "q8_0" else k // 2
+
+
+def row_bytes(fmt: str, k: int, group: int) -> int:
+    """Bytes per row of K values (K a multiple of 32 and of ``group``)."""
+    if fmt == "bf16":
+        return 2 * k
+    return code_bytes(fmt, k) + (2 + 2 * has_min(fmt)) * (k // group)
+
+
+def k_of(fmt: str, nbytes: int, group: int) -> int:
+    """The K whose rows take ``nbytes``; FormatError when no K does."""
+    per_group = row_bytes(fmt, group, group)
+    if nbytes % per_group:
+        raise FormatError(f"a {fmt} row of {nbytes} bytes is not a whole number of "
+                          f"{per_group}-byte groups of {group}")
+    return nbytes // per_group * group
+
+
+def _planes(fmt: str, w: np.ndarray, k: int, group: int) -> tuple[np.ndarray, ...]:
+    rows = w.shape[0]
+    if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != row_bytes(fmt, k, group):
+        raise FormatError(f"a {fmt} (group {group}) matrix with K={k} must be uint8 (rows, "
+                          f"{row_bytes(fmt, k, group)}), got {w.dtype} {w.shape}")
+    n, c = k // group, code_bytes(fmt, k)
+    scale_type = ml_dtypes.bfloat16 if fmt == "uint4" else np.float16
+    codes = w[:, :c]
+    d = np.ascontiguousarray(w[:, c:c + 2 * n]).view(scale_type).astype(np.float32)
+    m = (np.ascontiguousarray(w[:, c + 2 * n:]).view(scale_type).astype(np.float32)
+         if has_min(fmt) else None)
+    return rows, n, codes, d, m
+
+
+def unpack_codes(fmt: str, codes: np.ndarray) -> np.ndarray:
+    """Integer codes (rows, K) as float32: nibbles 0..15, or int8 for q8_0."""
+    if fmt == "q8_0":
+        return codes.view(np.int8).astype(np.float32)
+    rows = codes.shape[0]
+    chunks = codes.reshape(rows, -1, 16)
+    q = np.concatenate([chunks & 0x0F, chunks >> 4], axis=2)  # (rows, K/32, 32)
+    return q.reshape(rows, -1).astype(np.float32)
+
+
+def pack_codes(fmt: str, q: np.ndarray) -> np.ndarray:
+    """Inverse of ``unpack_codes`` for integer codes (rows, K)."""
+    if fmt == "q8_0":
+        return q.astype(np.int8).view(np.uint8)
+    rows = q.shape[0]
+    chunks = q.astype(np.uint8).reshape(rows, -1, 32)
+    return (chunks[:, :, :16] | (chunks[:, :, 16:] << 4)).reshape(rows, -1)
+
+
+def dequantize(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
+    """The float32 matrix (rows, K) a quantized one stands for, computed exactly as
+    ``d * q + m`` in float32 (d * q is exact: an 11-bit scale times a code of at most 8 bits)."""
+    if fmt == "bf16":
+        return np.asarray(w, np.float32)
+    rows, n, codes, d, m = _planes(fmt, w, k, group)
+    q = unpack_codes(fmt, codes).reshape(rows, n, group)
+    if fmt == "q4_0":
+        q = q - np.float32(8)
+    out = d[:, :, None] * q
+    if m is not None:
+        out = out + m[:, :, None]
+    return out.reshape(rows, k).astype(np.float32)
+
+
+def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:
+    """GGUF blocks (rows, K/32 * block bytes) -> the kernels' layout: bytes moved, not changed."""
+    per = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
+    if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % per:
+        raise FormatError(f"{fmt} GGUF blocks must be uint8 (rows, K/32 * {per}), got "
+                          f"{blocks.dtype} {blocks.shape}")
+    rows, n = blocks.shape[0], blocks.shape[1] // per
+    b = blocks.reshape(rows, n, per)
+    fields = [b[:, :, 0:2]] + ([b[:, :, 2:4]] if fmt == "q4_1" else [])
+    codes = b[:, :, 2 + 2 * (fmt == "q4_1"):]
+    return np.ascontiguousarray(np.concatenate(
+        [codes.reshape(rows, -1)] + [f.reshape(rows, -1) for f in fields], axis=1))
+
+
+def to_gguf(fmt: str, w: np.ndarray) -> np.ndarray:
+    """Inverse of ``from_gguf``."""
+    per = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
+    rows, n = w.shape[0], w.shape[1] // per
+    c = code_bytes(fmt, 32 * n)
+    fields = [w[:, c:c + 2 * n].reshape(rows, n, 2)]
+    if fmt == "q4_1":
+        fields.append(w[:, c + 2 * n:].reshape(rows, n, 2))
+    return np.concatenate(fields + [w[:, :c].reshape(rows, n, -1)], axis=2).reshape(rows, -1)
+
+
+def quantize_uint4(w: np.ndarray, group: int) -> np.ndarray:
+    """Group-wise asymmetric uint4, round to nearest: per group of ``group`` values the bf16
+    minimum m and scale d = (max - min) / 15 (both rounded to bf16 first), then
+    q = clip(round((w - m) / d), 0, 15). Returns the kernels' layout (rows, row_bytes)."""
+    w = np.asarray(w, np.float32)
+    rows, k = w.shape
+    check_format("uint4", group, "quantize_uint4")
+    if k % group or k % 32:
+        raise FormatError(f"quantize_uint4: K={k} is not a multiple of 32 and of the group "
+                          f"size {group}")
+    g = w.reshape(rows, k // group, group)
+    lo, hi = g.min(axis=2), g.max(axis=2)
+    m = lo.astype(ml_dtypes.bfloat16)
+    d = ((hi - m.astype(np.float32)) / 15).astype(ml_dtypes.bfloat16)
+    df, mf = d.astype(np.float32), m.astype(np.float32)
+    safe = np.where(df > 0, df, 1)[:, :, None]
+    q = np.clip(np.rint((g - mf[:, :, None]) / safe), 0, 15)
+    q = np.where(df[:, :, None] > 0, q, 0)
+    return np.ascontiguousarray(np.concatenate(
+        [pack_codes("uint4", q.reshape(rows, k)), d.view(np.uint8).reshape(rows, -1),
+         m.view(np.uint8).reshape(rows, -1)], axis=1))
+
+
+def random_matrix(fmt: str, rows: int, k: int, group: int, rng: np.random.Generator,
+                  scale: float = 0.1) -> np.ndarray:
+    """A valid quantized matrix of about ``scale``-sized values (random codes, scales and
+    minimums): realistic inputs for timing and checking a kernel."""
+    codes = rng.integers(-128, 128, (rows, k)) if fmt == "q8_0" else rng.integers(0, 16,
+                                                                                   (rows, k))
+    n = k // group
+    scale_type = ml_dtypes.bfloat16 if fmt == "uint4" else np.float16
+    top = 127 if fmt == "q8_0" else 7.5
+    d = (rng.uniform(0.5, 1.5, (rows, n)) * scale / top).astype(scale_type)
+    planes = [pack_codes(fmt, codes), d.view(np.uint8).reshape(rows, -1)]
+    if has_min(fmt):
+        m = (-d.astype(np.float32) * rng.uniform(6, 9, (rows, n))).astype(scale_type)
+        planes.append(m.view(np.uint8).reshape(rows, -1))
+    return np.ascontiguousarray(np.concatenate(planes, axis=1))

@@ -1,0 +1,150 @@
+"""Quantized weight formats: the layout against gguf's own blocks, the uint4 quantizer, the
+operators' format checks, and the kernels' AVX2 build (the fallback for cpus without
+AVX512-BF16), compiled with -march=znver3 and run here against the reference."""
+
+import ctypes
+import shutil
+import subprocess
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+import iron
+from iron import quant
+from iron.errors import ResolveError, ShapeError
+from iron.operators import GEMM, GEMV, Embedding
+from iron.targets import cpu
+
+from opcases import OneStep, assert_close, case_inputs
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+def test_layout_keeps_gguf_blocks_and_dequantizes_like_gguf(fmt):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((6, 96)) * 0.3).astype(np.float32)
+    qtype = getattr(gguf.GGMLQuantizationType, fmt.upper())
+    blocks = gguf_quantize(w, qtype)
+    packed = quant.from_gguf(fmt, blocks)
+    assert packed.shape == (6, quant.row_bytes(fmt, 96, 32)) == blocks.shape
+    assert np.array_equal(quant.to_gguf(fmt, packed), blocks)  # bytes moved, none changed
+    ours = quant.dequantize(fmt, packed, 96, 32)
+    assert np.array_equal(ours, gguf_dequantize(blocks, qtype))  # bit for bit
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_uint4_round_to_nearest_error_is_within_half_a_step(group):
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((5, 256)) * 0.05).astype(np.float32)
+    w[0, :group] = 0.25  # a constant group: scale 0, every value exact
+    packed = quant.quantize_uint4(w, group)
+    assert packed.shape == (5, 128 + 4 * 256 // group)
+    back = quant.dequantize("uint4", packed, 256, group)
+    step = (w.reshape(5, -1, group).max(2) - w.reshape(5, -1, group).min(2)) / 15
+    err = np.abs(back - w).reshape(5, -1, group).max(2)
+    # half a step, plus what rounding scale and minimum to bf16 moves the grid by
+    assert np.all(err <= 0.5 * step + 8 * 2.0 ** -9 * np.abs(w).reshape(5, -1, group).max(2))
+    assert np.array_equal(back[0, :group], w[0, :group])
+
+
+def test_bad_format_and_group_are_refused_naming_the_value():
+    graph = OneStep(GEMV, {"weight_format": "q5_k"})
+    with pytest.raises(ShapeError, match="weight_format='q5_k' is not one of"):
+        graph.record(iron.spec((8, 40), np.uint8), iron.spec((64,)))
+    graph = OneStep(GEMV, {"weight_format": "q4_1", "group_size": 128})
+    with pytest.raises(ShapeError, match="group_size=128 is not supported by weight_format"):
+        graph.record(iron.spec((8, 40), np.uint8), iron.spec((64,)))
+    graph = OneStep(GEMV, {"weight_format": "q4_1"})
+    with pytest.raises(ShapeError, match="not a whole number of 20-byte groups"):
+        graph.record(iron.spec((8, 41), np.uint8), iron.spec((64,)))
+    with pytest.raises(ShapeError, match="x has 96 columns, W has K=64"):
+        graph.record(iron.spec((8, 40), np.uint8), iron.spec((96,)))
+
+
+def test_quantized_gemm_tile_k_must_hold_whole_groups():
+    rng = np.random.default_rng(2)
+    cls, fields, inputs = case_inputs(
+        "GEMM", {"M": 4, "K": 256, "N": 16, "weight_format": "uint4", "group_size": 128}, rng)
+    op = OneStep(cls, fields).record_like(inputs).ops[0]
+    assert {s["tile_k"] for s in op.legal_settings("cpu")} == {128, 256}
+    with pytest.raises(ResolveError, match="tile_k % group_size == 0"):
+        OneStep(cls, {**fields, "tile_k": 64}).record_like(inputs)
+
+
+AVX2_CASES = [
+    ("GEMV", {"M": 16, "K": 576, "batches": 2, "weight_format": "q4_1"}),
+    ("GEMV", {"M": 8, "K": 256, "batches": 1, "weight_format": "q4_0"}),
+    ("GEMV", {"M": 24, "K": 96, "batches": 1, "weight_format": "q8_0"}),
+    ("GEMV", {"M": 8, "K": 256, "batches": 1, "weight_format": "uint4", "group_size": 128}),
+    ("GEMM", {"M": 5, "K": 64, "N": 32, "weight_format": "q4_1"}),
+    ("Embedding", {"vocab": 20, "dim": 64, "rows": 3, "weight_format": "q8_0"}),
+]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+@pytest.mark.parametrize("name,shape", AVX2_CASES,
+                         ids=[f"{n}-{s['weight_format']}" for n, s in AVX2_CASES])
+def test_avx2_build_matches_reference(name, shape, tmp_path):
+    """The same kernel compiled for Zen 3 (AVX2, no AVX-512) runs here and agrees."""
+    rng = np.random.default_rng(3)
+    cls, fields, inputs = case_inputs(name, shape, rng)
+    graph = OneStep(cls, fields)
+    program = graph.record_like(inputs)
+    op = program.ops[0]
+    recipe = cpu.recipe_for(op)
+    lib = tmp_path / "kernel.so"
+    flags = [f if f != "-march=native" else "-march=znver3" for f in cpu.FLAGS]
+    cmd = [cpu.compiler()[0], *flags, f"-I{cpu.SOURCE_DIR}",
+           *(f"-D{m}={v}" for m, v in recipe.macros), str(cpu.kernel_source(op)),
+           "-o", str(lib)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    if shutil.which("objdump"):  # really the AVX2 code: no 512-bit register anywhere
+        assert b"zmm" not in subprocess.run(["objdump", "-d", str(lib)],
+                                            capture_output=True).stdout
+    (shape_, dtype), = op.signature(*(program.tensors[i] for i in program.steps[0].inputs))
+    out = np.zeros(shape_, dtype)
+    arrays = [np.ascontiguousarray(a) for a in inputs] + [out]
+    args = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
+    ctypes.CDLL(str(lib)).iron_kernel(args)
+    assert_close(name, out, program.reference(inputs)[0])
+
+
+def test_kernel_format_numbers_match_iron_quant():
+    import re
+
+    header = (cpu.SOURCE_DIR / "iron_quant.h").read_text()
+    numbers = {name.lower(): int(n) for name, n in
+               re.findall(r"#define IRON_FMT_(\w+) (\d+)", header)}
+    assert numbers == {fmt: i for i, fmt in enumerate(quant.FORMATS)}
+
+
+def test_profile_entries_match_on_the_weight_format():
+    profile = iron.Profile()
+    profile.add(GEMV, M=64, K=576, tile_size_input=4)
+    profile.add(GEMV, M=64, K=576, weight_format="q4_1", tile_size_input=2)
+    rng = np.random.default_rng(4)
+    for fmt, ti in (("bf16", 4), ("q4_1", 2), ("q8_0", 4)):
+        cls, fields, inputs = case_inputs(
+            "GEMV", {"M": 64, "K": 576, "batches": 1, "weight_format": fmt}, rng)
+        graph = OneStep(cls, fields)
+        graph.profile = profile
+        assert graph.record_like(inputs).ops[0].tile_size_input == ti, fmt
+    with pytest.raises(iron.errors.ProfileError, match="weight_format='q9' is not one of bf16"):
+        profile.add(GEMV, weight_format="q9", tile_size_input=2)
+
+
+@pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("uint4", 128, 256)])
+def test_every_rows_per_block_setting_of_a_quantized_gemv(fmt, group, k):
+    """tile_size_input changes the kernel's register blocking (1 to 8 rows share x); each
+    setting, with an odd count of 32-value chunks for q4_1, against the reference."""
+    rng = np.random.default_rng(5)
+    shape = {"M": 16, "K": k, "batches": 2, "weight_format": fmt, "group_size": group}
+    cls, fields, inputs = case_inputs("GEMV", shape, rng)
+    programs = [OneStep(cls, {**fields, "tile_size_input": ti, "tile_size_output": 8,
+                              "num_aie_columns": 2}).record_like(inputs) for ti in (1, 2, 4, 8)]
+    cpu.compile_all([p.ops[0] for p in programs])
+    for program in programs:
+        out = cpu.load(program).run(inputs)[0]
+        assert_close("GEMV", out, program.reference(inputs)[0])
