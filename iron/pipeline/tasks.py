@@ -10,8 +10,10 @@ brings back tasks doit already knows to be done.  ``bundle`` depends on every co
 the checkpoint's files and the profile.
 
 Command-line variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint``
-(the application's default), ``context``, ``prompt``, and the tuner's ``only``, ``budget``,
-``fresh``.
+(the application's default), ``context``, ``batch`` (most sequences one batched decode step
+runs), ``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of
+``python -m iron.lm.run``, e.g. ``top_k=40 stop=. chat=1``), and the tuner's ``only``,
+``budget``, ``fresh``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ DOIT_CONFIG = {
 }
 
 
+#: doit variables ``generate`` passes on to the application's run command (as its flags)
+GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop",
+                    "repetition_penalty", "frequency_penalty", "presence_penalty", "chat",
+                    "system")
+
+
 def task_name(op, key: str) -> str:
     """``GEMV-M576-K576-batches1-3f2a9c1d``: readable in ``doit list``, unique by key."""
     params = "-".join(f"{n}{_short(getattr(op, n))}" for n in op.params())
@@ -56,7 +64,9 @@ class BuildGraph:
         self.device = get_device(get_var("device", None))
         self.checkpoint = get_var("checkpoint", None)
         self.context = get_var("context", None)
+        self.batch = get_var("batch", None)
         self.prompt = get_var("prompt", None)
+        self.generate_options = {k: get_var(k, None) for k in GENERATE_OPTIONS}
         self.tune_options = {k: get_var(k, None) for k in ("only", "budget", "fresh")}
         self.target = target_for(self.device)
         self.store = Store()
@@ -69,6 +79,8 @@ class BuildGraph:
     def app(self):
         if self._app is None:
             options = {"context": int(self.context)} if self.context else {}
+            if self.batch:
+                options["batch"] = int(self.batch)
             self._app = load_app(self.app_name, self.checkpoint, **options)
         return self._app
 
@@ -128,7 +140,7 @@ class BuildGraph:
         print(f"bundle written to {self.bundle_dir}")
 
     def task_generate(self) -> dict:
-        command = self.app.run_command(self.bundle_dir, self.prompt)
+        command = self.app.run_command(self.bundle_dir, self.prompt, self.generate_options)
         return {"actions": [command], "task_dep": ["bundle"], "uptodate": [False],
                 "verbosity": 2, "doc": "build the bundle if needed, then run it"}
 
