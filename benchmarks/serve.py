@@ -3,6 +3,7 @@ OpenAI-compatible server next to llama.cpp's server on the same weights, driven 
 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
                                [--rounds 2] [--no-llamacpp]
+    python benchmarks/serve.py --steps [--blocks 300]
 
 Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve BUNDLE
 --slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
@@ -14,6 +15,12 @@ Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall
 posts to the last token), the median time to first token and the median per-stream time
 between tokens. Engines alternate within each round; the best round is kept. The machine is
 shared: the load average is printed with the figures.
+
+``--steps`` measures iron's decode steps alone, in this process, without HTTP: the time of one
+step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
+batched ``decode_slots<B>`` program otherwise), N = 1, 2, 4, 8 taking turns step by step;
+the fastest step of each N, so that moments when another process held a core (which stalls
+a two-thread kernel) weigh least, and the median.
 """
 
 from __future__ import annotations
@@ -164,6 +171,31 @@ def llamacpp_child(slots: int, ctx_per_slot: int, threads: int) -> None:
     del server
 
 
+def steps(bundle: Path, counts: list[int], blocks: int) -> None:
+    """Decode-step time by number of sequences, in turns (see the module docstring)."""
+    from iron.lm.batch import SlotModel
+
+    model = SlotModel(bundle, slots=max(counts))
+    for s in range(model.slots):
+        model.prefill_slot(s, list(range(100, 164)))  # 64 positions of context each
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    for i in range(blocks):
+        for n in counts:
+            t = time.perf_counter()
+            model.decode_rows(list(range(n)), [200] * n, [64 + i % 64] * n)
+            times[n].append(time.perf_counter() - t)
+    print(f"load average after: {os.getloadavg()}\n")
+    one = min(times[counts[0]])
+    print("| sequences | step ms (fastest) | step ms (median) | aggregate tok/s | "
+          f"against {counts[0]} |")
+    print("|---|---|---|---|---|")
+    for n in counts:
+        best = min(times[n])
+        print(f"| {n} | {best * 1000:.1f} | {statistics.median(times[n]) * 1000:.1f} | "
+              f"{n / best:.1f} | {n / best / (counts[0] / one):.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,10 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--steps", action="store_true",
+                    help="time iron's decode steps in this process instead (no servers)")
+    ap.add_argument("--blocks", type=int, default=300, help="with --steps: steps per count")
     ap.add_argument("--llamacpp-child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.llamacpp_child:
         llamacpp_child(*args.llamacpp_child)
+        return 0
+    if args.steps:
+        steps(args.bundle, args.streams, args.blocks)
         return 0
     from tokenizers import Tokenizer
 
