@@ -254,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['ttft_ms']:.0f}",
                       f"{m['token_gap_ms']:.1f}"]
         if len(names) == 2:
-            cells.append(f"{best[('iron', n)]['aggregate_tok_s'] / best[('llama.cpp', n)]['aggregate_tok_s']:.2f}x")
+            ratio = (best[("iron", n)]["aggregate_tok_s"]
+                     / best[("llama.cpp", n)]["aggregate_tok_s"])
+            cells.append(f"{ratio:.2f}x")
         print(f"| {n} | " + " | ".join(cells) + " |")
     for name in names:
         one = best[(name, args.streams[0])]["aggregate_tok_s"]

@@ -3,7 +3,6 @@ stop strings, and the ``iron.lm.run`` command line: the multi-turn chat, one-lin
 bad options, Ctrl-C, and ``doit generate``'s options."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -8,10 +8,10 @@
  * With IRON_SLOTTED (batched decode: every row is its own sequence), the caches are
  * (SLOTS, KV_HEADS, CTX, HEAD_DIM) and a sixth argument slot (ROWS) int32 comes before out:
  * row r sits at position pos[r] of cache slot slot[r]. Each (row, head) pair runs the same
- * attend() either way, so a row's result does not depend on the other rows. Query head h reads KV head
- * h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM); softmax and the weighted sum
- * of v are float32 (online softmax over blocks of TILE_SIZE keys, exp by iron_exp8 8 keys at a
- * time); out is rounded to bf16.
+ * attend() either way, so a row's result does not depend on the other rows.
+ * Query head h reads KV head h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM);
+ * softmax and the weighted sum of v are float32 (online softmax over blocks of TILE_SIZE keys,
+ * exp by iron_exp8 8 keys at a time); out is rounded to bf16.
  * macros:
  *   IRON_ROWS             query rows (tokens)
  *   IRON_HEADS            query heads
