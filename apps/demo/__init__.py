@@ -51,5 +51,6 @@ class App:
     def meta(self) -> dict[str, Any]:
         return {"dim": DIM}
 
-    def run_command(self, bundle: Path, prompt: str | None = None) -> list[str]:
+    def run_command(self, bundle: Path, prompt: str | None = None,
+                    options: dict[str, str] | None = None) -> list[str]:
         return [sys.executable, "-m", "apps.demo", str(bundle)]

@@ -12,7 +12,7 @@ import numpy as np
 from iron.lm.checkpoint import Checkpoint
 from iron.lm.layout import LmMeta
 
-from .model import kernel_weights, record, tail_chunk, weight_formats
+from .model import batch_sizes, kernel_weights, record, tail_chunk, weight_formats
 
 #: Prompt rows per prefill call; longer prompts take several chunks. A bundle also holds a
 #: program for half a chunk, for a prompt's last rows: each call streams every weight once,
@@ -22,15 +22,18 @@ PREFILL_CHUNK = 64
 #: KV cache positions a bundle holds, unless the model's own context is shorter.
 DEFAULT_CONTEXT = 2048
 DEFAULT_PROMPT = "Once upon a time, there was a little"
+#: Most sequences one batched decode step runs (programs for 2, 4, ... up to it).
+DEFAULT_BATCH = 8
 
 
 class App:
     name = "llama"
 
     def __init__(self, checkpoint: str | Path | None = None, context: int | None = None,
-                 chunk: int = PREFILL_CHUNK, weights: str = "native", group: int = 128):
+                 chunk: int = PREFILL_CHUNK, weights: str = "native", group: int = 128,
+                 batch: int = DEFAULT_BATCH):
         """``weights``: one of WEIGHT_MODES (see ``model.weight_formats``); ``group``: the
-        uint4 group size."""
+        uint4 group size; ``batch``: the most sequences a batched decode program holds."""
         if checkpoint is None:
             from iron.lm.gguf_import import ensure_default_checkpoint
             from iron.paths import build_dir
@@ -43,23 +46,50 @@ class App:
         self.chunk = int(chunk)
         self.weight_mode, self.group = weights, int(group)
         self.formats = weight_formats(self.checkpoint, weights, self.group)
+        self.batch = int(batch)
 
     def programs(self, device, profile) -> dict:
+        return record(self.config, self.context, self.chunk, device, profile, self.formats,
+                      self.batch)
+
+    def tuned_programs(self, device, profile) -> dict:
+        """The programs the tuner times: the batched decode programs take every tunable from
+        the one-row decode and head programs, so they have nothing of their own to tune."""
         return record(self.config, self.context, self.chunk, device, profile, self.formats)
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
         return kernel_weights(self.checkpoint, self.config, self.formats)
 
     def files(self) -> dict[str, Path]:
-        return {"tokenizer.json": self.checkpoint.tokenizer_path,
-                "config.json": self.checkpoint.directory / "config.json"}
+        """The tokenizer, the config and, where the checkpoint has them, its tokenizer config
+        and chat template (``tokenizer_config.json``'s ``chat_template``, or the separate
+        ``chat_template.jinja`` newer transformers versions write)."""
+        d = self.checkpoint.directory
+        files = {"tokenizer.json": self.checkpoint.tokenizer_path, "config.json": d / "config.json"}
+        for name in ("tokenizer_config.json", "chat_template.jinja"):
+            if (d / name).is_file():
+                files[name] = d / name
+        return files
 
     def sources(self) -> list[Path]:
         return sorted(p for p in self.checkpoint.directory.iterdir() if p.is_file())
 
-    def run_command(self, bundle: Path, prompt: str | None = None) -> list[str]:
-        return [sys.executable, "-m", "iron.lm.run", str(bundle),
-                "--prompt", prompt or DEFAULT_PROMPT, "--max-new-tokens", "64"]
+    def run_command(self, bundle: Path, prompt: str | None = None,
+                    options: dict[str, str] | None = None) -> list[str]:
+        """``iron.lm.run`` on ``bundle``; ``options`` (doit variables such as ``top_k``,
+        ``stop``, ``chat``) become its flags, which it validates. Without ``--chat`` the
+        default prompt is the bundle's."""
+        options = {k: v for k, v in (options or {}).items() if v is not None}
+        argv = [sys.executable, "-m", "iron.lm.run", str(bundle)]
+        chat = str(options.pop("chat", "")).lower() in ("1", "true", "yes")
+        if prompt or not chat:
+            argv += ["--prompt", prompt or DEFAULT_PROMPT]
+        if chat:
+            argv.append("--chat")
+        options.setdefault("max_new_tokens", "64")
+        for name, value in options.items():
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+        return argv
 
     def meta(self) -> dict[str, Any]:
         c = self.config
@@ -70,5 +100,6 @@ class App:
                       eos_token_ids=tuple(eos) if isinstance(eos, tuple) else
                       (() if eos is None else (eos,)),
                       default_prompt=DEFAULT_PROMPT, weights=self.weight_mode,
-                      weight_formats={n: tuple(f) for n, f in sorted(self.formats.items())}
-                      ).to_json()
+                      weight_formats={n: tuple(f) for n, f in sorted(self.formats.items())},
+                      model_name=self.checkpoint.directory.name,
+                      batch_sizes=tuple(batch_sizes(self.batch))).to_json()

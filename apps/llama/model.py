@@ -5,6 +5,10 @@ values into the KV cache (state that persists across calls) at positions ``pos``
 causally over the cache and returns the final-normed hidden states.  ``Head`` turns one hidden
 state into logits.  Decode is ``Decoder(rows=1)`` then ``Head``; prefill is
 ``Decoder(rows=chunk)`` over a prompt chunk, then ``Head`` on its last real row.
+``SlotDecoder`` is batched decode: ``rows`` sequences, one token each, each in its own slot of
+a KV cache of ``slots`` sequences, with the head at the end; its steps take every tunable from
+the one-row decode and head programs (``match_tunables``), so a sequence's logits are
+bit-identical whether it decodes alone or in a batch.
 
 Weight names are the checkpoint's, except three derived in the kernels' layout at bundle time:
 ``model.layers.N.self_attn.qkv_proj.weight`` (q, k and v stacked, so one matrix product
@@ -20,15 +24,18 @@ its GEMV / GEMM / Embedding steps name the format. Stacking rows of blocks is ex
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import iron
 from iron import quant
 from iron.errors import IronError
 from iron.lm.checkpoint import LlamaConfig
-from iron.lm.layout import DECODE, HEAD, PREFILL, PREFILL_TAIL
+from iron.errors import ShapeError
+from iron.lm.layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, decode_slots
 from iron.operators import (GEMM, GEMV, Attention, ElementwiseAdd, Embedding, QKVRoPE, RMSNorm,
-                            SwiGLU)
+                            SlotAttention, SlotQKVRoPE, SwiGLU)
 
 Formats = dict  # kernel weight name -> (weight_format, group_size); absent means bf16
 
@@ -42,15 +49,21 @@ def matrix(graph: iron.Graph, formats: Formats, name: str, rows: int, k: int):
             {"weight_format": fmt, "group_size": group})
 
 
-def linear(weight, x: iron.Tensor) -> iron.Tensor:
+def linear(weight, x: iron.Tensor, rows_apart: bool = False) -> iron.Tensor:
     """``x @ W.T`` for ``weight`` = (W, fields): a GEMV for one row (decode), a GEMM for a
-    chunk (prefill)."""
+    chunk (prefill), a batched GEMV when ``rows_apart`` (batched decode: each row computed as
+    the one-row GEMV does)."""
     w, fields = weight
-    return GEMV.step(w, x, **fields) if x.shape[0] == 1 else GEMM.step(x, w, **fields)
+    if x.shape[0] == 1 or rows_apart:
+        return GEMV.step(w, x, **fields)
+    return GEMM.step(x, w, **fields)
 
 
 class Decoder(iron.Graph):
     """All layers over ``rows`` tokens at positions ``pos``; returns normed hidden states."""
+
+    #: the KV cache's number of sequences: None for one sequence, (kv_heads, ctx, hd) per layer
+    slots: int | None = None
 
     def __init__(self, config: LlamaConfig, rows: int, ctx: int, formats: Formats | None = None,
                  **graph):
@@ -58,7 +71,7 @@ class Decoder(iron.Graph):
         self.config, self.rows, self.ctx = config, rows, ctx
         self.formats = formats or {}
 
-    def body(self, tokens, pos):  # tokens, pos: int32 (rows,)
+    def body(self, tokens, pos, slot=None):  # tokens, pos, slot: int32 (rows,)
         c = self.config
         d, hd = c.hidden_size, c.head_dim
         q_dim, kv_dim = c.num_attention_heads * hd, c.num_key_value_heads * hd
@@ -70,22 +83,34 @@ class Decoder(iron.Graph):
         table, fields = mat("model.embed_tokens.weight", c.vocab_size, d)
         x = Embedding.step(table, tokens, **fields)  # (rows, d)
         inv_freq = w("rope.inv_freq", (hd // 2,), np.float32)
+        apart = self.slots is not None
+
+        def linear_(weight, x):
+            return linear(weight, x, apart)
+
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             h = RMSNorm.step(x, w(p + "input_layernorm.weight", (d,)), eps=c.rms_norm_eps)
-            qkv = linear(mat(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, d), h)
+            qkv = linear_(mat(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, d), h)
             cache = (c.num_key_value_heads, self.ctx, hd)
-            q, k_cache, v_cache = QKVRoPE.step(  # q: (rows, heads * hd), rotated
-                qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
-                self.state(f"v_cache.{i}", cache))
-            a = Attention.step(q, k_cache, v_cache, pos)  # (rows, heads * hd)
-            x = ElementwiseAdd.step(x, linear(mat(p + "self_attn.o_proj.weight", d, q_dim), a))
+            if self.slots is None:
+                q, k_cache, v_cache = QKVRoPE.step(  # q: (rows, heads * hd), rotated
+                    qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
+                    self.state(f"v_cache.{i}", cache))
+                a = Attention.step(q, k_cache, v_cache, pos)  # (rows, heads * hd)
+            else:  # row r: its own sequence, at pos[r] in cache slot slot[r]
+                cache = (self.slots, *cache)
+                q, k_cache, v_cache = SlotQKVRoPE.step(
+                    qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
+                    self.state(f"v_cache.{i}", cache), slot)
+                a = SlotAttention.step(q, k_cache, v_cache, pos, slot)  # (rows, heads * hd)
+            x = ElementwiseAdd.step(x, linear_(mat(p + "self_attn.o_proj.weight", d, q_dim), a))
             h = RMSNorm.step(x, w(p + "post_attention_layernorm.weight", (d,)),
                              eps=c.rms_norm_eps)
-            gate_up = linear(mat(p + "mlp.gate_up_proj.weight", 2 * c.intermediate_size, d), h)
+            gate_up = linear_(mat(p + "mlp.gate_up_proj.weight", 2 * c.intermediate_size, d), h)
             m = SwiGLU.step(gate_up)  # (rows, intermediate)
-            x = ElementwiseAdd.step(x, linear(mat(p + "mlp.down_proj.weight", d,
-                                                  c.intermediate_size), m))
+            x = ElementwiseAdd.step(x, linear_(mat(p + "mlp.down_proj.weight", d,
+                                                   c.intermediate_size), m))
         return RMSNorm.step(x, w("model.norm.weight", (d,)), eps=c.rms_norm_eps)  # (rows, d)
 
 
@@ -98,9 +123,45 @@ class Head(iron.Graph):
         self.config, self.formats = config, formats or {}
 
     def body(self, h):  # h: (1, hidden)
-        c = self.config
-        name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        return linear(matrix(self, self.formats, name, c.vocab_size, c.hidden_size), h)
+        return head(self, self.config, h)  # (1, vocab)
+
+
+def head(graph: iron.Graph, c: LlamaConfig, h: iron.Tensor) -> iron.Tensor:
+    """Logits of each row of ``h`` (rows, hidden) -> (rows, vocab)."""
+    name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    return linear(matrix(graph, graph.formats, name, c.vocab_size, c.hidden_size), h, True)
+
+
+class SlotDecoder(Decoder):
+    """Batched decode: ``rows`` sequences, one token each, at positions ``pos`` in KV-cache
+    slots ``slot``; returns their logits (rows, vocab)."""
+
+    def __init__(self, config: LlamaConfig, rows: int, ctx: int, slots: int,
+                 formats: Formats | None = None, **graph):
+        super().__init__(config, rows, ctx, formats, **graph)
+        self.slots = slots
+
+    def body(self, tokens, pos, slot):  # int32 (rows,) each
+        return head(self, self.config, super().body(tokens, pos, slot))  # (rows, vocab)
+
+
+def match_tunables(program: iron.Program, like: list) -> iron.Program:
+    """``program`` with every step's tunables taken from the same step of ``like`` (operators
+    in the same order): a tunable may change a kernel's order of summation (a GEMV's
+    ``tile_size_input``, attention's ``tile_size``), so a batched program that shares the
+    one-row program's tunables computes each row with exactly the one-row arithmetic."""
+    if len(program.steps) != len(like):
+        raise ShapeError(f"cannot match tunables: {len(program.steps)} steps against "
+                         f"{len(like)}")
+    steps = []
+    for step, other in zip(program.steps, like):
+        if not isinstance(step.op, type(other)):
+            raise ShapeError(f"cannot match tunables of {step.op.describe()} to "
+                             f"{other.describe()}: different operators")
+        op = dataclasses.replace(step.op, **other.tunable_values())
+        steps.append(dataclasses.replace(step, op=op.resolve(
+            program.device, {n: f"matched to {other.describe()}" for n in op.tunables()})))
+    return dataclasses.replace(program, steps=steps)
 
 
 def tail_chunk(chunk: int) -> int:
@@ -108,24 +169,44 @@ def tail_chunk(chunk: int) -> int:
     return max(1, chunk // 2)
 
 
+def batch_sizes(batch: int) -> list[int]:
+    """Rows of the batched decode programs: powers of two from 2 up to ``batch`` (a step of n
+    sequences runs the smallest that holds them)."""
+    sizes = [2]
+    while sizes[-1] * 2 <= batch:
+        sizes.append(sizes[-1] * 2)
+    return [b for b in sizes if b <= batch]
+
+
 def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None,
-           formats: Formats | None = None) -> dict:
-    """The four programs of a Llama bundle, recorded and resolved for ``device``."""
+           formats: Formats | None = None, batch: int = 1) -> dict:
+    """The programs of a Llama bundle, recorded and resolved for ``device``: decode, prefill,
+    prefill_tail, head, and ``decode_slots<B>`` for each of ``batch_sizes(batch)``."""
     token = iron.spec((1,), np.int32)
     graph = {"device": device, "profile": profile, "formats": formats}
 
-    def prefill(rows: int):
-        tokens = iron.spec((rows,), np.int32)
-        return Decoder(config, rows, ctx, **graph).record(tokens, tokens)
+    def rows(n: int):
+        return iron.spec((n,), np.int32)
 
-    batch = iron.profile.batch_reports(profile if isinstance(profile, iron.Profile) else None)
-    with batch:  # entries that do not fit this host: one warning line for the four programs
-        return {
+    def prefill(n: int):
+        return Decoder(config, n, ctx, **graph).record(rows(n), rows(n))
+
+    reports = iron.profile.batch_reports(profile if isinstance(profile, iron.Profile) else None)
+    with reports:  # entries that do not fit this host: one warning line for all the programs
+        programs = {
             DECODE: Decoder(config, 1, ctx, **graph).record(token, token),
             PREFILL: prefill(chunk),
             PREFILL_TAIL: prefill(tail_chunk(chunk)),
             HEAD: Head(config, **graph).record((1, config.hidden_size)),
         }
+        one_row = programs[DECODE].ops + programs[HEAD].ops
+        for b in batch_sizes(batch):
+            # the number of slots recorded here is a placeholder: the kernels do not depend on
+            # it, and a runtime sizes the cache for its own (see iron.lm.batch)
+            program = SlotDecoder(config, b, ctx, slots=b, **graph).record(rows(b), rows(b),
+                                                                           rows(b))
+            programs[decode_slots(b)] = match_tunables(program, one_row)
+    return programs
 
 
 #: What ``weights=`` selects: the checkpoint's own formats, bf16, or uint4 quantized here.

@@ -20,26 +20,90 @@ from ..errors import BundleError, IronError
 from .layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, PROGRAMS, LmMeta
 
 
-def chat_prompt(text: str) -> str:
-    """The ChatML template of SmolLM2-Instruct for a single user turn."""
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+class SamplingError(IronError, ValueError):
+    """A sampling option is out of its range."""
+
+
+#: (field, check, rule) of every sampling option, checked by ``Sampler`` and reported by the
+#: CLI and the server in one line each.
+SAMPLING_RULES = (
+    ("temperature", lambda v: 0 <= v <= 100, "0 <= temperature <= 100 (0 is greedy)"),
+    ("top_k", lambda v: isinstance(v, int) and v >= 0,
+     "top_k is an integer >= 0 (0 keeps every token)"),
+    ("top_p", lambda v: 0 < v <= 1, "0 < top_p <= 1"),
+    ("repetition_penalty", lambda v: 0 < v <= 10, "0 < repetition_penalty <= 10 (1 is off)"),
+    ("frequency_penalty", lambda v: -2 <= v <= 2, "-2 <= frequency_penalty <= 2"),
+    ("presence_penalty", lambda v: -2 <= v <= 2, "-2 <= presence_penalty <= 2"),
+)
 
 
 @dataclass
 class Sampler:
-    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p sampling."""
+    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p sampling; penalties
+    first.
+
+    Penalties, as vLLM applies them: ``repetition_penalty`` (Keskar et al. 2019, as in
+    transformers and llama.cpp) divides a positive logit, or multiplies a negative one, of every
+    token seen in the prompt or the output; ``frequency_penalty`` subtracts itself times the
+    number of times a token was generated, ``presence_penalty`` once for any token generated
+    (OpenAI's definitions). Call ``start(prompt)`` before a sequence; each call records the
+    token it returns.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self):
+        for name, ok, rule in SAMPLING_RULES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise SamplingError(f"{name}={value!r} is out of range: {rule}")
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int) or self.seed < 0):
+            raise SamplingError(f"seed={self.seed!r} is out of range: a non-negative integer")
         self.rng = np.random.default_rng(self.seed)
+        self._seen: set[int] = set()
+        self._counts: dict[int, int] = {}
+
+    @property
+    def penalised(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    def start(self, prompt: list[int]) -> None:
+        """A new sequence: forget the output counted so far; the prompt's tokens are seen."""
+        self._seen, self._counts = set(prompt), {}
+
+    def _penalise(self, logits: np.ndarray) -> np.ndarray:
+        logits = logits.copy()
+        if self.repetition_penalty != 1.0 and self._seen:
+            ids = np.fromiter(self._seen, np.int64)
+            ids = ids[ids < logits.size]
+            v = logits[ids]
+            logits[ids] = np.where(v > 0, v / self.repetition_penalty,
+                                   v * self.repetition_penalty)
+        if self._counts and (self.frequency_penalty or self.presence_penalty):
+            ids = np.fromiter(self._counts, np.int64)
+            n = np.fromiter(self._counts.values(), np.float32)
+            keep = ids < logits.size
+            logits[ids[keep]] -= n[keep] * self.frequency_penalty + self.presence_penalty
+        return logits
 
     def __call__(self, logits: np.ndarray) -> int:
-        logits = logits.astype(np.float32).ravel()
+        token = self._sample(logits.astype(np.float32).ravel())
+        self._seen.add(token)
+        self._counts[token] = self._counts.get(token, 0) + 1
+        return token
+
+    def _sample(self, logits: np.ndarray) -> int:
+        if self.penalised:
+            logits = self._penalise(logits)
         if self.temperature <= 0:
             return int(np.argmax(logits))
         logits = logits / self.temperature
@@ -113,7 +177,7 @@ class LlamaModel:
         self.eos = set(meta.eos_token_ids)
         states = {name: self.bundle.program(name).named("state") for name in PROGRAMS}
         self.context = check_cache(self.bundle, states, meta.context)
-        weights = self.bundle.weights() if weights is None else weights
+        self.weights = weights = self.bundle.weights() if weights is None else weights
         self.decode_exe = self.bundle.executable(DECODE, weights)
         self.prefill_exe = self.bundle.executable(PREFILL, weights)
         self.tail_exe = self.bundle.executable(PREFILL_TAIL, weights)
@@ -124,6 +188,7 @@ class LlamaModel:
         self.prefill_exe.bind_state(self.kv)
         self.tail_exe.bind_state(self.kv)
         self.position = 0
+        self.history: list[int] = []  # the tokens whose keys and values the cache holds
         self._one = np.zeros(1, np.int32)
         self._pos = np.zeros(1, np.int32)
 
@@ -136,6 +201,7 @@ class LlamaModel:
         """Forget the conversation: later tokens start at position 0 (old cache rows are
         overwritten before they are read)."""
         self.position = 0
+        self.history = []
 
     def _check_room(self, n: int, what: str = "") -> None:
         if self.position + n > self.context:
@@ -196,35 +262,62 @@ class LlamaModel:
         return logits
 
     def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler | None = None,
-                 on_token: Callable[[int], None] | None = None,
-                 stop_at_eos: bool = True) -> tuple[list[int], Stats]:
+                 on_token: Callable[[int], bool | None] | None = None,
+                 stop_at_eos: bool = True, stats: Stats | None = None,
+                 keep_prefix: bool = False) -> tuple[list[int], Stats]:
         """Generate up to ``max_new_tokens`` after ``prompt``, stopping at an end token unless
-        ``stop_at_eos`` is False (benchmarks generate a fixed count)."""
+        ``stop_at_eos`` is False (benchmarks generate a fixed count), or when ``on_token``
+        returns False (a stop sequence).
+
+        ``stats`` is filled as tokens come, so a caller interrupted (Ctrl-C) still has the
+        figures so far.  With ``keep_prefix`` the cache rows of the previous call's tokens
+        that start ``prompt`` are kept and only the rest is prefilled (a chat's next turn).
+        """
+        if max_new_tokens < 1:
+            raise SamplingError(f"max_new_tokens={max_new_tokens} is out of range: at least 1")
         sampler = sampler or Sampler()
-        self.reset()
-        self._check_room(len(prompt) + max(max_new_tokens - 1, 0),
+        sampler.start(prompt)
+        keep = self._common_prefix(prompt) if keep_prefix else 0
+        self.position = keep
+        self.history = list(prompt[:keep])
+        self._check_room(len(prompt) - keep + max(max_new_tokens - 1, 0),
                          f"a prompt of {len(prompt)} tokens and {max_new_tokens} new tokens")
-        stats = Stats(prompt_tokens=len(prompt))
+        stats = stats if stats is not None else Stats()
+        stats.prompt_tokens = len(prompt)
         start = time.perf_counter()
-        logits = self.prefill(prompt)
+        logits = self.prefill(prompt[keep:])
+        self.history = list(prompt)
         stats.prefill_seconds = time.perf_counter() - start
         out: list[int] = []
         decode_start = None
         while len(out) < max_new_tokens:
             token = sampler(logits)
             out.append(token)
+            stats.new_tokens = len(out)
             if decode_start is None:
                 decode_start = time.perf_counter()
                 stats.time_to_first_token = decode_start - start
-            if on_token:
-                on_token(token)
-            if (stop_at_eos and token in self.eos) or len(out) == max_new_tokens:
+            else:
+                stats.decode_seconds = time.perf_counter() - decode_start
+            if stop_at_eos and token in self.eos:
+                break
+            if (on_token and on_token(token) is False) or len(out) == max_new_tokens:
                 break
             logits = self.decode(token)
-        stats.new_tokens = len(out)
+            self.history.append(token)
         if decode_start is not None:
             stats.decode_seconds = time.perf_counter() - decode_start
         return out, stats
+
+    def _common_prefix(self, prompt: list[int]) -> int:
+        """How many leading tokens of ``prompt`` the cache already holds (at least one token
+        is left to prefill: its logits are needed)."""
+        n = 0
+        for a, b in zip(self.history, prompt[:-1]):
+            if a != b:
+                break
+            n += 1
+        return n
 
 
 class TextStream:
@@ -240,3 +333,31 @@ class TextStream:
             return ""
         new, self.shown = text[len(self.shown):], text
         return new
+
+
+class StopText:
+    """The text of a token stream up to the first of ``stop`` strings: ``push`` returns the text
+    that is safe to show (text that could be the start of a stop string is held back until
+    the next tokens decide), ``flush`` what is held back once the stream ends otherwise."""
+
+    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()):
+        self.stream, self.stop = TextStream(tokenizer), [s for s in stop if s]
+        self.held, self.stopped = "", False
+
+    def push(self, token: int) -> str:
+        if self.stopped:
+            return ""
+        self.held += self.stream.push(token)
+        cut = min((i for i in (self.held.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            out, self.held = self.held[:cut], ""
+            return out
+        hold = max((n for s in self.stop for n in range(min(len(s) - 1, len(self.held)), 0, -1)
+                    if self.held.endswith(s[:n])), default=0)
+        out, self.held = self.held[:len(self.held) - hold], self.held[len(self.held) - hold:]
+        return out
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out

@@ -3,6 +3,12 @@
 Streams the text as it is generated, then reports prompt tokens, time to first token, prefill
 tokens/s and decode tokens/s; ``--json`` prints one JSON object with the text and those figures
 instead.  Greedy unless ``--temperature`` is above zero.
+
+``--chat`` applies the checkpoint's own chat template (kept in the bundle); with ``--prompt``
+it answers that one message, without it it is an interactive conversation: type a message,
+the reply streams, and the next turn sees the whole conversation (the cache keeps what it
+already holds).  An empty line or end of input ends it.  Ctrl-C ends any run cleanly with the
+statistics so far.
 """
 
 from __future__ import annotations
@@ -12,24 +18,134 @@ import json
 import sys
 
 from ..errors import IronError
-from .generate import LlamaModel, Sampler, TextStream, chat_prompt
+from .chat import ChatTemplate
+from .generate import LlamaModel, SamplingError, Sampler, Stats, StopText
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m iron.lm.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle", help="a bundle folder, e.g. build/llama/cpu")
+    p.add_argument("--prompt", default=None,
+                   help="the prompt (default: the bundle's; with --chat: ask interactively)")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="most tokens generated per answer, at least 1 (default 128)")
+    p.add_argument("--chat", action="store_true",
+                   help="use the checkpoint's chat template; without --prompt, a conversation")
+    p.add_argument("--system", default=None, help="with --chat: a system message")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the answer before this text (repeatable)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 <= T <= 100; 0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="sample from the k most likely tokens, k >= 0 (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample from the smallest set of tokens whose probability reaches p, "
+                        "0 < p <= 1")
+    p.add_argument("--seed", type=int, default=None, help="random seed, >= 0")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide the logits of tokens already seen (prompt and output) by this, "
+                        "0 < r <= 10; 1 is off, 1.1-1.3 stops greedy loops")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times a token's count in the output, -2 .. 2")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from every token in the output, -2 .. 2")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--threads", type=int, default=None,
+                   help="at most this many threads per kernel (default: as built, which is at "
+                        "most the cores this process may use)")
+    return p
+
+
+def sampler_from(args, parse: argparse.ArgumentParser) -> Sampler:
+    if args.max_new_tokens < 1:
+        parse.error(f"--max-new-tokens {args.max_new_tokens} is out of range: at least 1")
+    try:
+        return Sampler(args.temperature, args.top_k, args.top_p, args.seed,
+                       args.repetition_penalty, args.frequency_penalty, args.presence_penalty)
+    except SamplingError as e:
+        name = str(e).split("=", 1)[0]
+        parse.error(f"--{name.replace('_', '-')}: {e}")
+
+
+def report(stats: Stats, out=sys.stderr, interrupted: bool = False) -> None:
+    print(f"\n\n{'interrupted; ' if interrupted else ''}prompt tokens: {stats.prompt_tokens}  "
+          f"time to first token: {stats.time_to_first_token * 1000:.1f} ms  prefill: "
+          f"{stats.prefill_tokens_per_second:.1f} tok/s  decode: "
+          f"{stats.decode_tokens_per_second:.1f} tok/s ({stats.new_tokens} new tokens)",
+          file=out)
+
+
+class Chat:
+    """A conversation with the model under the checkpoint's chat template."""
+
+    def __init__(self, model: LlamaModel, template: ChatTemplate, system: str | None = None):
+        self.model, self.template = model, template
+        self.tokenizer = model.tokenizer()
+        self.messages = [{"role": "system", "content": system}] if system else []
+        self.prompts: list[list[int]] = []  # the token ids each turn was given
+        self.tokens: list[int] = []  # the last answer's tokens
+
+    def turn(self, text: str, max_new_tokens: int, sampler: Sampler, stop=(),
+             on_text=None, stats: Stats | None = None) -> str:
+        """Answer ``text``; the answer joins the conversation. ``on_text`` gets each piece."""
+        self.messages.append({"role": "user", "content": text})
+        ids = self.tokenizer.encode(self.template.render(self.messages),
+                                    add_special_tokens=False).ids
+        self.prompts.append(ids)
+        stream, pieces = StopText(self.tokenizer, stop), []
+
+        def on_token(token: int) -> bool:
+            piece = stream.push(token)
+            pieces.append(piece)
+            if on_text and piece:
+                on_text(piece)
+            return not stream.stopped
+
+        try:
+            self.tokens, _ = self.model.generate(ids, max_new_tokens, sampler, on_token,
+                                                 stats=stats, keep_prefix=True)
+        finally:
+            pieces.append(stream.flush())
+            if on_text and pieces[-1]:
+                on_text(pieces[-1])
+            self.messages.append({"role": "assistant", "content": "".join(pieces)})
+        return self.messages[-1]["content"]
+
+
+def interactive(chat: Chat, args, parse) -> int:
+    total = Stats()
+    print("chat: type a message; an empty line or end of input ends, Ctrl-C too",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not line.strip():
+            break
+        stats = Stats()
+        try:
+            chat.turn(line, args.max_new_tokens, sampler_from(args, parse), args.stop,
+                      lambda piece: (sys.stdout.write(piece), sys.stdout.flush()), stats)
+        except KeyboardInterrupt:
+            report(stats, interrupted=True)
+            break
+        sys.stdout.write("\n")
+        print(f"[{stats.new_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s]",
+              file=sys.stderr)
+        total.prompt_tokens += stats.prompt_tokens
+        total.new_tokens += stats.new_tokens
+    print(f"\n{len(chat.prompts)} turns, {total.new_tokens} tokens generated", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m iron.lm.run", description=__doc__)
-    parser.add_argument("bundle", help="a bundle folder, e.g. build/llama/cpu")
-    parser.add_argument("--prompt", default=None, help="the prompt (default: the bundle's)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="at most this many threads per kernel (default: as built, which "
-                             "is at most the cores this process may use)")
-    args = parser.parse_args(argv)
+    parse = parser()
+    args = parse.parse_args(argv)
+    sampler = sampler_from(args, parse)
+    stats = Stats()
+    chunks: list[str] = []
     try:
         if args.threads is not None:
             if args.threads < 1:
@@ -41,36 +157,47 @@ def main(argv: list[str] | None = None) -> int:
             check_text(args.prompt, "--prompt")
         model = LlamaModel(args.bundle)
         tokenizer = model.tokenizer()
+        if args.chat:
+            chat = Chat(model, ChatTemplate.from_dir(model.bundle.path), args.system)
+            if args.prompt is None:
+                return interactive(chat, args, parse)
         prompt = args.prompt if args.prompt is not None else model.meta.default_prompt
-        text_in = chat_prompt(prompt) if args.chat else prompt
-        ids = tokenizer.encode(text_in, add_special_tokens=False).ids
-        stream = TextStream(tokenizer)
-        chunks: list[str] = []
 
-        def on_token(token: int) -> None:
-            if token in model.eos:
-                return
-            piece = stream.push(token)
+        def show(piece: str) -> None:
             chunks.append(piece)
             if not args.json:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
 
-        if not args.json:
-            sys.stdout.write(prompt if not args.chat else "")
-        sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-        tokens, stats = model.generate(ids, args.max_new_tokens, sampler, on_token)
+        if args.chat:
+            chat.turn(prompt, args.max_new_tokens, sampler, args.stop, show, stats)
+            tokens = chat.tokens
+        else:
+            if not args.json:
+                sys.stdout.write(prompt)
+            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+            stream = StopText(tokenizer, args.stop)
+
+            def on_token(token: int) -> bool:
+                piece = stream.push(token)
+                if piece:
+                    show(piece)
+                return not stream.stopped
+
+            tokens, _ = model.generate(ids, args.max_new_tokens, sampler, on_token, stats=stats)
+            rest = stream.flush()
+            if rest:
+                show(rest)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    report = {"text": "".join(chunks), "tokens": tokens, **stats.as_dict()}
+    except KeyboardInterrupt:
+        report(stats, interrupted=True)
+        return 130
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps({"text": "".join(chunks), "tokens": tokens, **stats.as_dict()}))
     else:
-        print(f"\n\nprompt tokens: {stats.prompt_tokens}  time to first token: "
-              f"{stats.time_to_first_token * 1000:.1f} ms  prefill: "
-              f"{stats.prefill_tokens_per_second:.1f} tok/s  decode: "
-              f"{stats.decode_tokens_per_second:.1f} tok/s ({stats.new_tokens} new tokens)")
+        report(stats, sys.stdout)
     return 0
 
 

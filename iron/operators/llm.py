@@ -289,9 +289,136 @@ class Attention(Operator):
         qh = q.reshape(self.rows, self.heads, self.head_dim)
         for r in range(self.rows):
             n = min(int(pos[0]) + r + 1, self.ctx)
+            if n <= 0:
+                continue  # no key to attend (a padding row): zeros, as the kernel gives
             for h in range(self.heads):
                 k, v = k_cache[h // group, :n], v_cache[h // group, :n]
                 s = k @ qh[r, h] / np.float32(np.sqrt(self.head_dim))
                 p = np.exp(s - s.max())
                 out[r, h] = (p / p.sum()) @ v
         return out.reshape(self.rows, self.heads * self.head_dim)
+
+
+def slot_cache_shape(t: Tensor, op: type) -> tuple[int, int, int]:
+    expect(t.ndim == 4, op, "a slotted KV cache is (slots, kv_heads, ctx, head_dim), got shape "
+           f"{t.shape}")
+    return t.shape[1:]
+
+
+def slot_positions(rng, rows: int, slots: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
+    """Test inputs of a slotted step: a random position per row (-1, a padding row, included)
+    and distinct slots."""
+    return (rng.integers(-1, ctx, rows).astype(np.int32),
+            rng.permutation(slots)[:rows].astype(np.int32))
+
+
+def expect_slots(op: Operator, slot: Tensor) -> None:
+    expect(slot.shape == (op.rows,), op, f"slot has shape {slot.shape}, expected ({op.rows},)")
+    expect_dtype(slot, np.int32, op, "slot")
+
+
+class SlotQKVRoPE(QKVRoPE):
+    """``QKVRoPE`` for batched decode: every row is its own sequence, at position ``pos[r]`` of
+    KV-cache slot ``slot[r]``.
+
+    Inputs: qkv, pos, inv_freq as ``QKVRoPE``; k_cache and v_cache (slots, kv_heads, ctx,
+    head_dim); slot int32 (rows,).  The number of slots is not a param: the kernel indexes the
+    caches by ``slot``, whose range the caller checks, so one compiled instance serves a cache
+    of any number of slots.  Each row is rotated and written by the same code as ``QKVRoPE``'s.
+    """
+
+    test_shapes = ({"rows": 1, "slots": 1, "heads": 1, "kv_heads": 1, "head_dim": 2, "ctx": 1},
+                   {"rows": 4, "slots": 6, "heads": 9, "kv_heads": 3, "head_dim": 64,
+                    "ctx": 64})
+    sweep_shape = -1
+
+    @classmethod
+    def shape_params(cls, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
+                     v_cache: Tensor, slot: Tensor) -> dict:
+        kv_heads, ctx, head_dim = slot_cache_shape(k_cache, cls)
+        flat = Tensor(k_cache.index, (kv_heads, ctx, head_dim), k_cache.dtype)
+        return super().shape_params(qkv, pos, inv_freq, flat, flat)
+
+    def signature(self, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
+                  v_cache: Tensor, slot: Tensor) -> list:
+        expect_slots(self, slot)
+        (q, _, _) = super().signature(qkv, pos, inv_freq, k_cache, v_cache)
+        return [q, (k_cache.shape, bfloat16), (v_cache.shape, bfloat16)]
+
+    def kernel_macros(self) -> dict[str, int]:
+        return {**super().kernel_macros(), "IRON_SLOTTED": 1}
+
+    @classmethod
+    def example(cls, rng, rows, slots, heads, kv_heads, head_dim, ctx):
+        k, v = (normal(rng, slots, kv_heads, ctx, head_dim) for _ in range(2))
+        pos, slot = slot_positions(rng, rows, slots, ctx)
+        return {}, [normal(rng, rows, (heads + 2 * kv_heads) * head_dim), pos,
+                    rope_frequencies(head_dim), k, v, slot]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 5:
+            return np.zeros(self.rows, np.int32)  # every row in slot 0
+        return super().example_input(index, shape, dtype, rng)
+
+    def reference(self, qkv, pos, inv_freq, k_cache, v_cache, slot):
+        k_out, v_out = k_cache.copy(), v_cache.copy()
+        q = np.zeros((self.rows, self.heads * self.head_dim), np.float32)
+        one = QKVRoPE(rows=1, heads=self.heads, kv_heads=self.kv_heads,
+                      head_dim=self.head_dim, ctx=self.ctx)
+        for r in range(self.rows):
+            s = int(slot[r])
+            q[r], k_out[s], v_out[s] = one.reference(qkv[r:r + 1], pos[r:r + 1], inv_freq,
+                                                     k_out[s], v_out[s])
+        return q, k_out, v_out
+
+
+class SlotAttention(Attention):
+    """``Attention`` for batched decode: row ``r`` is one query of its own sequence, at position
+    ``pos[r]``, attending keys ``0 .. pos[r]`` of KV-cache slot ``slot[r]``.
+
+    Inputs: q (rows, heads * head_dim), k_cache and v_cache (slots, kv_heads, ctx, head_dim),
+    pos and slot int32 (rows,).  As with ``SlotQKVRoPE`` the number of slots is not a param.
+    Every (row, head) pair runs the same code as ``Attention``'s with the same ``tile_size``, so
+    a row's output does not depend on the other rows.
+    """
+
+    test_shapes = ({"rows": 1, "slots": 1, "heads": 1, "kv_heads": 1, "head_dim": 1, "ctx": 1},
+                   {"rows": 4, "slots": 5, "heads": 9, "kv_heads": 3, "head_dim": 64,
+                    "ctx": 300})
+    sweep_shape = 1
+
+    @classmethod
+    def shape_params(cls, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
+                     slot: Tensor) -> dict:
+        flat = Tensor(k_cache.index, slot_cache_shape(k_cache, cls), k_cache.dtype)
+        return super().shape_params(q, flat, flat, pos)
+
+    def signature(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
+                  slot: Tensor) -> list:
+        expect_slots(self, slot)
+        expect(v_cache.shape == k_cache.shape, self, f"v_cache has shape {v_cache.shape}, "
+               f"k_cache has {k_cache.shape}")
+        flat = Tensor(k_cache.index, k_cache.shape[1:], k_cache.dtype)
+        return super().signature(q, flat, flat, pos)
+
+    def kernel_macros(self) -> dict[str, int]:
+        return {**super().kernel_macros(), "IRON_SLOTTED": 1}
+
+    @classmethod
+    def example(cls, rng, rows, slots, heads, kv_heads, head_dim, ctx):
+        k, v = (normal(rng, slots, kv_heads, ctx, head_dim) for _ in range(2))
+        pos, slot = slot_positions(rng, rows, slots, ctx)
+        return {}, [normal(rng, rows, heads * head_dim), k, v, pos, slot]
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == 4:
+            return np.zeros(self.rows, np.int32)  # every row in slot 0
+        return super().example_input(index, shape, dtype, rng)
+
+    def reference(self, q, k_cache, v_cache, pos, slot):
+        one = Attention(rows=1, heads=self.heads, kv_heads=self.kv_heads,
+                        head_dim=self.head_dim, ctx=self.ctx, tile_size=self.tile_size,
+                        num_aie_columns=self.num_aie_columns)
+        return np.concatenate([one.reference(q[r:r + 1], k_cache[int(slot[r])],
+                                             v_cache[int(slot[r])], pos[r:r + 1])
+                               for r in range(self.rows)])

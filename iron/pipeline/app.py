@@ -10,7 +10,10 @@ provides:
 - ``files() -> dict[str, Path]``: files the bundle carries as they are (``tokenizer.json``);
 - ``meta() -> dict``: JSON data the runtime needs (model config, special tokens, ...);
 - ``sources() -> list[Path]``: the files the bundle depends on (the checkpoint's);
-- ``run_command(bundle, prompt) -> list[str]``: the command ``doit generate`` runs.
+- ``run_command(bundle, prompt, options) -> list[str]``: the command ``doit generate`` runs
+  (``options``: the generation doit variables given, by name, as strings);
+- optionally ``tuned_programs(device, profile)``: the programs whose tunables the tuner
+  chooses, when some of ``programs`` derive theirs from others.
 
 Profiles live in ``profiles/<app>/<device>.json``; a missing file means "defaults only".
 """

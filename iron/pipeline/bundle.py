@@ -194,12 +194,17 @@ class Bundle:
                               "the file is damaged or was changed: rebuild the bundle")
         return weights
 
-    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
-        """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
+    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None,
+                   program: Program | None = None):
+        """The program ``name`` loaded from the bundle's own libraries (no compiler needed);
+        ``program``, when given, is that program with its tensors resized (the same steps)."""
         from ..targets import target_for
 
-        program = self.program(name)
         doc = self.manifest["programs"][name]
+        program = self.program(name) if program is None else program
+        if len(program.steps) != len(doc["kernels"]):
+            raise BundleError(f"{self.path}: program {name!r} has {len(doc['kernels'])} "
+                              f"kernels, the program given {len(program.steps)} steps")
         exe = target_for(program.device).executable(
             program, [self.path / k for k in doc["kernels"]], self.path / self.manifest["runtime"])
         exe.bind_weights(self.weights() if weights is None else weights)

@@ -18,12 +18,14 @@ iron's and the application's sources and of the checkpoint's files.  A no-op ``d
 record and imports neither numpy nor the application.
 
 Variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint`` (the
-application's default), ``context``, ``weights`` (``native``: the checkpoint's own
-formats, ``bf16`` or ``uint4``), ``group`` (uint4's group size), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most
-the usable cores), ``prompt``, the tuner's ``only``, ``budget``, ``fresh``, ``max_load``, and
-gc's ``days``.
-The default bundle is ``build/<app>/<device>/``; another checkpoint, context or -march level
-gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
+application's default), ``context``, ``weights`` (``native``: the checkpoint's own formats,
+``bf16`` or ``uint4``), ``group`` (uint4's group size), ``batch`` (most sequences one batched
+decode step runs), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable
+cores), ``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of
+``python -m iron.lm.run``, e.g. ``top_k=40 stop=. chat=1``, which it validates), the tuner's
+``only``, ``budget``, ``fresh``, ``max_load``, and gc's ``days``.
+The default bundle is ``build/<app>/<device>/``; another checkpoint, context, weights, batch or
+-march level gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ DOIT_CONFIG = {
     "verbosity": 2,
     "reporter": Reporter,
 }
+
+
+#: doit variables ``generate`` passes on to the application's run command (as its flags)
+GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop",
+                    "repetition_penalty", "frequency_penalty", "presence_penalty", "chat",
+                    "system")
 
 
 def _positive(limit: int) -> Callable[[str, str], int]:
@@ -137,7 +145,8 @@ VARIABLES: dict[str, Callable[[str, str], Any]] = {
     "context": _positive(1 << 20), "weights": _choice("native", "bf16", "uint4"),
     "group": _choice("32", "128"), "march": _march, "threads": _positive(4096),
     "prompt": _text, "only": _operators, "budget": _number, "fresh": _choice("0", "1"),
-    "max_load": _number, "days": _number,
+    "max_load": _number, "days": _number, "batch": _positive(64),
+    **{name: _text for name in GENERATE_OPTIONS},
 }
 
 
@@ -217,6 +226,7 @@ class BuildGraph:
         self.context = self.vars.get("context")
         self.weights = self.vars.get("weights")
         self.group = self.vars.get("group")
+        self.batch = self.vars.get("batch")
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
                                                             "max_load")}
@@ -242,6 +252,8 @@ class BuildGraph:
             parts.append(f"ctx{self.context}")
         if self.weights not in (None, "native"):
             parts.append(self.weights + (f"-g{self.group}" if self.group else ""))
+        if self.batch:
+            parts.append(f"batch{self.batch}")
         if self.level != host.DEFAULT_MARCH:
             parts.append(_slug(self.level))
         return "-".join(parts)
@@ -253,7 +265,8 @@ class BuildGraph:
             from .app import load_app
 
             self._app = load_app(self.app_name, self.checkpoint,
-                                 **app_options(self.context, self.weights, self.group))
+                                 **app_options(self.context, self.weights, self.group,
+                                               self.batch))
         return self._app
 
     def profile(self):
@@ -267,7 +280,8 @@ class BuildGraph:
         profile = self.profile_file.read_bytes() if self.profile_file.exists() else b""
         key = {"version": RECORD_VERSION, "vars": {k: v for k, v in self.vars.items()
                                                      if k in ("app", "device", "checkpoint",
-                                                              "context", "weights", "group")},
+                                                              "context", "weights", "group",
+                                                              "batch")},
                "march": self.level, "columns": self.device.columns,
                "checkpoint": str(Path(self.checkpoint).resolve()) if self.checkpoint else None,
                "profile": hashlib.sha256(profile).hexdigest(), "code": _code_stamp(),
@@ -368,7 +382,8 @@ class BuildGraph:
         deps += record["runtime_sources"]
         return {"actions": [(write_bundle_action, [self.app_name, self.checkpoint,
                                                    self.context, self.weights, self.group,
-                                                   self.device.name, str(self.bundle_dir)])],
+                                                   self.batch, self.device.name,
+                                                   str(self.bundle_dir)])],
                 "file_dep": sorted(set(deps)),
                 "task_dep": ["compile"],
                 "targets": [str(self.bundle_dir / MANIFEST)],
@@ -382,8 +397,11 @@ class BuildGraph:
                        f"{self.bundle_dir}"}
 
     def task_generate(self) -> dict:
+        options = {k: self.vars.get(k) for k in GENERATE_OPTIONS if k in self.vars}
         gen = self.record["generate"]
-        if self.prompt is None:
+        if options:  # flags beyond the prompt: the application builds its command
+            command = self.app.run_command(self.bundle_dir, self.prompt, options)
+        elif self.prompt is None:
             command = gen["default"]
         else:
             command = [self.prompt if a == gen["mark"] else a for a in gen["prompt"]]
@@ -449,9 +467,11 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
           f"{entry.path}")
 
 
-def app_options(context, weights, group) -> dict[str, Any]:
+def app_options(context, weights, group, batch=None) -> dict[str, Any]:
     """The application's options from the doit variables that were given."""
     options: dict[str, Any] = {"context": int(context)} if context else {}
+    if batch:
+        options["batch"] = int(batch)
     if weights:
         options["weights"] = weights
     if group:
@@ -459,14 +479,15 @@ def app_options(context, weights, group) -> dict[str, Any]:
     return options
 
 
-def write_bundle_action(app_name, checkpoint, context, weights, group, device_name, out):
+def write_bundle_action(app_name, checkpoint, context, weights, group, batch, device_name,
+                        out):
     """doit action: write the bundle (opens the application: it needs the weights)."""
     from ..devices import device
     from .app import app_profile, load_app
     from .bundle import write_bundle
 
     try:
-        app = load_app(app_name, checkpoint, **app_options(context, weights, group))
+        app = load_app(app_name, checkpoint, **app_options(context, weights, group, batch))
         dev = device(device_name)
         profile = app_profile(app_name, dev.name)
         profile.warnings_to = io.StringIO()  # said when the tasks were set up

@@ -41,7 +41,7 @@ from ..paths import build_dir
 from ..pipeline.app import profile_path as app_profile_path
 from ..profile import Profile
 from ..targets import target_for
-from .candidates import Instance, candidates, instances, traffic
+from .candidates import Instance, candidates, instances, traffic, tuned_programs
 from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
 from .quiet import QUIET, BusyError
@@ -143,7 +143,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     path = Path(profile_path or app_profile_path(app.name, dev.name))
     previous = Profile.load(path) if path.exists() else Profile(device=dev.name)
 
-    found = instances(app.programs(dev, previous))
+    found = instances(tuned_programs(app, dev, previous))
     work = [(i, candidates(i.op, dev)) for i in select(found, only)]
     fixed = [i for i, c in work if len(c) <= 1]
     # the instances that move the most bytes per model call first: a budget cut hits the rest
@@ -361,7 +361,7 @@ class _Run:
 def check_applied(app, dev: Device, profile: Profile, outcomes: list[Outcome],
                   out: TextIO) -> None:
     """Warn about chosen settings the application does not pick up (a call keyword wins)."""
-    now = {i.op: i.current for i in instances(app.programs(dev, profile))}
+    now = {i.op: i.current for i in instances(tuned_programs(app, dev, profile))}
     for o in outcomes:
         applied = now.get(o.instance.op)
         if o.chosen is not None and applied is not None and applied != o.chosen:

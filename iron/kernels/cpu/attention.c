@@ -4,10 +4,14 @@
  *       v_cache (KV_HEADS, CTX, HEAD_DIM) bf16, pos (ROWS) int32
  *       -> out (ROWS, HEADS * HEAD_DIM) bf16.
  * Query row r sits at position pos[0] + r and attends keys 0 .. pos[0] + r inclusive (clamped
- * to the CTX cache positions; a row with no key gives zeros). Query head h reads KV head
- * h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM); softmax and the weighted sum
- * of v are float32 (online softmax over blocks of TILE_SIZE keys, exp by iron_exp8 8 keys at a
- * time); out is rounded to bf16.
+ * to the CTX cache positions; a row with no key gives zeros).
+ * With IRON_SLOTTED (batched decode: every row is its own sequence), the caches are
+ * (SLOTS, KV_HEADS, CTX, HEAD_DIM) and a sixth argument slot (ROWS) int32 comes before out:
+ * row r sits at position pos[r] of cache slot slot[r]. Each (row, head) pair runs the same
+ * attend() either way, so a row's result does not depend on the other rows.
+ * Query head h reads KV head h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM);
+ * softmax and the weighted sum of v are float32 (online softmax over blocks of TILE_SIZE keys,
+ * exp by iron_exp8 8 keys at a time); out is rounded to bf16.
  * macros:
  *   IRON_ROWS             query rows (tokens)
  *   IRON_HEADS            query heads
@@ -80,17 +84,28 @@ void iron_kernel(void *const *args) {
     const uint16_t *k_cache = args[1];
     const uint16_t *v_cache = args[2];
     const int32_t *pos = args[3];
+#ifdef IRON_SLOTTED
+    const int32_t *slot = args[4];
+    uint16_t *out = args[5];
+#else
     uint16_t *out = args[4];
     const long start = pos[0];
+#endif
 
 #if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
 #endif
     for (long rh = 0; rh < (long)IRON_ROWS * IRON_HEADS; rh++) {
         const long r = rh / IRON_HEADS, h = rh % IRON_HEADS;
+#ifdef IRON_SLOTTED
+        long len = (long)pos[r] + 1;
+        const long base = (long)slot[r] * IRON_KV_HEADS * IRON_CTX * IRON_HEAD_DIM;
+#else
         long len = start + r + 1;
+        const long base = 0;
+#endif
         len = len < 0 ? 0 : len > IRON_CTX ? IRON_CTX : len;
-        const long kv = (h / GROUP) * (long)IRON_CTX * IRON_HEAD_DIM;
+        const long kv = base + (h / GROUP) * (long)IRON_CTX * IRON_HEAD_DIM;
         const long off = rh * IRON_HEAD_DIM;
         attend(q + off, k_cache + kv, v_cache + kv, len, out + off);
     }

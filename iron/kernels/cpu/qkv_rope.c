@@ -6,6 +6,9 @@
  *       -> q (ROWS, HEADS * HEAD_DIM) bf16; k_cache and v_cache are updated in place.
  * Row r is rotated by angle pos[r] * inv_freq[i] (as rope.c) and lands in cache position
  * pos[0] + r (as cache_write.c); positions outside [0, CTX) are not written.
+ * With IRON_SLOTTED (batched decode: every row is its own sequence), the caches are
+ * (SLOTS, KV_HEADS, CTX, HEAD_DIM), a sixth argument slot (ROWS) int32 comes before q, and row
+ * r lands in position pos[r] of cache slot slot[r].
  * macros:
  *   IRON_ROWS, IRON_HEADS, IRON_KV_HEADS, IRON_HEAD_DIM (even), IRON_CTX
  */
@@ -35,7 +38,12 @@ void iron_kernel(void *const *args) {
     const int32_t *pos = args[1];
     const float *inv_freq = args[2];
     uint16_t *k_cache = args[3], *v_cache = args[4];
+#ifdef IRON_SLOTTED
+    const int32_t *slot_of = args[5];
+    uint16_t *q = args[6];
+#else
     uint16_t *q = args[5];
+#endif
 
     for (long r = 0; r < IRON_ROWS; r++) {
         float c[HALF], s[HALF];
@@ -49,12 +57,17 @@ void iron_kernel(void *const *args) {
         for (int h = 0; h < IRON_HEADS; h++)
             rotate(row + h * IRON_HEAD_DIM, c, s,
                    q + (r * IRON_HEADS + h) * (long)IRON_HEAD_DIM);
-        const long slot = (long)pos[0] + r;
+#ifdef IRON_SLOTTED
+        const long slot = pos[r];
+        const long base = (long)slot_of[r] * IRON_KV_HEADS * IRON_CTX * IRON_HEAD_DIM;
+#else
+        const long slot = (long)pos[0] + r, base = 0;
+#endif
         if (slot < 0 || slot >= IRON_CTX) continue;
         const uint16_t *k = row + IRON_HEADS * IRON_HEAD_DIM;
         const uint16_t *v = k + IRON_KV_HEADS * IRON_HEAD_DIM;
         for (int g = 0; g < IRON_KV_HEADS; g++) {
-            const long at = (g * (long)IRON_CTX + slot) * IRON_HEAD_DIM;
+            const long at = base + (g * (long)IRON_CTX + slot) * IRON_HEAD_DIM;
             rotate(k + g * IRON_HEAD_DIM, c, s, k_cache + at);
             memcpy(v_cache + at, v + g * IRON_HEAD_DIM, sizeof(uint16_t) * IRON_HEAD_DIM);
         }

@@ -1,0 +1,270 @@
+"""Serving throughput: aggregate decode tokens/s with 1, 2, 4 and 8 concurrent streams, iron's
+OpenAI-compatible server next to llama.cpp's server on the same weights, driven the same way.
+
+    python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
+                               [--rounds 2] [--no-llamacpp]
+    python benchmarks/serve.py --steps [--blocks 300]
+
+Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve BUNDLE
+--slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
+slots, an F16 GGUF of the same SmolLM2 weights, 2 threads, see ``benchmarks/llamacpp.py``),
+never both at once. For each stream count N, N clients post at the same moment a streaming
+``/v1/completions`` request each (a different 32-token prompt of the same token ids for both
+engines, greedy, ``ignore_eos``, ``max_tokens`` new tokens) and read the server-sent events.
+Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
+posts to the last token), the median time to first token and the median per-stream time
+between tokens. Engines alternate within each round; the best round is kept. The machine is
+shared: the load average is printed with the figures.
+
+``--steps`` measures iron's decode steps alone, in this process, without HTTP: the time of one
+step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
+batched ``decode_slots<B>`` program otherwise), N = 1, 2, 4, 8 taking turns step by step;
+the fastest step of each N, so that moments when another process held a core (which stalls
+a two-thread kernel) weigh least, and the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))
+
+TEXT = ("Once upon a time, there was a little girl named Lily who lived in a small village at "
+        "the edge of a great forest. Every morning she walked to the river to fetch water")
+
+
+def stream_one(host: str, port: int, body: dict, start: threading.Barrier, out: dict) -> None:
+    """Post one streaming completion; record when each chunk came and the token count."""
+    connection = http.client.HTTPConnection(host, port, timeout=600)
+    start.wait()
+    t0 = time.perf_counter()
+    connection.request("POST", "/v1/completions", json.dumps(body),
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    if response.status != 200:
+        out["error"] = f"{response.status}: {response.read()[:300]!r}"
+        return
+    times, tokens = [], None
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        doc = json.loads(line[6:])
+        if doc.get("choices") and doc["choices"][0].get("text"):
+            times.append(time.perf_counter())
+        if doc.get("usage"):
+            tokens = doc["usage"]["completion_tokens"]
+    connection.close()
+    out.update(t0=t0, first=times[0], last=times[-1], chunks=len(times),
+               tokens=tokens if tokens is not None else len(times))
+
+
+def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model: str) -> dict:
+    start = threading.Barrier(n)
+    results = [{} for _ in range(n)]
+    threads = [threading.Thread(target=stream_one, args=(
+        "127.0.0.1", port, {"model": model, "prompt": prompts[i], "max_tokens": new_tokens,
+                            "temperature": 0, "stream": True, "ignore_eos": True,
+                            "stream_options": {"include_usage": True},
+                            "cache_prompt": False}, start, results[i])) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise SystemExit(f"a request failed: {errors[0]}")
+    t0 = min(r["t0"] for r in results)
+    wall = max(r["last"] for r in results) - t0
+    tokens = sum(r["tokens"] for r in results)
+    gaps = [(r["last"] - r["first"]) / max(r["chunks"] - 1, 1) for r in results]
+    return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / wall,
+            "ttft_ms": 1000 * statistics.median(r["first"] - r["t0"] for r in results),
+            "token_gap_ms": 1000 * statistics.median(gaps)}
+
+
+def wait_ready(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"no answer from {url} in {seconds} s")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class IronServer:
+    name = "iron"
+
+    def __init__(self, bundle: Path, slots: int):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "iron.lm.serve", str(bundle), "--slots", str(slots),
+             "--port", str(self.port)], cwd=REPO, stderr=subprocess.DEVNULL)
+        wait_ready(f"http://127.0.0.1:{self.port}/health", self.process)
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models") as r:
+            self.model = json.load(r)["data"][0]["id"]
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+class LlamaCppServer:
+    """llama.cpp's server in a child process (this script with ``--llamacpp-child``)."""
+
+    name = "llama.cpp"
+
+    def __init__(self, slots: int, ctx_per_slot: int, threads: int):
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--llamacpp-child", str(slots), str(ctx_per_slot),
+             str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        address = self.process.stdout.readline().strip()
+        if not address.startswith("http://127.0.0.1:"):
+            raise SystemExit(f"llama.cpp's server did not start (said {address!r})")
+        self.port = int(address.rsplit(":", 1)[1].strip("/"))
+        wait_ready(f"{address}/health", self.process)
+        self.model = "smollm2"
+
+    def close(self) -> None:
+        self.process.stdin.close()  # the child exits when its stdin closes
+        self.process.wait(timeout=60)
+
+
+def llamacpp_child(slots: int, ctx_per_slot: int, threads: int) -> None:
+    import xllamacpp as xlc
+
+    from llamacpp import gguf_for
+
+    p = xlc.CommonParams()
+    p.model.path = str(gguf_for("F16"))
+    p.n_parallel = slots
+    p.n_ctx = slots * ctx_per_slot  # llama.cpp splits the context over its slots
+    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
+    p.verbosity = 0
+    server = xlc.Server(p)
+    print(server.listening_address, flush=True)
+    sys.stdin.read()
+    del server
+
+
+def steps(bundle: Path, counts: list[int], blocks: int) -> None:
+    """Decode-step time by number of sequences, in turns (see the module docstring)."""
+    from iron.lm.batch import SlotModel
+
+    model = SlotModel(bundle, slots=max(counts))
+    for s in range(model.slots):
+        model.prefill_slot(s, list(range(100, 164)))  # 64 positions of context each
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    for i in range(blocks):
+        for n in counts:
+            t = time.perf_counter()
+            model.decode_rows(list(range(n)), [200] * n, [64 + i % 64] * n)
+            times[n].append(time.perf_counter() - t)
+    print(f"load average after: {os.getloadavg()}\n")
+    one = min(times[counts[0]])
+    print("| sequences | step ms (fastest) | step ms (median) | aggregate tok/s | "
+          f"against {counts[0]} |")
+    print("|---|---|---|---|---|")
+    for n in counts:
+        best = min(times[n])
+        print(f"| {n} | {best * 1000:.1f} | {statistics.median(times[n]) * 1000:.1f} | "
+              f"{n / best:.1f} | {n / best / (counts[0] / one):.2f}x |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", type=Path, default=REPO / "build" / "llama" / "cpu")
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per stream")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--steps", action="store_true",
+                    help="time iron's decode steps in this process instead (no servers)")
+    ap.add_argument("--blocks", type=int, default=300, help="with --steps: steps per count")
+    ap.add_argument("--llamacpp-child", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.llamacpp_child:
+        llamacpp_child(*args.llamacpp_child)
+        return 0
+    if args.steps:
+        steps(args.bundle, args.streams, args.blocks)
+        return 0
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(args.bundle / "tokenizer.json"))
+    base = tok.encode(TEXT, add_special_tokens=False).ids
+    slots = max(args.streams)
+    prompts = [(base[i:] + base[:i])[:32] for i in range(slots)]  # a different prompt each
+    engines = [lambda: IronServer(args.bundle, slots)]
+    if not args.no_llamacpp:
+        engines.append(lambda: LlamaCppServer(slots, 32 + args.tokens + 32, args.threads))
+    best: dict[tuple[str, int], dict] = {}
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    for r in range(args.rounds):
+        for make in (engines if r % 2 == 0 else engines[::-1]):
+            server = make()
+            try:
+                measure(server.port, 1, prompts, 8, server.model)  # warm up
+                for n in args.streams:
+                    m = measure(server.port, n, prompts, args.tokens, server.model)
+                    key = (server.name, n)
+                    if key not in best or m["aggregate_tok_s"] > best[key]["aggregate_tok_s"]:
+                        best[key] = m
+                    print(f"round {r + 1} {server.name:9s} {n} streams: "
+                          f"{m['aggregate_tok_s']:7.1f} tok/s  ttft {m['ttft_ms']:6.1f} ms  "
+                          f"gap {m['token_gap_ms']:6.1f} ms", flush=True)
+            finally:
+                server.close()
+    print(f"load average after: {os.getloadavg()}\n")
+    names = sorted({k[0] for k in best}, key=["iron", "llama.cpp"].index)
+    print("| streams | " + " | ".join(f"{n} tok/s | {n} ttft ms | {n} gap ms" for n in names)
+          + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
+    print("|---" * (1 + 3 * len(names) + (len(names) == 2)) + "|")
+    for n in args.streams:
+        cells = []
+        for name in names:
+            m = best[(name, n)]
+            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['ttft_ms']:.0f}",
+                      f"{m['token_gap_ms']:.1f}"]
+        if len(names) == 2:
+            ratio = (best[("iron", n)]["aggregate_tok_s"]
+                     / best[("llama.cpp", n)]["aggregate_tok_s"])
+            cells.append(f"{ratio:.2f}x")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    for name in names:
+        one = best[(name, args.streams[0])]["aggregate_tok_s"]
+        scaling = ", ".join(f"{n}: {best[(name, n)]['aggregate_tok_s'] / one:.2f}x"
+                            for n in args.streams)
+        print(f"{name} aggregate against {args.streams[0]} stream: {scaling}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Continuous batching: many sequences share one model, one weight pass per decode step.
+
+Each sequence owns a slot of the KV cache: the cache of every layer is (slots, kv_heads, ctx,
+head_dim), and slot ``s``'s rows are a contiguous (kv_heads, ctx, head_dim) block, so the
+one-sequence programs (prefill, decode) run on a slot by pointing their cache at that block.
+A decode step of n > 1 sequences runs the bundle's ``decode_slots<B>`` program (the smallest
+B >= n; rows beyond n are padding at position -1, which writes nothing and reads nothing): one
+pass over the weights for all of them, each row at its own position in its own slot.
+
+The batched programs take their tunables from the one-row programs and every kernel computes a
+row the same way whatever the other rows hold (see ``apps.llama.model.match_tunables``), so a
+sequence's logits, and its greedy tokens, are the same alone and in any batch.
+
+``Engine`` schedules requests over the slots: a waiting request joins between steps once a slot
+is free (its prompt is prefilled alone), every active sequence then advances one token per
+step, and a finished, stopped or cancelled one leaves its slot at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..pipeline.bundle import Bundle
+from ..errors import IronError
+from .generate import LlamaModel, Sampler, Stats
+from .layout import decode_slots
+
+
+class SlotModel(LlamaModel):
+    """A Llama bundle with a KV cache of ``slots`` sequences."""
+
+    def __init__(self, bundle: Bundle | str | Path, slots: int,
+                 weights: dict[str, np.ndarray] | None = None):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise IronError(f"slots={slots!r}: the number of KV-cache slots must be an integer "
+                            ">= 1")
+        bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
+        weights = bundle.weights() if weights is None else weights
+        super().__init__(bundle, weights)
+        self.slots = slots
+        # np.zeros maps zero pages: a slot's memory is touched only once a sequence uses it
+        self.kv = {name: np.zeros((slots, *a.shape), a.dtype) for name, a in self.kv.items()}
+        self.batched = {}  # rows -> the decode_slots<rows> program, its cache = self.kv
+        for rows in self.meta.batch_sizes:
+            name = decode_slots(rows)
+            exe = self.bundle.executable(name, weights,
+                                         resize_slots(self.bundle.program(name), slots))
+            exe.bind_state(self.kv)
+            self.batched[rows] = exe
+        self._on_slot = {}  # id(one-sequence executable) -> the slot its cache points at
+        self._rows = {b: [np.zeros(b, np.int32) for _ in range(3)] for b in self.batched}
+
+    def _use_slot(self, slot: int) -> None:
+        """Point the one-sequence programs' cache at ``slot``'s rows."""
+        if not 0 <= slot < self.slots:
+            raise IronError(f"slot {slot} does not exist: there are {self.slots} slots")
+        view = {name: a[slot] for name, a in self.kv.items()}
+        for exe in (self.decode_exe, self.prefill_exe, self.tail_exe):
+            if self._on_slot.get(id(exe)) != slot:
+                exe.bind_state(view)
+                self._on_slot[id(exe)] = slot
+
+    def prefill_slot(self, slot: int, tokens: list[int]) -> np.ndarray:
+        """Prefill ``tokens`` from position 0 of ``slot``; the logits after the last one."""
+        self._use_slot(slot)
+        self.position = 0
+        return self.prefill(tokens)
+
+    def decode_rows(self, slots: list[int], tokens: list[int], positions: list[int]
+                    ) -> np.ndarray:
+        """One decode step of several sequences: token ``tokens[i]`` at ``positions[i]`` of
+        ``slots[i]``; their next-token logits (n, vocab), rows in the order given."""
+        n = len(slots)
+        if n == 1 or not self.batched:
+            out = []
+            for s, t, p in zip(slots, tokens, positions):
+                self._use_slot(s)
+                self.position = p
+                out.append(self.decode(t))
+            return np.stack(out)
+        for p in positions:
+            if not 0 <= p < self.context:
+                raise IronError(f"position {p} is outside the context of {self.context}")
+        most = max(self.batched)
+        if n > most:  # more sequences than the largest program: several steps
+            return np.concatenate([self.decode_rows(slots[i:i + most], tokens[i:i + most],
+                                                    positions[i:i + most])
+                                   for i in range(0, n, most)])
+        rows = min(b for b in self.batched if b >= n)
+        tok, pos, slot = self._rows[rows]
+        tok[:n], pos[:n], slot[:n] = tokens, positions, slots
+        tok[n:], pos[n:], slot[n:] = 0, -1, 0  # padding rows: position -1 touches no cache row
+        (logits,) = self.batched[rows].run([tok, pos, slot], copy=False)
+        return logits[:n]
+
+
+def resize_slots(program, slots: int):
+    """``program`` with its slotted KV-cache state sized for ``slots`` sequences (the kernels
+    index the slot dimension at run time and do not depend on its size)."""
+    tensors = [dataclasses.replace(t, shape=(slots, *t.shape[1:]))
+               if t.kind == "state" and len(t.shape) == 4 else t for t in program.tensors]
+    return dataclasses.replace(program, tensors=tensors)
+
+
+@dataclass
+class Request:
+    """One generation: what to generate and where its tokens go.
+
+    ``on_token(token)`` is called from the engine's thread for every token but an end token;
+    returning False ends the sequence (a stop string). ``on_finish(reason, stats)`` is called
+    once, with reason "stop" (end token or stop string), "length", "cancelled" or "error:
+    <message>". ``cancel()`` may be called from any thread.
+    """
+
+    prompt: list[int]
+    max_new_tokens: int
+    sampler: Sampler
+    on_token: Callable[[int], bool | None]
+    on_finish: Callable[[str, Stats], None]
+    stop_at_eos: bool = True
+    cancelled: bool = False
+    stats: Stats = field(default_factory=Stats)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Sequence:
+    request: Request
+    slot: int
+    position: int  # where the next token's keys and values go
+    token: int  # the last token sampled, fed at the next step
+    generated: int = 0
+    started: float = 0.0
+    decode_started: float = 0.0
+
+
+class Engine:
+    """Runs requests on a ``SlotModel``: at most ``model.slots`` at once, decoded together."""
+
+    def __init__(self, model: SlotModel):
+        self.model = model
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.active: dict[int, _Sequence] = {}
+        self.free = list(range(model.slots))
+        self.wake = threading.Condition()
+        self.steps = 0  # decode steps run; ``batch_rows`` sums their sequences
+        self.batch_rows = 0
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    # ---- submitting (any thread) --------------------------------------------------------------
+
+    def check(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise if a request of this size cannot run on the model's context."""
+        ctx = self.model.context
+        if prompt_tokens < 1:
+            raise IronError("the prompt is empty: give at least one token")
+        if prompt_tokens > ctx - 1:
+            raise IronError(f"the prompt is {prompt_tokens} tokens; the context holds {ctx} "
+                            "positions, at least one of them for the answer")
+        if max_new_tokens < 1 or prompt_tokens + max_new_tokens > ctx:
+            raise IronError(f"max_tokens={max_new_tokens} does not fit: the prompt is "
+                            f"{prompt_tokens} tokens and the context {ctx} positions, so at "
+                            f"most {ctx - prompt_tokens} new tokens")
+
+    def submit(self, request: Request) -> None:
+        self.check(len(request.prompt), request.max_new_tokens)
+        with self.wake:
+            self.waiting.append(request)
+            self.wake.notify()
+
+    # ---- running (the engine's thread) --------------------------------------------------------
+
+    def step(self) -> bool:
+        """Admit what fits, then decode one token of every active sequence; whether there was
+        anything to do."""
+        with self.wake:
+            admitted = []
+            while self.waiting and self.free:
+                request = self.waiting.popleft()
+                if request.cancelled:
+                    request.on_finish("cancelled", request.stats)
+                    continue
+                admitted.append((request, self.free.pop(0)))
+        for request, slot in admitted:
+            self._admit(request, slot)
+        for slot, seq in list(self.active.items()):
+            if seq.request.cancelled:
+                self._finish(seq, "cancelled")
+        if not self.active:
+            return bool(admitted)
+        seqs = list(self.active.values())
+        try:
+            logits = self.model.decode_rows([s.slot for s in seqs], [s.token for s in seqs],
+                                            [s.position for s in seqs])
+        except Exception as e:  # a kernel or shape failure: fail these requests, keep serving
+            for seq in seqs:
+                self._finish(seq, f"error: {e}")
+            return True
+        self.steps += 1
+        self.batch_rows += len(seqs)
+        for seq, row in zip(seqs, logits):
+            seq.position += 1
+            self._emit(seq, seq.request.sampler(row))
+        return True
+
+    def _admit(self, request: Request, slot: int) -> None:
+        seq = _Sequence(request, slot, position=len(request.prompt), token=-1,
+                        started=time.perf_counter())
+        request.stats.prompt_tokens = len(request.prompt)
+        request.sampler.start(request.prompt)
+        try:
+            logits = self.model.prefill_slot(slot, request.prompt)
+        except Exception as e:
+            self.active[slot] = seq
+            self._finish(seq, f"error: {e}")
+            return
+        request.stats.prefill_seconds = time.perf_counter() - seq.started
+        self.active[slot] = seq
+        self._emit(seq, request.sampler(logits))
+
+    def _emit(self, seq: _Sequence, token: int) -> None:
+        r, now = seq.request, time.perf_counter()
+        seq.generated += 1
+        seq.token = token
+        r.stats.new_tokens = seq.generated
+        if seq.generated == 1:
+            seq.decode_started = now
+            r.stats.time_to_first_token = now - seq.started
+        else:
+            r.stats.decode_seconds = now - seq.decode_started
+        if r.stop_at_eos and token in self.model.eos:
+            return self._finish(seq, "stop")
+        try:
+            more = r.on_token(token)
+        except Exception as e:
+            return self._finish(seq, f"error: {e}")
+        if more is False:
+            return self._finish(seq, "stop")
+        if seq.generated >= r.max_new_tokens or seq.position >= self.model.context:
+            return self._finish(seq, "length")
+
+    def _finish(self, seq: _Sequence, reason: str) -> None:
+        del self.active[seq.slot]
+        with self.wake:
+            self.free.append(seq.slot)
+            self.free.sort()
+        try:
+            seq.request.on_finish(reason, seq.request.stats)
+        except Exception:  # the listener is gone (a closed connection): nothing to tell
+            pass
+
+    def run_until_idle(self) -> None:
+        """Step until nothing is waiting or active (for callers without a thread)."""
+        while self.step():
+            pass
+
+    def start(self) -> None:
+        """Run steps on a thread of its own until ``stop()``; it sleeps when idle."""
+        def loop() -> None:
+            while True:
+                with self.wake:
+                    while not self._stop and not self.waiting and not self.active:
+                        self.wake.wait()
+                    if self._stop:
+                        break
+                self.step()
+
+        self._stop = False
+        self._thread = threading.Thread(target=loop, name="iron-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.wake:
+            self._stop = True
+            self.wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for seq in list(self.active.values()):
+            self._finish(seq, "cancelled")
+        while self.waiting:
+            r = self.waiting.popleft()
+            r.on_finish("cancelled", r.stats)

@@ -1,0 +1,114 @@
+"""A checkpoint's own chat template, rendered the way transformers renders it.
+
+Hugging Face checkpoints carry their prompt format as a Jinja template: ``chat_template`` in
+``tokenizer_config.json`` (a string, or a list of named templates of which "default" is used),
+or the file ``chat_template.jinja`` that newer transformers versions write; llama.cpp keeps the
+same text in a GGUF's ``tokenizer.chat_template`` (which ``iron.lm.gguf_import`` copies into
+``tokenizer_config.json``). As transformers does (``apply_chat_template``), the template runs
+in Jinja's immutable sandbox, with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
+extension, a ``tojson`` filter and ``raise_exception``, and gets ``messages``,
+``add_generation_prompt``, ``bos_token`` and ``eos_token``. The sandbox keeps a template from
+calling anything but the plain data it is given: rendering never executes code from the
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import IronError
+
+ROLES = ("system", "user", "assistant")
+
+
+class ChatError(IronError, ValueError):
+    """A chat template is missing or broken, or a conversation is malformed."""
+
+
+def _token_text(value: Any) -> str:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+class ChatTemplate:
+    """A compiled chat template and the special tokens it may refer to."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
+                 where: str = "chat template"):
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+
+        def raise_exception(message):
+            raise ChatError(f"{where}: the template refused the conversation: {message}")
+
+        def tojson(value, indent=None):
+            return json.dumps(value, indent=indent, ensure_ascii=False)
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        try:
+            self.template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise ChatError(f"{where}: not a valid Jinja template ({e})") from None
+        self.source, self.bos_token, self.eos_token, self.where = (source, bos_token, eos_token,
+                                                                   where)
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> ChatTemplate:
+        """The template of a checkpoint directory or a bundle; a clear error if it has none."""
+        directory = Path(directory)
+        config_path = directory / "tokenizer_config.json"
+        config: dict[str, Any] = {}
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise ChatError(f"{config_path}: not valid JSON ({e})") from None
+        source, where = config.get("chat_template"), f"{config_path}: chat_template"
+        if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source, where = named.get("default"), where + '["default"]'
+        jinja_file = directory / "chat_template.jinja"
+        if not source and jinja_file.is_file():
+            source, where = jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        if not isinstance(source, str) or not source:
+            raise ChatError(f"{directory}: no chat template (neither chat_template in "
+                            "tokenizer_config.json nor chat_template.jinja); this checkpoint "
+                            "is not a chat model, or give the prompt as plain text")
+        return cls(source, _token_text(config.get("bos_token")),
+                   _token_text(config.get("eos_token")), where)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` (each {"role": system|user|assistant, "content":
+        str}), ending with the assistant's turn opened when ``add_generation_prompt``."""
+        check_messages(messages)
+        import jinja2
+
+        try:
+            return self.template.render(messages=messages, bos_token=self.bos_token,
+                                        eos_token=self.eos_token,
+                                        add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as e:
+            raise ChatError(f"{self.where}: rendering failed ({type(e).__name__}: {e})") from None
+
+
+def check_messages(messages: Any) -> None:
+    """Raise ``ChatError`` naming the first malformed message."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatError("messages must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ChatError(f"messages[{i}] must be an object with role and content")
+        if m.get("role") not in ROLES:
+            raise ChatError(f"messages[{i}].role={m.get('role')!r}: must be one of "
+                            f"{', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise ChatError(f"messages[{i}].content must be a string, got "
+                            f"{type(m.get('content')).__name__}")

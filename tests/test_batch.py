@@ -1,0 +1,115 @@
+"""Batched decode over KV-cache slots: a sequence's logits are bit-identical alone and in any
+batch, the batched GEMV computes each row as the one-row GEMV does, and the engine's
+continuous batching gives each request the tokens it gets alone."""
+
+import numpy as np
+import pytest
+
+import iron
+from iron.lm.batch import Engine, Request, SlotModel
+from iron.lm.generate import Sampler
+from iron.operators import GEMV
+from iron.targets import cpu
+
+from opcases import OneStep
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fib(n):", "Water boils at",
+           "1, 2, 3,", "My favourite colour is"]
+
+
+@pytest.mark.parametrize("tile_size_input", [1, 2, 4])
+def test_batched_gemv_rows_are_bit_identical_to_one_row(tile_size_input):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((192, 100)) * 0.1).astype(iron.bfloat16)  # K % 16 != 0: tails too
+    x = rng.standard_normal((5, 100)).astype(iron.bfloat16)
+    fields = {"tile_size_input": tile_size_input, "tile_size_output": 64}
+    batched = OneStep(GEMV, fields)(w, x)
+    one = cpu.load(OneStep(GEMV, fields).record_like([w, x[0]]))
+    for b in range(5):
+        row = one.run([w, x[b]])[0]
+        assert np.array_equal(batched[b].view(np.uint16), row.view(np.uint16)), b
+
+
+@pytest.fixture(scope="module")
+def slot_model(smollm2_bundle):
+    return SlotModel(smollm2_bundle, slots=8)
+
+
+@pytest.fixture(scope="module")
+def prompts(slot_model):
+    tok = slot_model.tokenizer()
+    return [tok.encode(p, add_special_tokens=False).ids for p in PROMPTS]
+
+
+def test_batched_logits_are_bit_identical_to_decoding_alone(slot_model, prompts):
+    """Three sequences (padded to the 4-row program) and all six (the 8-row one), at different
+    positions in different slots, against the one-sequence decode program on each."""
+    m, steps = slot_model, 3
+    alone = []
+    for ids in prompts:
+        logits = m.prefill_slot(0, ids)
+        rows, token = [], int(np.argmax(logits))
+        for i in range(steps):
+            m.position = len(ids) + i
+            logits = m.decode_rows([0], [token], [len(ids) + i])[0]
+            rows.append(logits.copy())
+            token = int(np.argmax(logits))
+        alone.append(rows)
+    for group in ([1, 3, 4], list(range(6))):
+        slots = [7 - i for i in range(len(group))]  # not the slot each ran in alone
+        tokens = []
+        for s, g in zip(slots, group):
+            tokens.append(int(np.argmax(m.prefill_slot(s, prompts[g]))))
+        for i in range(steps):
+            logits = m.decode_rows(slots, tokens, [len(prompts[g]) + i for g in group])
+            for row, g in zip(logits, group):
+                assert np.array_equal(row.view(np.uint16), alone[g][i].view(np.uint16)), (g, i)
+            tokens = [int(np.argmax(row)) for row in logits]
+
+
+def test_engine_gives_each_request_its_tokens_alone(smollm2_model, slot_model, prompts):
+    """Six greedy requests on four slots: four decode together, two join as slots free up
+    (after shorter requests finish), and every one gets the tokens it gets alone."""
+    lengths = [10, 4, 12, 6, 9, 8]
+    alone = [smollm2_model.generate(ids, n, Sampler(), stop_at_eos=False)[0]
+             for ids, n in zip(prompts, lengths)]
+    engine = Engine(SlotModel(slot_model.bundle, slots=4, weights=slot_model.weights))
+    got = {i: [] for i in range(len(prompts))}
+    reasons = {}
+
+    def request(i):
+        return Request(prompts[i], lengths[i], Sampler(), got[i].append,
+                       lambda reason, stats, i=i: reasons.__setitem__(i, (reason, stats)),
+                       stop_at_eos=False)
+
+    for i in range(len(prompts)):
+        engine.submit(request(i))
+    engine.run_until_idle()
+    for i in range(len(prompts)):
+        assert got[i] == alone[i], (PROMPTS[i], got[i], alone[i])
+        assert reasons[i][0] == "length" and reasons[i][1].new_tokens == lengths[i]
+    assert engine.batch_rows / engine.steps > 2  # they did decode together
+    assert sorted(engine.free) == [0, 1, 2, 3] and not engine.active
+
+
+def test_engine_cancel_frees_the_slot(slot_model, prompts):
+    engine = Engine(slot_model)
+    seen, reasons = [], []
+    req = Request(prompts[0], 50, Sampler(), lambda t: seen.append(t) or len(seen) < 100,
+                  lambda reason, stats: reasons.append(reason))
+    engine.submit(req)
+    engine.step()
+    engine.step()
+    req.cancel()
+    engine.step()
+    assert reasons == ["cancelled"] and len(seen) == 3  # prefill's token, then one a step
+    assert not engine.active and len(engine.free) == slot_model.slots
+
+
+def test_engine_refuses_what_does_not_fit(slot_model, prompts):
+    engine = Engine(slot_model)
+    ctx = slot_model.context
+    with pytest.raises(iron.errors.IronError, match="context holds"):
+        engine.check(ctx, 1)
+    with pytest.raises(iron.errors.IronError, match="max_tokens=.* does not fit"):
+        engine.check(10, ctx)

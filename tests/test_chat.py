@@ -1,0 +1,161 @@
+"""Chat templates (against transformers' own rendering), the sampler's penalties and checks,
+stop strings, and the ``iron.lm.run`` command line: the multi-turn chat, one-line errors for
+bad options, Ctrl-C, and ``doit generate``'s options."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from iron.lm.chat import ChatError, ChatTemplate
+from iron.lm.generate import SamplingError, Sampler, StopText
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"},
+     {"role": "assistant", "content": "Bonjour"}, {"role": "user", "content": "Thanks"}],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["one-turn", "system-multi-turn"])
+def test_template_renders_as_transformers_does(smollm2, messages):
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(smollm2)
+    ours = ChatTemplate.from_dir(smollm2)
+    for generation in (True, False):
+        assert ours.render(messages, generation) == reference.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation)
+
+
+def test_bundle_keeps_the_checkpoints_template(smollm2, smollm2_bundle):
+    assert (ChatTemplate.from_dir(smollm2_bundle).source
+            == json.loads((smollm2 / "tokenizer_config.json").read_text())["chat_template"])
+
+
+def test_template_errors_are_clear(tmp_path):
+    with pytest.raises(ChatError, match="no chat template"):
+        ChatTemplate.from_dir(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% if %}"}))
+    with pytest.raises(ChatError, match="not a valid Jinja template"):
+        ChatTemplate.from_dir(tmp_path)
+    # the sandbox: a template cannot reach Python internals through the data it is given
+    escape = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": escape}))
+    with pytest.raises(ChatError, match="rendering failed"):
+        ChatTemplate.from_dir(tmp_path).render([{"role": "user", "content": "x"}])
+    raising = "{{ raise_exception('only user turns') }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": raising}))
+    with pytest.raises(ChatError, match="only user turns"):
+        ChatTemplate.from_dir(tmp_path).render([{"role": "user", "content": "x"}])
+    with pytest.raises(ChatError, match=r"messages\[1\].role='bot'"):
+        ChatTemplate.from_dir(tmp_path).render([{"role": "user", "content": "x"},
+                                                {"role": "bot", "content": "y"}])
+
+
+def test_penalties_follow_their_definitions():
+    logits = np.array([2.0, -1.0, 0.5, 3.0], np.float32)
+    s = Sampler(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    s.start([1])  # token 1 seen in the prompt
+    s._counts = {3: 2, 0: 1}
+    s._seen |= {3, 0}
+    want = np.array([2.0 / 2 - 0.5 - 0.25, -1.0 * 2, 0.5, 3.0 / 2 - 1.0 - 0.25], np.float32)
+    assert np.allclose(s._penalise(logits), want)
+    # greedy with a penalty leaves a token it keeps choosing
+    g = Sampler(frequency_penalty=2.0)
+    g.start([])
+    picks = [g(np.array([1.0, 0.0, -5.0], np.float32)) for _ in range(3)]
+    assert picks == [0, 1, 0]  # once picked, 1.0 - 2 < 0.0; then 0.0 - 2 < -1.0
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_k", -3), ("top_p", 0),
+                                         ("top_p", 1.5), ("repetition_penalty", 0),
+                                         ("frequency_penalty", 3), ("presence_penalty", -2.5),
+                                         ("seed", -1), ("top_k", 1.5)])
+def test_sampler_refuses_values_out_of_range(field, value):
+    with pytest.raises(SamplingError, match=f"^{field}={value!r} is out of range"):
+        Sampler(**{field: value})
+
+
+class ByteTokenizer:
+    """Token i is the character chr(i): enough for the stop-string logic."""
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_stop_text_holds_back_a_possible_stop_and_cuts_at_it():
+    s = StopText(ByteTokenizer(), ["END", "xy"])
+    shown = [s.push(ord(c)) for c in "abEN"]
+    assert "".join(shown) == "ab"  # "EN" may start "END"
+    assert s.push(ord("c")) == "ENc" and not s.stopped  # it did not
+    assert s.push(ord("E")) + s.push(ord("N")) + s.push(ord("D")) == "" and s.stopped
+    assert s.push(ord("z")) == ""
+    t = StopText(ByteTokenizer(), ["END"])
+    assert t.push(ord("E")) == "" and t.flush() == "E"  # the stream ended otherwise
+
+
+def run_cli(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "iron.lm.run", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("flag,value,rule", [("--max-new-tokens", -5, "at least 1"),
+                                             ("--top-k", -3, "integer >= 0"),
+                                             ("--temperature", -0.5, "0 <= temperature"),
+                                             ("--presence-penalty", 9, "-2 <= presence")])
+def test_cli_refuses_bad_options_in_one_line(tmp_path, flag, value, rule):
+    r = run_cli(tmp_path, flag, value)  # checked before the bundle is opened
+    assert r.returncode == 2 and rule in r.stderr.splitlines()[-1]
+
+
+def test_chat_follows_the_template_over_turns(smollm2_model, smollm2):
+    from iron.lm.run import Chat
+
+    template = ChatTemplate.from_dir(smollm2_model.bundle.path)
+    chat = Chat(smollm2_model, template, system="You are terse.")
+    answers = [chat.turn(text, 8, Sampler()) for text in ("Hi!", "What is 2+2?", "Thanks")]
+    assert all(answers) and len(chat.messages) == 7
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(smollm2)
+    for turn in range(3):
+        upto = chat.messages[:2 + 2 * turn]  # the system message, then user/assistant pairs
+        text = reference.apply_chat_template(upto, tokenize=False, add_generation_prompt=True)
+        assert chat.prompts[turn] == chat.tokenizer.encode(text, add_special_tokens=False).ids
+        assert text.startswith(reference.apply_chat_template(chat.messages[:1 + 2 * turn],
+                                                             tokenize=False))
+
+
+def test_interactive_chat_command(smollm2_bundle):
+    r = run_cli(smollm2_bundle, "--chat", "--max-new-tokens", 6, stdin="Hi!\nWhat is 2+2?\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("> ") >= 2 and "2 turns" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_ctrl_c_ends_cleanly_with_statistics(smollm2_bundle):
+    process = subprocess.Popen([sys.executable, "-m", "iron.lm.run", str(smollm2_bundle),
+                                "--prompt", "1, 2, 3, 4, 5,", "--max-new-tokens", "1500"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        process.stdout.read(40)  # the prompt and some generated text
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130 and "Traceback" not in err
+    assert "interrupted; prompt tokens:" in err and "new tokens" in err
+
+
+def test_doit_generate_passes_options_as_flags(smollm2):
+    from apps.llama import App
+
+    argv = App(smollm2).run_command("b", None, {"top_k": "40", "stop": ".", "chat": "1",
+                                                "seed": None})
+    assert argv[3:] == ["b", "--chat", "--top-k", "40", "--stop", ".",
+                        "--max-new-tokens", "64"]
+    argv = App(smollm2).run_command("b", "Hi", {})
+    assert argv[3:] == ["b", "--prompt", "Hi", "--max-new-tokens", "64"]
