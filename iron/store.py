@@ -7,6 +7,10 @@ beside it and renamed into place, with a ``manifest.json`` recording what went i
 of every file that came out.  An entry whose manifest is missing or whose files do not match it
 is damaged: it is moved aside and rebuilt, never loaded.  Two processes building one key both
 succeed: the first rename wins and the other discards its copy.
+
+A store may have a remote tier (``iron.remote_cache``) shared by a team: an entry missing here
+is downloaded from it before it is built, and an entry built here is uploaded to it.  The
+default store (no folder given) takes its remote tier from the environment.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import remote_cache
 from .paths import cache_dir
 from .util import sha256_bytes, sha256_file
 
@@ -46,8 +51,11 @@ class Entry:
 class Store:
     """A folder of artifacts keyed by ``artifact_key``."""
 
-    def __init__(self, root: Path | str | None = None):
+    def __init__(self, root: Path | str | None = None,
+                 remote: remote_cache.RemoteCache | None = None):
         self.root = Path(root) if root is not None else cache_dir()
+        self.remote = remote if remote is not None or root is not None else \
+            remote_cache.from_env()
 
     def path(self, key: str) -> Path:
         return self.root / key
@@ -77,20 +85,35 @@ class Store:
         entry = self.lookup(key)
         if entry is not None:
             return entry
+        if self.remote is not None:
+            entry = self.remote.fetch(self, key)
+            if entry is not None:
+                return entry
+
+        def fill(folder: Path) -> None:
+            build(folder)
+            outputs = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+            manifest = {"key": key, "inputs": inputs, "outputs": outputs}
+            (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+        entry = self.install(key, fill)
+        if entry is None:
+            raise RuntimeError(f"artifact {key} was built but does not verify in {self.root}")
+        if self.remote is not None:
+            self.remote.publish(entry)
+        return entry
+
+    def install(self, key: str, fill: Callable[[Path], None]) -> Entry | None:
+        """Install the entry ``fill(tmpdir)`` writes (outputs and manifest); None if it does
+        not verify.  Nothing is left behind when ``fill`` raises."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=self.root))
         try:
-            build(tmp)
-            outputs = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-            manifest = {"key": key, "inputs": inputs, "outputs": outputs}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            fill(tmp)
             self._install(key, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        entry = self.lookup(key)
-        if entry is None:
-            raise RuntimeError(f"artifact {key} was built but does not verify in {self.root}")
-        return entry
+        return self.lookup(key)
 
     def _install(self, key: str, tmp: Path) -> None:
         target = self.path(key)

@@ -11,7 +11,11 @@ the checkpoint's files and the profile.
 
 Command-line variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint``
 (the application's default), ``context``, ``prompt``, and the tuner's ``only``, ``budget``,
-``fresh``.
+``fresh``, ``scheduler``.
+
+With a remote cache (``IRON_REMOTE_CACHE``), each action that touched the store returns its
+share of the remote tier's counts as a doit value; ``Reporter`` adds them up (with ``-n N`` too,
+since doit sends values back from its worker processes) and prints one line at the end.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from __future__ import annotations
 import functools
 import shutil
 import sys
+from collections import Counter
 from typing import Any, Callable, Iterator
 
+from doit.reporter import ConsoleReporter
+
+from .. import remote_cache
 from ..devices import device as get_device
 from ..paths import build_dir
 from ..profile import Profile
@@ -30,7 +38,28 @@ from .app import app_profile, load_app, profile_path
 from .bundle import MANIFEST, write_bundle
 
 build_dir().mkdir(parents=True, exist_ok=True)  # doit opens its state file before any task
+
+
+class Reporter(ConsoleReporter):
+    """doit's console output, then the remote cache's hits, misses and uploads of the run."""
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.remote_counts: Counter[str] = Counter()
+
+    def add_success(self, task):
+        super().add_success(task)
+        self.remote_counts.update(task.values.get("remote_cache", {}))
+
+    def complete_run(self):
+        super().complete_run()
+        remote = remote_cache.from_env()
+        if remote is not None:
+            self.write(remote.summary(self.remote_counts) + "\n")
+
+
 DOIT_CONFIG = {
+    "reporter": Reporter,
     "backend": "sqlite3",
     "dep_file": str(build_dir() / ".doit.db"),
     "default_tasks": ["bundle"],
@@ -57,7 +86,8 @@ class BuildGraph:
         self.checkpoint = get_var("checkpoint", None)
         self.context = get_var("context", None)
         self.prompt = get_var("prompt", None)
-        self.tune_options = {k: get_var(k, None) for k in ("only", "budget", "fresh")}
+        self.tune_options = {k: get_var(k, None)
+                             for k in ("only", "budget", "fresh", "scheduler")}
         self.target = target_for(self.device)
         self.store = Store()
         self.bundle_dir = build_dir() / self.app_name / self.device.name
@@ -123,9 +153,10 @@ class BuildGraph:
                 "doc": f"the runnable {self.app_name} bundle for {self.device} in "
                        f"{self.bundle_dir}"}
 
-    def _write_bundle(self) -> None:
+    def _write_bundle(self) -> dict:
         write_bundle(self.app, self.device, self.profile(), self.bundle_dir, self.store)
         print(f"bundle written to {self.bundle_dir}")
+        return remote_values(self.store)
 
     def task_generate(self) -> dict:
         command = self.app.run_command(self.bundle_dir, self.prompt)
@@ -137,7 +168,7 @@ class BuildGraph:
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
-        for option in ("only", "budget"):
+        for option in ("only", "budget", "scheduler"):
             if self.tune_options[option]:
                 argv += [f"--{option}", str(self.tune_options[option])]
         if self.tune_options["fresh"]:
@@ -168,10 +199,16 @@ class BuildGraph:
               f"kept {len(keep & set(self.store.keys()))}")
 
 
-def compile_action(target: Target, recipe: Recipe, store: Store) -> None:
+def compile_action(target: Target, recipe: Recipe, store: Store) -> dict:
     """doit action: compile one instance into the store (a no-op when it is already there)."""
     entry = target.compile(recipe, store)
     print(f"{recipe.operator} -> {entry.path}")
+    return remote_values(store)
+
+
+def remote_values(store: Store) -> dict:
+    """The doit values of an action: what it did with the remote cache, if there is one."""
+    return {"remote_cache": store.remote.take_counts()} if store.remote is not None else {}
 
 
 def config_changed(config: dict):
