@@ -3,7 +3,9 @@
 Times every legal setting of every operator instance the application builds and writes the
 fastest into ``profiles/<APP>/<device>.json``; review it with ``git diff`` or
 ``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
-interrupted run picks up where it stopped.  ``python -m iron.lm.tune`` is the same command.
+interrupted run picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
+measurements on a Dask cluster (``iron.tuning.cluster``).  ``python -m iron.lm.tune`` is the
+same command.
 """
 
 from __future__ import annotations
@@ -31,13 +33,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         "the best setting found so far for each instance")
     parser.add_argument("--fresh", action="store_true", help="discard the tuning log and "
                         "measure everything again")
+    parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run compiles on any "
+                        "worker and measurements on the workers that offer the device as a "
+                        "resource (dask worker ADDR --nthreads 1 --resources cpu=1) of this "
+                        "Dask scheduler; the log and the profile stay here")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     try:
         app = load_app(args.app, args.checkpoint)
-        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh)
+        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh,
+             scheduler=args.scheduler)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
