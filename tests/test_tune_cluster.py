@@ -55,6 +55,7 @@ def test_cluster_tune_writes_the_serial_profile(tmp_path, cluster):
     with distributed.get_task_stream(cluster) as stream:
         parallel, text = run(tmp_path, "cluster", StandInBench(), scheduler=cluster)
     assert "2 workers offer cpu" in text
+    assert "warning: 2 workers offering cpu run on host 127.0.0.1" in text
     assert (tmp_path / "cluster/cpu.json").read_bytes() == (tmp_path / "serial/cpu.json") \
         .read_bytes()
     assert records(tmp_path / "cluster/tune.jsonl") == records(tmp_path / "serial/tune.jsonl")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any, Iterator, Sequence, TextIO
 
 from ..errors import IronError
@@ -94,13 +95,22 @@ class Cluster:
         print(f"cluster {self.client.scheduler.address}: {len(workers)} workers offer "
               f"{device}; compiles go to any worker, measurements to those", file=out,
               flush=True)
+        hosts = Counter(host for host, _ in workers)
+        for host, n in sorted(hosts.items()):
+            if n > 1:
+                print(f"warning: {n} workers offering {device} run on host {host}: they measure "
+                      "at the same time, so if they share one device (the host cpu does) each "
+                      "disturbs the other's timings; run one worker per device", file=out,
+                      flush=True)
 
-    def _device_workers(self) -> list[str]:
-        """The workers that advertise the device, waiting a little for one to join."""
+    def _device_workers(self) -> list[tuple[str, str]]:
+        """(host, address) of the workers that advertise the device, waiting a little for one
+        to join."""
         deadline = time.monotonic() + CONNECT_TIMEOUT
         while True:
             info = self.client.scheduler_info(n_workers=-1)["workers"]
-            found = [a for a, w in info.items() if w.get("resources", {}).get(self.resource)]
+            found = [(w.get("host", a), a) for a, w in info.items()
+                     if w.get("resources", {}).get(self.resource)]
             if found or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
