@@ -335,3 +335,22 @@ def test_environment_is_read_once_into_the_default_store(monkeypatch, tmp_path):
         assert Store(tmp_path / "explicit").remote is None
     finally:
         from_env.cache_clear()
+
+
+def test_an_unreachable_remote_costs_one_warning_and_the_build_goes_on(tmp_path, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    for k, v in {**AWS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
+        monkeypatch.setenv(k, v)
+    out = io.StringIO()
+    remote = RemoteCache(f"s3://iron-cache/down{port}", "rw", SECRET, out=out,
+                         config_kwargs={"retries": {"max_attempts": 1}})
+    store = Store(tmp_path / "local", remote)
+    first = cpu.compile_op(OP, store)
+    other = cpu.compile_op(AXPY(**{**OP.config(), "tile_size": 256}), store)
+    assert store.lookup(first.key) is not None and store.lookup(other.key) is not None
+    warnings = out.getvalue().splitlines()
+    assert len(warnings) == 1, warnings
+    assert "reading failed" in warnings[0] and "going on without the remote cache" in warnings[0]
+    assert remote.take_counts() == {}

@@ -23,9 +23,11 @@ from iron.tuning.tuner import tune  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster():
+    import dask
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    # a task that killed 2 workers is given up (Dask's default is 3): keeps the test short
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       resources={"cpu": 1}, dashboard_address=None,
                       host="127.0.0.1") as local, Client(local) as client:
         yield client
@@ -81,6 +83,23 @@ def test_a_worker_lost_mid_sweep_has_its_work_rescheduled(tmp_path, cluster):
         .read_bytes()
     assert records(tmp_path / "cluster/tune.jsonl") == records(tmp_path / "serial/tune.jsonl")
     cluster.wait_for_workers(2, timeout=60)  # the nanny restarts it, for the next test
+
+
+def test_a_candidate_that_keeps_killing_workers_is_rejected_and_the_sweep_goes_on(tmp_path,
+                                                                                  cluster):
+    serial, _ = run(tmp_path, "serial", StandInBench())
+    victim = next(json.loads(line)["key"] for line in
+                  (tmp_path / "serial/tune.jsonl").read_text().splitlines()[5:]
+                  if json.loads(line)["status"] == "ok")
+    parallel, _ = run(tmp_path, "cluster", StandInBench(crash_key=victim), scheduler=cluster)
+    logged = records(tmp_path / "cluster/tune.jsonl")
+    assert logged[victim, None][0] == "rejected"
+    reason = [json.loads(line)["reason"] for line in
+              (tmp_path / "cluster/tune.jsonl").read_text().splitlines()
+              if json.loads(line)["key"] == victim and json.loads(line)["status"] == "rejected"]
+    assert reason and reason[0].startswith("KilledWorker on the cluster"), reason
+    assert parallel.complete and parallel.measured_now == serial.measured_now
+    cluster.wait_for_workers(2, timeout=60)
 
 
 def test_cluster_run_resumes_a_partial_log(tmp_path, cluster):

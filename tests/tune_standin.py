@@ -22,7 +22,8 @@ def standin_wrong(op) -> bool:
 
 class StandInBench:
     """Times from ``standin_time``; with ``crash_key``, the first process to measure that
-    candidate dies mid-measurement (it leaves ``crash_marker`` behind)."""
+    candidate dies mid-measurement (it leaves ``crash_marker`` behind), or every process does
+    when there is no marker."""
 
     method = "stand-in"
 
@@ -36,9 +37,12 @@ class StandInBench:
         return {self.key(op): None for op in ops}
 
     def measure(self, instance, op, best):
-        if self.crash_key == self.key(op) and not Path(self.crash_marker).exists():
-            Path(self.crash_marker).write_text(str(os.getpid()))
-            os._exit(1)  # the worker dies mid-task, as a machine that goes away would
+        if self.crash_key == self.key(op):
+            if self.crash_marker is None:
+                os._exit(1)
+            if not Path(self.crash_marker).exists():
+                Path(self.crash_marker).write_text(str(os.getpid()))
+                os._exit(1)  # the worker dies mid-task, as a machine that goes away would
         if standin_wrong(op):
             return Measurement(error="wrong result: stand-in rejection")
         return Measurement(standin_time(op), 0.0, 1)
