@@ -53,9 +53,10 @@ class Store:
 
     def __init__(self, root: Path | str | None = None,
                  remote: remote_cache.RemoteCache | None = None):
+        if root is None and remote is None:
+            remote = remote_cache.from_env()  # the default store is the configured one
         self.root = Path(root) if root is not None else cache_dir()
-        self.remote = remote if remote is not None or root is not None else \
-            remote_cache.from_env()
+        self.remote = remote
 
     def path(self, key: str) -> Path:
         return self.root / key

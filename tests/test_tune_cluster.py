@@ -156,3 +156,5 @@ def test_doit_tune_through_a_scheduler_measures_for_real_and_writes_log_and_prof
     measured = [r for r in log if r["status"] == "ok"]
     assert measured and all(r["median"] > 0 and r["method"].startswith("cpu-") for r in measured)
     assert not any(r["status"] == "started" for r in log)  # only results reach the client's log
+    ops = project / "build" / "ops"  # the client compiled nothing: the workers did
+    assert not ops.exists() or not [p for p in ops.iterdir() if not p.name.startswith(".")]

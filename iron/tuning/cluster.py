@@ -57,7 +57,7 @@ def _on_worker(token: str, bench):
     return _BENCH[token]
 
 
-def _compile(token: str, bench, op: Operator) -> str | None:
+def _compile(bench, op: Operator) -> str | None:
     return bench.compile([op], None).get(bench.key(op), "compile error: not started")
 
 
@@ -130,7 +130,7 @@ class Cluster:
 
     def compile(self, ops: Sequence[Operator], deadline: float | None) -> dict[str, str | None]:
         """Compile on any workers: artifact key -> None (ready) or the error."""
-        futures = {self.client.submit(_compile, self.token, self.bench, op,
+        futures = {self.client.submit(_compile, self.bench, op,
                                       key=self._key("compile")): self.bench.key(op)
                    for op in ops}
         return {futures[f]: result for f, result in self._as_completed(futures, deadline)}
