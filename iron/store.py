@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import remote_cache
+from .remote_cache import RemoteCache, from_env as remote_from_env
 from .paths import cache_dir
 from .util import sha256_bytes, sha256_file
 
@@ -52,9 +52,9 @@ class Store:
     """A folder of artifacts keyed by ``artifact_key``."""
 
     def __init__(self, root: Path | str | None = None,
-                 remote: remote_cache.RemoteCache | None = None):
+                 remote: RemoteCache | None = None):
         if root is None and remote is None:
-            remote = remote_cache.from_env()  # the default store is the configured one
+            remote = remote_from_env()  # the default store is the configured one
         self.root = Path(root) if root is not None else cache_dir()
         self.remote = remote
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from doit.reporter import ConsoleReporter
 
-from .. import remote_cache
+from ..remote_cache import from_env as remote_cache_from_env
 from ..devices import device as get_device
 from ..paths import build_dir
 from ..profile import Profile
@@ -53,7 +53,7 @@ class Reporter(ConsoleReporter):
 
     def complete_run(self):
         super().complete_run()
-        remote = remote_cache.from_env()
+        remote = remote_cache_from_env()
         if remote is not None:
             self.write(remote.summary(self.remote_counts) + "\n")
 
