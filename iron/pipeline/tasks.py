@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterator
 
 from doit.reporter import ConsoleReporter
 
-from ..remote_cache import from_env as remote_cache_from_env
 from ..devices import device as get_device
 from ..paths import build_dir
 from ..profile import Profile
+from ..remote_cache import from_env as remote_cache_from_env
 from ..store import MANIFEST as ENTRY_MANIFEST, Store
 from ..targets import Recipe, Target, target_for
 from .app import app_profile, load_app, profile_path
