@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import zipfile
-from pathlib import Path
 
 import pytest
 
@@ -21,9 +20,9 @@ moto_server = pytest.importorskip("moto.server")
 from conftest import copy_project  # noqa: E402
 from test_build import doit, executed, run_bundle  # noqa: E402
 
-from iron.store import Store  # noqa: E402
 from iron.operators import AXPY  # noqa: E402
 from iron.remote_cache import RemoteCache, RemoteCacheError, from_env, signature  # noqa: E402
+from iron.store import Store  # noqa: E402
 from iron.targets import cpu  # noqa: E402
 
 SECRET = "k" * 40

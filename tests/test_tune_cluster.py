@@ -5,8 +5,6 @@ small real tune goes through `doit tune scheduler=...`."""
 
 import io
 import json
-import os
-import sys
 
 import pytest
 
@@ -26,10 +24,11 @@ def cluster():
     import dask
     from distributed import Client, LocalCluster
 
-    # a task that killed 2 workers is given up (Dask's default is 3): keeps the test short
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      resources={"cpu": 1}, dashboard_address=None,
-                      host="127.0.0.1") as local, Client(local) as client:
+    # a task that killed 2 workers is given up (Dask's default is 4): keeps the test short
+    failures = dask.config.set({"distributed.scheduler.allowed-failures": 1})
+    with failures, LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                resources={"cpu": 1}, dashboard_address=None,
+                                host="127.0.0.1") as local, Client(local) as client:
         yield client
 
 
