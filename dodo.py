@@ -8,11 +8,17 @@
                                   # selections; see iron/pipeline/tasks.py
 """
 
+import sys
+
 from doit import create_after, doit_cmd, get_var
 
+from iron.errors import IronError
 from iron.pipeline.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit reads DOIT_CONFIG)
 
-graph = BuildGraph(get_var, doit_cmd._CMDLINE_VARS)  # doit 0.37 keeps NAME=VALUE pairs there
+try:
+    graph = BuildGraph(get_var, doit_cmd._CMDLINE_VARS)  # doit 0.37 keeps NAME=VALUE pairs there
+except IronError as e:  # a bad cache setting: one line, not a traceback
+    sys.exit(f"error: {e}")
 
 
 def task_checkpoint():

@@ -13,6 +13,10 @@ its temporary folder (``flock``, released by the kernel if the process dies), an
 removes only temporary folders nobody holds that are older than a minute.  Each lookup stamps
 the entry's ``used`` file, so a cache shared between checkouts (``$IRON_CACHE_DIR``) drops
 only entries nothing has used for ``SHARED_KEEP_DAYS`` days, unless told otherwise.
+
+A store may have a remote tier (``iron.remote_cache``) shared by a team: an entry missing here
+is downloaded from it before it is built, and an entry built here is uploaded to it.  The
+default store (no folder given) takes its remote tier from the environment.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import IronError
+from .remote_cache import RemoteCache, from_env as remote_from_env
 from .paths import cache_dir
 from .util import sha256_bytes, sha256_file
 
@@ -105,8 +110,12 @@ class Entry:
 class Store:
     """A folder of artifacts keyed by ``artifact_key``."""
 
-    def __init__(self, root: Path | str | None = None):
+    def __init__(self, root: Path | str | None = None,
+                 remote: RemoteCache | None = None):
+        if root is None and remote is None:
+            remote = remote_from_env()  # the default store is the configured one
         self.root = Path(root) if root is not None else cache_dir()
+        self.remote = remote
 
     def path(self, key: str) -> Path:
         return self.root / key
@@ -152,16 +161,31 @@ class Store:
         entry = self.lookup(key)
         if entry is not None:
             return entry
-        with locked_temp_folder(self.root, f".tmp-{key}-") as tmp:
-            build(tmp)
-            outputs = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        if self.remote is not None:
+            entry = self.remote.fetch(self, key)
+            if entry is not None:
+                return entry
+
+        def fill(folder: Path) -> None:
+            build(folder)
+            outputs = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
             manifest = {"key": key, "inputs": inputs, "outputs": outputs}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            self._install(key, tmp)
-        entry = self.lookup(key)
+            (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+        entry = self.install(key, fill)
         if entry is None:
             raise RuntimeError(f"artifact {key} was built but does not verify in {self.root}")
+        if self.remote is not None:
+            self.remote.publish(entry)
         return entry
+
+    def install(self, key: str, fill: Callable[[Path], None]) -> Entry | None:
+        """Install the entry ``fill(tmpdir)`` writes (outputs and manifest); None if it does
+        not verify.  Nothing is left behind when ``fill`` raises."""
+        with locked_temp_folder(self.root, f".tmp-{key}-") as tmp:
+            fill(tmp)
+            self._install(key, tmp)
+        return self.lookup(key)
 
     def _install(self, key: str, tmp: Path) -> None:
         target = self.path(key)

@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded checkpoint and its bundle, built once per test session."""
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -53,3 +54,15 @@ def smollm2_reference(smollm2):
     from llama_reference import LlamaReference
 
     return LlamaReference(smollm2)
+
+
+def copy_project(dest: Path) -> Path:
+    """A copy of the project's sources (no build/), importable on its own, at ``dest``."""
+    dest.mkdir(parents=True)
+    for name in ("iron", "apps", "profiles"):
+        if (REPO / name).exists():
+            shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dodo.py", "pyproject.toml"):
+        shutil.copy2(REPO / name, dest / name)
+    (dest / "profiles" / "demo").mkdir(parents=True, exist_ok=True)
+    return dest

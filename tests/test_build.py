@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import copy_project
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,16 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def project(tmp_path):
     """A copy of the project's sources (no build/), importable on its own."""
-    copy = tmp_path / "project"
-    copy.mkdir()
-    for name in ("iron", "apps", "profiles"):
-        if (ROOT / name).exists():
-            shutil.copytree(ROOT / name, copy / name,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("dodo.py", "pyproject.toml"):
-        shutil.copy2(ROOT / name, copy / name)
-    (copy / "profiles" / "demo").mkdir(parents=True, exist_ok=True)
-    return copy
+    return copy_project(tmp_path / "project")
 
 
 def doit(project, *args, check=True, env=None):

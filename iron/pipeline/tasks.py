@@ -23,9 +23,13 @@ application's default), ``context``, ``weights`` (``native``: the checkpoint's o
 decode step runs), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable
 cores), ``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of
 ``python -m iron.lm.run``, e.g. ``top_k=40 stop=. chat=1``, which it validates), the tuner's
-``only``, ``budget``, ``fresh``, ``max_load``, and gc's ``days``.
+``only``, ``budget``, ``fresh``, ``max_load``, ``scheduler``, and gc's ``days``.
 The default bundle is ``build/<app>/<device>/``; another checkpoint, context, weights, batch or
 -march level gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
+
+With a remote cache (``IRON_REMOTE_CACHE``), each action that touched the store returns its
+share of the remote tier's counts as a doit value; ``Reporter`` adds them up (with ``-n N`` too,
+since doit sends values back from its worker processes) and prints one line at the end.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -46,13 +51,29 @@ from .. import host
 from ..devices import DEVICE_NAMES, device as get_device
 from ..errors import IronError
 from ..paths import PACKAGE_DIR, build_dir, project_root
+from ..remote_cache import from_env as remote_cache_from_env
 from ..util import atomic_write_bytes
 
 RECORD_VERSION = 2
 
 
 class Reporter(ConsoleReporter):
-    """doit's console reporter, with iron's own errors on one line instead of a traceback."""
+    """doit's console reporter, with iron's own errors on one line instead of a traceback, and
+    the remote cache's hits, misses and uploads of the run at the end."""
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.remote_counts: Counter[str] = Counter()
+
+    def add_success(self, task):
+        super().add_success(task)
+        self.remote_counts.update(task.values.get("remote_cache", {}))
+
+    def complete_run(self):
+        super().complete_run()
+        remote = remote_cache_from_env()
+        if remote is not None:
+            self.write(remote.summary(self.remote_counts) + "\n")
 
     def _write_failure(self, result, write_exception=True):
         fail = result["exception"]
@@ -72,6 +93,7 @@ except OSError as e:
     raise BuildError(f"cannot create the build folder {build_dir()} ({e.strerror}); make it "
                      "writable or point $IRON_BUILD_DIR elsewhere") from None
 DOIT_CONFIG = {
+    "reporter": Reporter,
     "backend": "sqlite3",
     "dep_file": str(build_dir() / ".doit.db"),
     "default_tasks": ["bundle"],
@@ -145,7 +167,7 @@ VARIABLES: dict[str, Callable[[str, str], Any]] = {
     "context": _positive(1 << 20), "weights": _choice("native", "bf16", "uint4"),
     "group": _choice("32", "128"), "march": _march, "threads": _positive(4096),
     "prompt": _text, "only": _operators, "budget": _number, "fresh": _choice("0", "1"),
-    "max_load": _number, "days": _number, "batch": _positive(64),
+    "max_load": _number, "days": _number, "batch": _positive(64), "scheduler": _text,
     **{name: _text for name in GENERATE_OPTIONS},
 }
 
@@ -229,7 +251,7 @@ class BuildGraph:
         self.batch = self.vars.get("batch")
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
-                                                            "max_load")}
+                                                            "max_load", "scheduler")}
         from ..store import Store
 
         self.store = Store()
@@ -413,7 +435,7 @@ class BuildGraph:
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
-        for option in ("only", "budget", "max_load"):
+        for option in ("only", "budget", "max_load", "scheduler"):
             if self.tune_options[option] is not None:
                 argv += [f"--{option.replace('_', '-')}", str(self.tune_options[option])]
         if self.tune_options["fresh"] == "1":
@@ -457,7 +479,8 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
 
     try:
         target = target_for(device(device_name))
-        entry = target.compile(target.recipe_from(description, sources), Store())
+        store = Store()
+        entry = target.compile(target.recipe_from(description, sources), store)
     except IronError as e:
         return TaskFailed(str(e))
     if entry.key != key:
@@ -465,6 +488,7 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
                           f"its task expects {key}: iron's sources changed during the build")
     print(f"[{counter}] {description.get('operator') or description.get('kernel')} -> "
           f"{entry.path}")
+    return remote_values(store)
 
 
 def app_options(context, weights, group, batch=None) -> dict[str, Any]:
@@ -483,18 +507,21 @@ def write_bundle_action(app_name, checkpoint, context, weights, group, batch, de
                         out):
     """doit action: write the bundle (opens the application: it needs the weights)."""
     from ..devices import device
+    from ..store import Store
     from .app import app_profile, load_app
     from .bundle import write_bundle
 
     try:
+        store = Store()
         app = load_app(app_name, checkpoint, **app_options(context, weights, group, batch))
         dev = device(device_name)
         profile = app_profile(app_name, dev.name)
         profile.warnings_to = io.StringIO()  # said when the tasks were set up
-        write_bundle(app, dev, profile, Path(out))
+        write_bundle(app, dev, profile, Path(out), store)
     except IronError as e:
         return TaskFailed(str(e))
     print(f"bundle written to {out}")
+    return remote_values(store)
 
 
 def bundle_intact(out: str) -> bool:
@@ -502,6 +529,11 @@ def bundle_intact(out: str) -> bool:
     from .bundle import check
 
     return check(Path(out))
+
+
+def remote_values(store) -> dict:
+    """The doit values of an action: what it did with the remote cache, if there is one."""
+    return {"remote_cache": store.remote.take_counts()} if store.remote is not None else {}
 
 
 def config_changed(config: dict):

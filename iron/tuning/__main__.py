@@ -3,7 +3,9 @@
 Times every legal setting of every operator instance the application builds and writes the
 fastest into ``profiles/<APP>/<device>.json``; review it with ``git diff`` or
 ``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
-interrupted run picks up where it stopped.  ``python -m iron.lm.tune`` is the same command.
+interrupted run picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
+measurements on a Dask cluster (``iron.tuning.cluster``).  ``python -m iron.lm.tune`` is the
+same command.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                              f"taken; above it the tuner pauses (default {QUIET:g}). Each "
                              "timing's load is logged, and a head-to-head taken above the "
                              "default is not reused by a later run")
+    parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run compiles on any "
+                        "worker and measurements on the workers that offer the device as a "
+                        "resource (dask worker ADDR --nthreads 1 --resources cpu=1) of this "
+                        "Dask scheduler; the log and the profile stay here")
     args = parser.parse_args(argv)
     if args.max_load < 0:
         parser.error(f"--max-load must be a non-negative number, got {args.max_load:g}")
@@ -47,7 +53,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
     try:
         app = load_app(args.app, args.checkpoint)
         bench = TargetBenchmark(args.device, quiet=args.max_load)
-        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench)
+        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench,
+             scheduler=args.scheduler)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,11 @@ blocks on the same inputs) shows it at least ``MIN_GAIN`` faster in the median b
 in three blocks of four.  Near-ties keep what the profile had, which makes re-tuning stable: a
 profile changes only for a gain that repeats.  The profile is rewritten with one entry per tuned
 instance, matching all its params and setting all its tunables; every other entry survives.
+
+With ``scheduler`` (a Dask scheduler's address), compiles, measurements and head-to-heads run
+on the cluster's workers instead (``iron.tuning.cluster``): an instance's candidates are
+measured in parallel, one per device worker at a time, and this process stays the only writer
+of the log and the profile, so the run's decisions and its resume are those of a local run.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from ..devices import Device, device as get_device
 from ..errors import DeviceError, IronError
@@ -127,13 +132,14 @@ def default_log_path(app_name: str, dev: Device) -> Path:
 def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None,
          budget: float | None = None, fresh: bool = False, out: TextIO = sys.stdout,
          benchmark: Benchmark | None = None, profile_path: str | os.PathLike | None = None,
-         log_path: str | os.PathLike | None = None) -> TuneResult:
+         log_path: str | os.PathLike | None = None, scheduler: Any = None) -> TuneResult:
     """Tune ``app`` on ``device`` and rewrite its profile; see the module docstring.
 
     ``budget`` is wall-clock seconds for the whole run: when it runs out, each instance keeps
     the best found so far and instances never measured keep their previous entry or default.
     ``fresh`` discards the log.  ``profile_path`` and ``log_path`` default to
-    ``profiles/<app>/<device>.json`` and ``build/tune/<app>-<device>.jsonl``.
+    ``profiles/<app>/<device>.json`` and ``build/tune/<app>-<device>.jsonl``.  ``scheduler``
+    (``tcp://HOST:PORT`` or a ``distributed.Client``) runs the benchmark on a Dask cluster.
     """
     started = time.monotonic()
     deadline = None if budget is None else started + budget
@@ -159,13 +165,20 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
         print(f"warning: {log.skipped} line(s) of {log.path} are not valid records and were "
               "skipped; their candidates are measured again", file=out, flush=True)
 
-    run = _Run(bench, log, deadline, started, total - logged, out)
+    pool = None
     try:
+        if scheduler is not None:
+            from .cluster import Cluster
+
+            pool = Cluster(scheduler, bench, dev.name, out)
+        run = _Run(bench, log, deadline, started, total - logged, out, pool)
         work = run.baseline(work)
         outcomes = [run.instance(n, len(work), inst, cands)
                     for n, (inst, cands) in enumerate(work, 1)]
     finally:
         log.close()
+        if pool is not None:
+            pool.close()
 
     from ..host import host_class
 
@@ -194,12 +207,18 @@ def wins(c: Comparison) -> bool:
 
 
 class _Run:
-    """The state of one tuning run: its log, its clock, and how much it measured."""
+    """The state of one tuning run: its log, its clock, and how much it measured.
+
+    ``pool`` (a ``cluster.Cluster``) takes over compiling, measuring and comparing; without it
+    the benchmark runs here, one candidate at a time.
+    """
 
     def __init__(self, bench: Benchmark, log: TuneLog, deadline: float | None, started: float,
-                 to_measure: int, out: TextIO):
+                 to_measure: int, out: TextIO, pool=None):
         self.bench, self.log, self.deadline, self.started = bench, log, deadline, started
         self.to_measure, self.measured_now, self.out = to_measure, 0, out
+        self.pool = pool
+        self.runner = pool or bench  # what compiles and compares
 
     def time_left(self) -> bool:
         return self.deadline is None or time.monotonic() < self.deadline
@@ -227,10 +246,13 @@ class _Run:
         compiled: dict[str, str | None] = {}
         if todo and self.time_left():
             began = time.monotonic()
-            compiled = self.bench.compile(todo, self.deadline)
+            compiled = self.runner.compile(todo, self.deadline)
             failed = sum(e is not None for e in compiled.values())
             print(f"    compiled {len(compiled)} in {time.monotonic() - began:.0f} s"
                   + (f", {failed} failed" if failed else ""), file=self.out, flush=True)
+        before = self.log.get(keys[inst.current])
+        self._measure_on_pool([(inst, op) for op in order], keys, compiled,
+                              before.median if before is not None and before.ok else None)
         best: float | None = None
         for op in order:
             record = self._candidate(inst, op, keys[op], compiled, best)
@@ -253,7 +275,7 @@ class _Run:
                   "measured again", file=self.out, flush=True)
             comparison = None  # a timing taken under load is never reused
         if comparison is None and self.time_left():
-            comparison = self.bench.compare(o.instance, o.best, current)
+            comparison = self.runner.compare(o.instance, o.best, current)
             self.log.compared(comparison)
         if comparison is not None and not 1 / IMPLAUSIBLE <= comparison.gain <= IMPLAUSIBLE \
                 and self.time_left():
@@ -285,7 +307,10 @@ class _Run:
         if todo and self.time_left():
             print(f"measuring the setting in use of {len(todo)} instances ({self.eta()})",
                   file=self.out, flush=True)
-            compiled = self.bench.compile([i.current for i in todo], self.deadline)
+            compiled = self.runner.compile([i.current for i in todo], self.deadline)
+            self._measure_on_pool([(i, i.current) for i in todo],
+                                  {i.current: self.bench.key(i.current) for i in todo}, compiled,
+                                  None, label=True)
             for inst in todo:
                 self._candidate(inst, inst.current, self.bench.key(inst.current), compiled,
                                 None, label=f"{inst.describe()}: ")
@@ -304,9 +329,28 @@ class _Run:
         if record is None and key in compiled:
             if compiled[key] is not None:
                 return self._add(key, op, Measurement(error=compiled[key]))
-            if self.time_left():
+            if self.time_left() and self.pool is None:
                 return self._measure(inst, op, key, best, label)
         return record
+
+    def _measure_on_pool(self, jobs: list[tuple[Instance, Operator]],
+                         keys: Mapping[Operator, str], compiled: Mapping[str, str | None],
+                         best: float | None, label: bool = False) -> None:
+        """Measure the compiled, unlogged ``jobs`` on the pool at once, logging each result as
+        it arrives; ``_candidate`` then finds them in the log.  Without a pool, nothing.
+
+        ``best`` (the setting in use's time) lets a hopeless candidate stop early."""
+        if self.pool is None:
+            return
+        jobs = [(i, op) for i, op in dict.fromkeys(jobs)
+                if self.log.get(keys[op]) is None and compiled.get(keys[op], "absent") is None]
+        if not jobs or not self.time_left():
+            return
+        for inst, op, m in self.pool.measure(jobs, best, self.deadline):
+            record = self._logged(inst, op, keys[op], m, best,
+                                  f"{inst.describe()}: " if label else "")
+            if record.ok and not label and (best is None or record.median < best):
+                best = record.median
 
     def _measure(self, inst: Instance, op: Operator, key: str, best: float | None,
                  label: str = "") -> Record:
@@ -318,6 +362,11 @@ class _Run:
             raise
         except Exception as e:  # a broken candidate never stops the sweep
             m = Measurement(error=f"{type(e).__name__}: {e}")
+        return self._logged(inst, op, key, m, best, label)
+
+    def _logged(self, inst: Instance, op: Operator, key: str, m: Measurement,
+                best: float | None, label: str) -> Record:
+        """Log a measurement and print its line."""
         record = self._add(key, op, m)
         self.measured_now += 1
         text = (f"{m.median * 1e6:9.1f} us +-{100 * m.spread:.1f}% ({m.runs} runs)"

@@ -1,0 +1,159 @@
+"""Tuning on a Dask cluster: a LocalCluster of 2 worker processes x 1 thread, each offering the
+device ``cpu=1``.  With a deterministic stand-in benchmark the cluster's profile is the serial
+run's, byte for byte, also when a worker dies mid-sweep or the run resumes a partial log; a
+small real tune goes through `doit tune scheduler=...`."""
+
+import io
+import json
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from conftest import copy_project  # noqa: E402
+from test_build import doit  # noqa: E402
+from test_tuner import FakeApp  # noqa: E402
+from tune_standin import StandInBench  # noqa: E402
+
+from iron.tuning.cluster import Cluster, ClusterError  # noqa: E402
+from iron.tuning.tuner import tune  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import dask
+    from distributed import Client, LocalCluster
+
+    # a task that killed 2 workers is given up (Dask's default is 4): keeps the test short
+    failures = dask.config.set({"distributed.scheduler.allowed-failures": 1})
+    with failures, LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                resources={"cpu": 1}, dashboard_address=None,
+                                host="127.0.0.1") as local, Client(local) as client:
+        yield client
+
+
+def run(tmp_path, name, bench, scheduler=None, log=None):
+    out = io.StringIO()
+    result = tune(FakeApp(), "cpu", benchmark=bench, scheduler=scheduler, out=out,
+                  profile_path=tmp_path / name / "cpu.json",
+                  log_path=log or tmp_path / name / "tune.jsonl")
+    return result, out.getvalue()
+
+
+def records(path):
+    """The logged outcomes: key -> (status, median), whatever order they were written in."""
+    found = {}
+    for line in path.read_text().splitlines():
+        doc = json.loads(line)
+        if doc["status"] in ("ok", "rejected", "compared"):
+            found[doc["key"], doc.get("against")] = (doc["status"], doc.get("median"),
+                                                     doc.get("gain"))
+    return found
+
+
+def test_cluster_tune_writes_the_serial_profile(tmp_path, cluster):
+    serial, _ = run(tmp_path, "serial", StandInBench())
+    with distributed.get_task_stream(cluster) as stream:
+        parallel, text = run(tmp_path, "cluster", StandInBench(), scheduler=cluster)
+    assert "2 workers offer cpu" in text
+    assert "warning: 2 workers offering cpu run on host 127.0.0.1" in text
+    assert (tmp_path / "cluster/cpu.json").read_bytes() == (tmp_path / "serial/cpu.json") \
+        .read_bytes()
+    assert records(tmp_path / "cluster/tune.jsonl") == records(tmp_path / "serial/tune.jsonl")
+    assert parallel.measured_now == serial.measured_now > 10 and parallel.complete
+    assert [m.new for m in parallel.moved] == [m.new for m in serial.moved] != []
+    # the measurements went out as tasks and were spread over both workers
+    measured = [t for t in stream.data if t["key"].startswith("iron-measure-")]
+    assert len(measured) == serial.measured_now
+    assert len({t["worker"] for t in measured}) == 2
+    assert any(t["key"].startswith("iron-compare-") for t in stream.data)
+
+
+def test_a_worker_lost_mid_sweep_has_its_work_rescheduled(tmp_path, cluster):
+    serial, _ = run(tmp_path, "serial", StandInBench())
+    victim = next(json.loads(line)["key"] for line in
+                  (tmp_path / "serial/tune.jsonl").read_text().splitlines()[5:]
+                  if json.loads(line)["status"] == "ok")
+    marker = tmp_path / "crashed"
+    bench = StandInBench(crash_key=victim, crash_marker=str(marker))
+    parallel, _ = run(tmp_path, "cluster", bench, scheduler=cluster)
+    assert marker.exists()  # a worker process did die measuring the victim
+    assert (tmp_path / "cluster/cpu.json").read_bytes() == (tmp_path / "serial/cpu.json") \
+        .read_bytes()
+    assert records(tmp_path / "cluster/tune.jsonl") == records(tmp_path / "serial/tune.jsonl")
+    cluster.wait_for_workers(2, timeout=60)  # the nanny restarts it, for the next test
+
+
+def test_a_candidate_that_keeps_killing_workers_is_rejected_and_the_sweep_goes_on(tmp_path,
+                                                                                  cluster):
+    serial, _ = run(tmp_path, "serial", StandInBench())
+    victim = next(json.loads(line)["key"] for line in
+                  (tmp_path / "serial/tune.jsonl").read_text().splitlines()[5:]
+                  if json.loads(line)["status"] == "ok")
+    parallel, _ = run(tmp_path, "cluster", StandInBench(crash_key=victim), scheduler=cluster)
+    logged = records(tmp_path / "cluster/tune.jsonl")
+    assert logged[victim, None][0] == "rejected"
+    reason = [json.loads(line)["reason"] for line in
+              (tmp_path / "cluster/tune.jsonl").read_text().splitlines()
+              if json.loads(line)["key"] == victim and json.loads(line)["status"] == "rejected"]
+    assert reason and reason[0].startswith("KilledWorker on the cluster"), reason
+    assert parallel.complete and parallel.measured_now == serial.measured_now
+    cluster.wait_for_workers(2, timeout=60)
+
+
+def test_cluster_run_resumes_a_partial_log(tmp_path, cluster):
+    serial, _ = run(tmp_path, "serial", StandInBench())
+    lines = (tmp_path / "serial/tune.jsonl").read_text().splitlines()
+    kept = lines[:len(lines) // 2]
+    partial = tmp_path / "resumed" / "tune.jsonl"
+    partial.parent.mkdir()
+    partial.write_text("\n".join(kept) + "\n")
+    already = sum(json.loads(line)["status"] in ("ok", "rejected") for line in kept)
+    resumed, text = run(tmp_path, "resumed", StandInBench(), scheduler=cluster, log=partial)
+    assert f"({already} already in" in text
+    assert resumed.measured_now == serial.measured_now - already > 0
+    assert (tmp_path / "resumed/cpu.json").read_bytes() == (tmp_path / "serial/cpu.json") \
+        .read_bytes()
+
+
+def test_no_worker_offering_the_device_is_a_clear_error(cluster, monkeypatch):
+    import iron.tuning.cluster as module
+
+    monkeypatch.setattr(module, "CONNECT_TIMEOUT", 0.5)
+    with pytest.raises(ClusterError, match=r"no worker of the Dask scheduler at tcp://127\.0\.0"
+                       r"\.1:\d+ offers the device npu2 \(2 workers\): start one .* "
+                       r"--resources npu2=1"):
+        Cluster(cluster, StandInBench(), "npu2", io.StringIO())
+
+
+def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
+    import socket
+
+    import iron.tuning.cluster as module
+
+    monkeypatch.setattr(module, "CONNECT_TIMEOUT", 1.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
+    with pytest.raises(ClusterError, match=f"cannot reach the Dask scheduler at {address}"):
+        Cluster(address, StandInBench(), "cpu", io.StringIO())
+
+
+def test_doit_tune_through_a_scheduler_measures_for_real_and_writes_log_and_profile(
+        tmp_path, cluster):
+    """The real benchmark on the demo app's SiLU: compiled and timed on the workers; the log
+    and the profile are written by the client, in its own project."""
+    project = copy_project(tmp_path / "project")
+    address = cluster.scheduler.address
+    tuned = doit(project, "tune", "only=SiLU", f"scheduler={address}")
+    assert f"cluster {address}: 2 workers offer cpu" in tuned.stdout, tuned.stdout
+    assert "tuning complete" in tuned.stdout, tuned.stdout
+    profile = json.loads((project / "profiles/demo/cpu.json").read_text())
+    assert [e["operator"] for e in profile["entries"]] == ["SiLU"]
+    log = [json.loads(line) for line in
+           (project / "build/tune/demo-cpu.jsonl").read_text().splitlines()]
+    measured = [r for r in log if r["status"] == "ok"]
+    assert measured and all(r["median"] > 0 and r["method"].startswith("cpu-") for r in measured)
+    assert not any(r["status"] == "started" for r in log)  # only results reach the client's log
+    ops = project / "build" / "ops"  # the client compiled nothing: the workers did
+    assert not ops.exists() or not [p for p in ops.iterdir() if not p.name.startswith(".")]
