@@ -98,7 +98,6 @@ DOIT_CONFIG = {
     "dep_file": str(build_dir() / ".doit.db"),
     "default_tasks": ["bundle"],
     "verbosity": 2,
-    "reporter": Reporter,
 }
 
 
