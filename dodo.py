@@ -7,11 +7,17 @@
     doit device=npu2 app=demo checkpoint=DIR ...   # selections; see iron/pipeline/tasks.py
 """
 
+import sys
+
 from doit import create_after, get_var
 
+from iron.errors import IronError
 from iron.pipeline.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit reads DOIT_CONFIG)
 
-graph = BuildGraph(get_var)
+try:
+    graph = BuildGraph(get_var)
+except IronError as e:  # a bad selection (device=npu9) is one line, not a traceback
+    sys.exit(f"error: {e}")
 
 
 def task_checkpoint():

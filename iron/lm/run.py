@@ -26,9 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument("--emulate", action="store_true",
+                        help="run an npu1 / npu2 bundle in the emulator (slow)")
     args = parser.parse_args(argv)
     try:
-        model = LlamaModel(args.bundle)
+        model = LlamaModel(args.bundle, emulate=args.emulate)
         tokenizer = model.tokenizer()
         prompt = args.prompt if args.prompt is not None else model.meta.default_prompt
         text_in = chat_prompt(prompt) if args.chat else prompt

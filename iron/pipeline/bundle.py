@@ -1,10 +1,12 @@
 """Model bundles: everything needed to run an application on one device, in one folder.
 
-``build/<app>/<device>/`` holds ``manifest.json`` (the recorded programs, which kernel library
-each step calls, the application's metadata and the hash of every file), ``kernels/`` (the
-compiled instances and the executor, one artifact file each), ``weights.safetensors`` (in the layout the kernels read),
-the application's files (``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile
-it was built with).  It runs from any folder, without a compiler.
+``build/<app>/<device>/`` holds ``manifest.json`` (the recorded programs, which artifact each
+step uses and where it runs, the application's metadata and the hash of every file),
+``kernels/`` (the compiled instances and the executor, one artifact file each: on the cpu
+shared libraries, on an NPU each step's design or host placement and the core kernels' host
+build), ``weights.safetensors`` (in the layout the kernels read), the application's files
+(``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile it was built with).
+It runs from any folder, without a compiler.
 
 A bundle is written into a temporary folder beside its destination and swapped into place, so
 an interrupted build leaves the previous bundle intact.
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from ..errors import BundleError
+from ..errors import BundleError, IronError
 from ..profile import Profile
 from ..program import Program
 from ..store import Store
@@ -38,8 +40,7 @@ WEIGHTS = "weights.safetensors"
 
 def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None) -> Path:
     """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``."""
-    target = target_for(device)
-    target.require_available(device)
+    target = target_for(device)  # building needs no runtime: an npu bundle runs emulated
     out = Path(out)
     recover(out)
     programs: dict[str, Program] = app.programs(device, profile)
@@ -57,6 +58,7 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
         for name, program in programs.items():
             doc = program.to_json()
             doc["kernels"] = [next(names) for _ in program.steps]
+            doc["placements"] = [target.placement(op) for op in program.ops]
             manifest_programs[name] = doc
         runtime = next(names)
         save_file(dict(app.weights()), str(tmp / WEIGHTS))
@@ -132,11 +134,31 @@ class Bundle:
         """The bundle's weights, read into huge pages: programs stream them on every call."""
         return read_safetensors(self.path / WEIGHTS)
 
-    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None):
-        """The program ``name`` loaded from the bundle's own libraries (no compiler needed)."""
+    def target(self, emulate: bool = False):
+        """The target that runs this bundle, refusing before any work what this machine
+        cannot do: an npu bundle runs in the emulator (``emulate``) or on an NPU through XRT."""
+        from ..devices import device
+
+        dev = device(self.manifest["device"])
+        target = target_for(dev)
+        if emulate:
+            return target.emulated()
+        target.require_available(dev)
+        return target
+
+    def check_runnable(self, emulate: bool = False) -> None:
+        try:
+            self.target(emulate)
+        except IronError as e:
+            raise BundleError(f"{self.path}: {e}") from None
+
+    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None,
+                   emulate: bool = False):
+        """The program ``name`` loaded from the bundle's own files (no compiler needed);
+        ``emulate`` runs an npu bundle in the emulator."""
         program = self.program(name)
         doc = self.manifest["programs"][name]
-        exe = target_for(program.device).executable(
+        exe = self.target(emulate).executable(
             program, [self.path / k for k in doc["kernels"]], self.path / self.manifest["runtime"])
         exe.bind_weights(self.weights() if weights is None else weights)
         return exe

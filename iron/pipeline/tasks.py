@@ -22,6 +22,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 from ..devices import device as get_device
+from ..errors import IronError
 from ..paths import build_dir
 from ..profile import Profile
 from ..store import MANIFEST as ENTRY_MANIFEST, Store
@@ -79,7 +80,10 @@ class BuildGraph:
     def instances(self) -> dict[str, tuple[Any, Any]]:
         """Distinct resolved instances by task name: (operator, recipe); recorded once per
         doit run, though the compile, bundle and gc tasks all read it."""
-        programs = self.app.programs(self.device, self.profile()).values()
+        try:
+            programs = self.app.programs(self.device, self.profile()).values()
+        except IronError as e:  # a profile entry breaking a rule: one line, before any compile
+            sys.exit(f"error: {e}")
         distinct = dict.fromkeys(op for program in programs for op in program.ops)
         found = {}
         for op in distinct:
@@ -105,7 +109,8 @@ class BuildGraph:
                    "file_dep": [str(p) for p in recipe.sources],
                    "targets": [str(self.store.path(recipe.key) / ENTRY_MANIFEST)],
                    "uptodate": [config_changed(recipe.description)],
-                   "doc": f"{op.describe(tunables=True)} -> artifact {recipe.key}"}
+                   "doc": f"{op.describe(tunables=True)} -> artifact {recipe.key}"
+                          f"{where(self.target.placement(op))}"}
 
     def task_bundle(self) -> dict:
         deps = [str(self.store.path(recipe.key) / ENTRY_MANIFEST)
@@ -166,6 +171,10 @@ class BuildGraph:
             shutil.rmtree(p, ignore_errors=True)
         print(f"gc: removed {len(removed)} cache entries and {len(leftovers)} leftovers; "
               f"kept {len(keep & set(self.store.keys()))}")
+
+
+def where(placement: str) -> str:
+    return " (host placement: no npu design)" if placement == "host" else ""
 
 
 def compile_action(target: Target, recipe: Recipe, store: Store) -> None:
