@@ -74,6 +74,10 @@ Wait = tuple[Callable[[], bool], str]
 
 
 class Scheduler:
+    """Resumes actors whose wait condition holds until every non-daemon actor (cores,
+    transfers, the sequence) has finished; memory-tile links are daemons: they forward for as
+    long as data comes, and idling at the end is not a deadlock."""
+
     def __init__(self):
         self.actors: list[list] = []  # [generator, pending wait, name, daemon]
 
@@ -94,8 +98,7 @@ class Scheduler:
             if not any(not a[3] for a in self.actors):
                 return
             if not progress:
-                blocked = "; ".join(f"{a[2]} waits to {a[1][1]}" for a in self.actors
-                                    if not a[3] or True)
+                blocked = "; ".join(f"{a[2]} waits to {a[1][1]}" for a in self.actors)
                 raise EmulationError(f"deadlock in {design}: no actor can move: {blocked}")
 
 
