@@ -14,7 +14,7 @@ import iron
 from iron.operators import AXPY, GEMM, RMSNorm
 from iron.store import Store
 from iron.targets import npu, target_for
-from iron.targets.npu.design import Pattern
+from iron.targets.npu.design import Pattern, design_from_json
 from iron.targets.npu.emulator import EmulationError, emulate_design
 from iron.targets.npu.mlir import render
 from opcases import OneStep, assert_close, case_inputs
@@ -159,6 +159,7 @@ def test_long_transfers_fit_the_dma_limits_or_are_refused():
 def test_custom_and_generic_forms_hold_the_same_design():
     d = design_of(GEMM(M=32, K=64, N=64, tile_m=8, tile_k=32, tile_n=16, num_aie_columns=2))
     custom, generic = render(d), render(d, generic=True)
+    assert design_from_json(d.to_json()) == dataclasses.replace(d, memory_fields=())
     assert custom.startswith("module {\n  aie.device(npu2) {")
     for op in ("aie.tile", "aie.objectfifo", "aie.objectfifo.link", "aie.core",
                "aie.objectfifo.acquire", "aie.objectfifo.release", "func.call",
