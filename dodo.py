@@ -17,7 +17,7 @@ from iron.pipeline.tasks import DOIT_CONFIG, BuildGraph  # noqa: F401  (doit rea
 
 try:
     graph = BuildGraph(get_var, doit_cmd._CMDLINE_VARS)  # doit 0.37 keeps NAME=VALUE pairs there
-except IronError as e:  # a bad cache setting: one line, not a traceback
+except IronError as e:  # a bad cache setting or selection: one line, not a traceback
     sys.exit(f"error: {e}")
 
 

@@ -3,9 +3,11 @@
 The NPU numbers are those of mlir-aie's AIE target model (``AIETargetModel.h`` in
 github.com/Xilinx/mlir-aie): npu1 (Phoenix / Hawk Point, AIE2) has 4 usable columns, npu2
 (Strix / Krackan, AIE2P) has 8; each compute tile has 64 KiB of data memory; each column's shim
-tile has two DMA channels into the array and two out of it.  On the host CPU a "column" is a
-worker thread, so its column count is the number of cores this process may use (its affinity,
-see ``iron.host``), and its local memory is a core's L2 cache.
+tile has two DMA channels into the array and two out of it.  Every resource an npu design is
+checked against (memories, DMA channels, buffer descriptors, access-pattern limits, MAC shapes)
+is counted in ``iron/targets/npu/resources.py``.  On the host CPU a "column" is a worker
+thread, so its column count is the number of cores this process may use (its
+affinity, see ``iron.host``), and its local memory is a core's L2 cache.
 """
 
 from __future__ import annotations

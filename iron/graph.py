@@ -23,7 +23,7 @@ from .operator import Operator
 from .profile import Profile, as_profile, batch_reports
 from .program import Program, Step
 from .recording import current_recording, start, stop
-from .targets import executable_for
+from .targets import executable_for, target_for
 from .tensor import Tensor, TensorSpec, bfloat16
 
 
@@ -221,6 +221,16 @@ class Graph:
         if exe is None:
             exe = cache[key] = executable_for(self.record_like(arrays))
             exe.bind_weights(self.weights)
+        outputs = exe.run(arrays)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def emulate(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on the bound NPU device in the emulator: every designed step as its design
+        would run (DMA transfers, FIFOs, core loops calling the host-built core kernels),
+        host-placed steps with their numpy maths."""
+        arrays = tuple(np.asarray(a) for a in arrays)
+        exe = target_for(self.device).emulated().load(self.record_like(arrays))
+        exe.bind_weights(self.weights)
         outputs = exe.run(arrays)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

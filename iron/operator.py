@@ -161,6 +161,18 @@ class Operator:
             yield rule(self.num_aie_columns <= dev.columns, "num_aie_columns",
                        f"num_aie_columns <= {dev.columns} (the columns of {dev})")
 
+    def all_rules(self, dev: Device) -> Iterator[Rule]:
+        """``rules(dev)``, then, when they all hold, the rules of ``dev``'s target: on an NPU,
+        that the instance's design fits the device's memories, DMA channels and buffer
+        descriptors (a design can only be drawn once the shape rules hold)."""
+        own = list(self.rules(dev))
+        yield from own
+        if all(r.ok for r in own):
+            # function-level: targets sit above operators, and only the target knows its design
+            from .targets import target_for
+
+            yield from target_for(dev).rules(self, dev)
+
     def reference(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """The operator's maths on float32 (or int32) numpy arrays, before output rounding."""
         raise NotImplementedError
@@ -230,14 +242,14 @@ class Operator:
         for values in itertools.product(*(space[n] for n in unset)):
             op = dataclasses.replace(self, **dict(zip(unset, values)))
             first = first or op
-            if all(r.ok for r in op.rules(dev)):
+            if all(r.ok for r in op.all_rules(dev)):
                 return op
         return first  # nothing legal: check() reports the rule the preferred values break
 
     def check(self, dev: Device, sources: Mapping[str, str]) -> None:
         """Raise ``ResolveError`` for the first rule this resolved instance breaks."""
         # a broken rule among values someone chose is reported before one among defaults
-        broken = sorted((r for r in self.rules(dev) if not r.ok),
+        broken = sorted((r for r in self.all_rules(dev) if not r.ok),
                         key=lambda r: any(DEFAULT_SOURCE in sources.get(n, "") for n in r.fields))
         for r in broken[:1]:
             if not r.ok:
@@ -259,7 +271,7 @@ class Operator:
         for values in itertools.product(*(space[n] for n in names)):
             setting = dict(zip(names, values))
             op = dataclasses.replace(self, **setting)
-            if all(r.ok for r in op.rules(dev)):
+            if all(r.ok for r in op.all_rules(dev)):
                 legal.append(setting)
         return legal
 

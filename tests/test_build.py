@@ -145,3 +145,55 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
     assert all(t.startswith(("compile:AXPY", "compile:SiLU")) for t in rebuilt), rebuilt
     again = doit(project, "tune", "only=AXPY", "max_load=99")
     assert "0 candidates measured this run" in again.stdout, again.stdout
+
+
+def test_npu_build_writes_designs_and_no_cpu_library(project):
+    """`doit device=npu2`: one design (or a host placement) per instance in the store, no
+    shared library for an instance; the bundle runs in the emulator and refuses to run on
+    the NPU without XRT."""
+    result = doit(project, "device=npu2")
+    tasks = executed(result)
+    assert len(tasks) == 5 and executed(result, "bundle") == ["bundle"]
+    bundle = project / "build/demo/npu2"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    block = manifest["programs"]["block"]
+    assert block["placements"] == ["npu"] * 5
+    for name in block["kernels"]:
+        step = json.loads((bundle / name).read_text())
+        assert step["placement"] == "npu" and step["mlir"].startswith("module {")
+        assert step["design"]["device"] == "npu2" and step["design"]["fifos"]
+    assert sorted(p.suffix for p in (bundle / "kernels").iterdir()) == [".json"] * 5 + [".so"]
+    assert manifest["runtime"].endswith(".so")  # the core kernels' host build
+    entries = [p for p in (project / "build/ops").iterdir() if (p / "design.mlir").exists()]
+    assert len(entries) == 5 and all((p / "design.generic.mlir").exists() for p in entries)
+    assert not list((project / "build/ops").rglob("kernel.so"))
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    emulated = subprocess.run([sys.executable, "-m", "apps.demo", str(bundle), "--emulate"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert emulated.returncode == 0, emulated.stderr
+    assert "max |out - reference| = 0" in emulated.stdout
+    refused = run_bundle(bundle, env)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1
+    assert "running on npu2 itself needs" in refused.stderr and "--emulate" in refused.stderr
+
+
+def test_unknown_device_is_one_line(project):
+    result = doit(project, "device=npu9", check=False)
+    assert result.returncode != 0
+    assert "unknown device 'npu9': iron knows cpu, npu1, npu2" in result.stderr
+
+
+def test_npu_profile_entry_overflowing_l1_stops_before_any_compile(project):
+    (project / "profiles" / "demo" / "npu2.json").write_text(
+        '{"device": "npu2", "entries": [\n  {"operator": "GEMV", "M": 512, "K": 256, '
+        '"tile_size_input": 64, "tile_size_output": 64, "num_aie_columns": 1}\n]}\n')
+    result = doit(project, "device=npu2", check=False)
+    assert result.returncode != 0 and executed(result) == []
+    assert "Traceback" not in result.stderr
+    assert "npu2.json line 2" in result.stderr
+    assert ("L1 of core tile (0, 2): A_0 2 x 32768 B + x_0 1 x 512 B + y_0 2 x 128 B + stack "
+            "1024 B = 67328 B (65.75 KiB) <= 65536 B (64 KiB) of data memory on npu2"
+            ) in result.stderr
+    assert not (project / "build" / "ops").exists() or not list(
+        (project / "build" / "ops").iterdir())

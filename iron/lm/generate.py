@@ -167,21 +167,22 @@ class LlamaModel:
     """A loaded Llama bundle: forward passes with a persistent KV cache."""
 
     def __init__(self, bundle: Bundle | str | Path,
-                 weights: dict[str, np.ndarray] | None = None):
+                 weights: dict[str, np.ndarray] | None = None, emulate: bool = False):
         """Load ``bundle``; ``weights`` (another bundle's of the same checkpoint) are used
         instead of reading this bundle's own, so that two builds compared side by side read
-        the very same memory."""
+        the very same memory; ``emulate`` runs an npu bundle in the emulator."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
+        self.bundle.check_runnable(emulate)
         self.meta = meta = LmMeta.from_json(self.bundle.meta, str(self.bundle.path))
         self.chunk, self.tail_chunk = meta.chunk, meta.tail_chunk
         self.eos = set(meta.eos_token_ids)
         states = {name: self.bundle.program(name).named("state") for name in PROGRAMS}
         self.context = check_cache(self.bundle, states, meta.context)
         self.weights = weights = self.bundle.weights() if weights is None else weights
-        self.decode_exe = self.bundle.executable(DECODE, weights)
-        self.prefill_exe = self.bundle.executable(PREFILL, weights)
-        self.tail_exe = self.bundle.executable(PREFILL_TAIL, weights)
-        self.head_exe = self.bundle.executable(HEAD, weights)
+        self.decode_exe = self.bundle.executable(DECODE, weights, emulate=emulate)
+        self.prefill_exe = self.bundle.executable(PREFILL, weights, emulate=emulate)
+        self.tail_exe = self.bundle.executable(PREFILL_TAIL, weights, emulate=emulate)
+        self.head_exe = self.bundle.executable(HEAD, weights, emulate=emulate)
         self.kv = {name: np.zeros(t.shape, t.dtype)
                    for name, t in self.decode_exe.program.named("state").items()}
         self.decode_exe.bind_state(self.kv)

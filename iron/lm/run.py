@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="at most this many threads per kernel (default: as built, which is at "
                         "most the cores this process may use)")
+    p.add_argument("--emulate", action="store_true",
+                   help="run an npu1 / npu2 bundle in the emulator (slow)")
     return p
 
 
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             set_thread_limit(args.threads)
         if args.prompt is not None:
             check_text(args.prompt, "--prompt")
-        model = LlamaModel(args.bundle)
+        model = LlamaModel(args.bundle, emulate=args.emulate)
         tokenizer = model.tokenizer()
         if args.chat:
             chat = Chat(model, ChatTemplate.from_dir(model.bundle.path), args.system)

@@ -55,13 +55,6 @@ class Elementwise(Operator):
         if dev.kind == "cpu":
             yield rule(self.num_channels == 1, "num_channels",
                        "num_channels == 1 (the cpu has no shim DMA channels to spread over)")
-        else:
-            yield rule(self.arity * self.num_channels <= dev.shim_channels, "num_channels",
-                       f"inputs * num_channels <= {dev.shim_channels} shim channels per column")
-            buffers = 2 * (self.arity + 1) * self.tile_size * 2  # double-buffered bf16 tiles
-            yield rule(buffers <= dev.tile_memory, "tile_size",
-                       f"2 * (inputs + 1) * tile_size * 2 bytes <= {dev.tile_memory} bytes "
-                       "of tile memory")
 
 
 class AXPY(Elementwise):

@@ -113,10 +113,6 @@ class GEMV(Operator):
             yield rule(self.M % (self.tile_size_output * self.num_aie_columns) == 0,
                        "tile_size_output num_aie_columns",
                        "M % (tile_size_output * num_aie_columns) == 0")
-            need = 2 * (self.tile_size_input * self.K + self.K + self.tile_size_input) * 2
-            yield rule(need <= dev.tile_memory, "tile_size_input",
-                       f"2 * (tile_size_input * K + K + tile_size_input) * 2 bytes <= "
-                       f"{dev.tile_memory} bytes of tile memory")
 
     @classmethod
     def example(cls, rng, M, K, batches, **fmt):
@@ -200,11 +196,6 @@ class GEMM(Operator):
                        "M % (tile_m * 4) == 0 (four compute tiles per column)")
             yield rule(self.N % (self.tile_n * self.num_aie_columns) == 0,
                        "tile_n num_aie_columns", "N % (tile_n * num_aie_columns) == 0")
-            need = 2 * (self.tile_m * self.tile_k + self.tile_k * self.tile_n) * 2 \
-                + self.tile_m * self.tile_n * 4
-            yield rule(need <= dev.tile_memory, "tile_m tile_k tile_n",
-                       "2 * (tile_m * tile_k + tile_k * tile_n) * 2 + tile_m * tile_n * 4 bytes "
-                       f"<= {dev.tile_memory} bytes of tile memory")
 
     @classmethod
     def example(cls, rng, M, K, N, **fmt):

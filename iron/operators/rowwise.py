@@ -43,11 +43,6 @@ class RowWise(Operator):
         yield from super().rules(dev)
         yield rule(self.rows % (self.num_aie_columns * self.tile_size) == 0,
                    "tile_size num_aie_columns", "rows % (num_aie_columns * tile_size) == 0")
-        if dev.kind == "npu":
-            need = 2 * self.streams * self.tile_size * self.size * 2
-            yield rule(need <= dev.tile_memory, "tile_size",
-                       f"2 * {self.streams} * tile_size * size * 2 bytes <= {dev.tile_memory} "
-                       "bytes of tile memory")
 
 
 class RMSNorm(RowWise):
@@ -191,9 +186,6 @@ class SwiGLU(Operator):
         yield from super().rules(dev)
         yield rule(self.size % (self.num_aie_columns * self.tile_size) == 0,
                    "tile_size num_aie_columns", "size % (num_aie_columns * tile_size) == 0")
-        if dev.kind == "npu":
-            yield rule(2 * 3 * self.tile_size * 2 <= dev.tile_memory, "tile_size",
-                       f"2 * 3 * tile_size * 2 bytes <= {dev.tile_memory} bytes of tile memory")
 
     @classmethod
     def example(cls, rng, rows, size):

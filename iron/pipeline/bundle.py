@@ -1,10 +1,12 @@
 """Model bundles: everything needed to run an application on one device, in one folder.
 
-``build/<app>/<device>/`` holds ``manifest.json`` (the recorded programs, which kernel library
-each step calls, the application's metadata and the hash of every file), ``kernels/`` (the
-compiled instances and the executor, one artifact file each), ``weights.safetensors`` (in the layout the kernels read),
-the application's files (``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile
-it was built with).  It runs from any folder, without a compiler.
+``build/<app>/<device>/`` holds ``manifest.json`` (the recorded programs, which artifact each
+step uses and where it runs, the application's metadata and the hash of every file),
+``kernels/`` (the compiled instances and the executor, one artifact file each: on the cpu
+shared libraries, on an NPU each step's design or host placement and the core kernels' host
+build), ``weights.safetensors`` (in the layout the kernels read), the application's files
+(``tokenizer.json``, ``config.json``) and ``profile.json`` (the profile it was built with).
+It runs from any folder, without a compiler.
 
 Nothing in a bundle is trusted because it is there.  Opening one checks the manifest against a
 table of its fields and against its own digest, confines every kernel path to ``kernels/`` and
@@ -58,8 +60,7 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
 
     from ..targets import target_for
 
-    target = target_for(device)
-    target.require_available(device)
+    target = target_for(device)  # building needs no runtime: an npu bundle runs emulated
     out = Path(out)
     recover(out)
     programs: dict[str, Program] = app.programs(device, profile)
@@ -76,6 +77,7 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
         for name, program in programs.items():
             doc = program.to_json()
             doc["kernels"] = [next(names) for _ in program.steps]
+            doc["placements"] = [target.placement(op) for op in program.ops]
             manifest_programs[name] = doc
         runtime = next(names)
         save_file(dict(app.weights()), str(tmp / WEIGHTS))
@@ -194,18 +196,36 @@ class Bundle:
                               "the file is damaged or was changed: rebuild the bundle")
         return weights
 
-    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None,
-                   program: Program | None = None):
-        """The program ``name`` loaded from the bundle's own libraries (no compiler needed);
-        ``program``, when given, is that program with its tensors resized (the same steps)."""
+    def target(self, emulate: bool = False):
+        """The target that runs this bundle, refusing before any work what this machine
+        cannot do: an npu bundle runs in the emulator (``emulate``) or on an NPU through XRT."""
+        from ..devices import device
         from ..targets import target_for
 
+        dev = device(self.manifest["device"])
+        target = target_for(dev)
+        if emulate:
+            return target.emulated()
+        target.require_available(dev)
+        return target
+
+    def check_runnable(self, emulate: bool = False) -> None:
+        try:
+            self.target(emulate)
+        except IronError as e:
+            raise BundleError(f"{self.path}: {e}") from None
+
+    def executable(self, name: str, weights: dict[str, np.ndarray] | None = None,
+                   program: Program | None = None, emulate: bool = False):
+        """The program ``name`` loaded from the bundle's own files (no compiler needed);
+        ``program``, when given, is that program with its tensors resized (the same steps);
+        ``emulate`` runs an npu bundle in the emulator."""
         doc = self.manifest["programs"][name]
         program = self.program(name) if program is None else program
         if len(program.steps) != len(doc["kernels"]):
             raise BundleError(f"{self.path}: program {name!r} has {len(doc['kernels'])} "
                               f"kernels, the program given {len(program.steps)} steps")
-        exe = target_for(program.device).executable(
+        exe = self.target(emulate).executable(
             program, [self.path / k for k in doc["kernels"]], self.path / self.manifest["runtime"])
         exe.bind_weights(self.weights() if weights is None else weights)
         return exe

@@ -349,7 +349,8 @@ class BuildGraph:
             instances[task_name(op, recipe.key)] = {
                 "key": recipe.key, "description": recipe.description,
                 "sources": [str(p) for p in recipe.sources],
-                "doc": f"{op.describe(tunables=True)} -> artifact {recipe.key}"}
+                "doc": f"{op.describe(tunables=True)} -> artifact {recipe.key}"
+                       f"{where(target.placement(op))}"}
         runtime = target.recipe(None)
         sources = [str(p) for p in app.sources()]
         mark = "\0prompt\0"
@@ -468,6 +469,10 @@ class BuildGraph:
         age = "" if days is None else f" unused for {days:g} days"
         print(f"gc: removed {len(removed)} cache entries{age} and {temp + len(leftovers)} "
               f"abandoned temporary folders; kept {len(keep & set(self.store.keys()))} in use")
+
+
+def where(placement: str) -> str:
+    return " (host placement: no npu design)" if placement == "host" else ""
 
 
 def compile_action(device_name: str, description: dict, sources: list, key: str, counter: str):

@@ -15,8 +15,8 @@ TARGETS: dict[str, Target] = {t.kind: t for t in (cpu.TARGET, npu.TARGET)}
 
 
 def target_for(dev: Device) -> Target:
-    """The target that compiles and runs programs for ``dev``'s kind."""
-    return TARGETS[dev.kind]
+    """The target that compiles and runs programs for ``dev``."""
+    return TARGETS[dev.kind].on(dev)
 
 
 def executable_for(program: Program, store=None) -> Executable:

@@ -14,7 +14,11 @@ new device kind is one module implementing ``Target``:
 - ``executable(program, step_files, runtime_file)``: a loaded program from such files (a bundle
   loads without a compiler); ``load(program, store)`` compiles what is missing, then loads;
 - ``unavailable(device)``: why this machine cannot run the target's executables (a missing toolchain
-  or runtime), or ``None``; the tuner refuses to measure on such a target.
+  or runtime), or ``None``; the tuner refuses to measure on such a target;
+- ``rules(op, dev)``: legality the target adds to the operator's own rules (on an NPU: the
+  instance's design fits the device's resources); ``placement(op)``: where a step runs;
+- ``on(dev)``: the target for one device of its kind; ``emulated()``: a target whose
+  executables run in an emulator (only targets that have one).
 
 An ``Executable`` binds weights once, keeps state (a KV cache) across calls, runs the program
 (``run``) and, for the tuner, runs it timing each step (``run_timed``).
@@ -26,13 +30,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from ..devices import Device
 from ..errors import DeviceError
-from ..operator import Operator
+from ..operator import Operator, Rule
 from ..program import Program
 from ..store import Entry, Store, artifact_key
 
@@ -110,6 +114,18 @@ class Target:
         ``march`` (the -march level, or ""), ``isa`` (CPU features, as /proc/cpuinfo names
         them) and ``cpu`` (the model of the build host)."""
         return {"march": "", "isa": [], "cpu": ""}
+
+    def rules(self, op: Operator, dev: Device) -> Iterator[Rule]:
+        return iter(())
+
+    def placement(self, op: Operator) -> str:
+        return self.kind
+
+    def on(self, dev: Device) -> Target:
+        return self
+
+    def emulated(self) -> Target:
+        raise DeviceError(f"the {self.kind} target has no emulator: it runs programs itself")
 
     # ---- derived behaviour ------------------------------------------------------------------
 

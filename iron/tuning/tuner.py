@@ -108,7 +108,7 @@ def require_tunable_device(dev: Device) -> None:
     if reason:
         raise DeviceError(
             f"cannot tune for {dev}: tuning runs every candidate on the device itself ({reason}) "
-            "Tune on --device cpu, or write profiles for {dev} by hand (recording "
+            f"Tune on --device cpu, or write profiles for {dev} by hand (recording "
             "and resolving check them).")
 
 

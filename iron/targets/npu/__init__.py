@@ -1,0 +1,203 @@
+"""The npu1 / npu2 targets: a design per resolved instance, checked, rendered, emulated.
+
+A resolved operator instance on an NPU becomes a ``Design`` (``designs``): tiles, object FIFOs,
+core loops and the runtime sequence, drawn the way upstream IRON's designs are.  Its legality is
+measured against the device's resources (``check``, numbers in ``resources``) as part of the
+operator's legality (``NpuTarget.rules``), so a profile entry whose FIFOs overflow a tile is
+refused at graph set-up with the figures.  Compiling an instance writes its design artifacts
+into the artifact store: the design as JSON, its MLIR-AIE module in custom and generic form
+(``mlir``), the core kernels' sources, and ``step.json`` (design and both modules in one
+file: what a bundle carries); where ``aiecc.py`` is on PATH, aiecc turns the custom form into
+an xclbin and an instruction stream (``aiecc``).  Operators without a design are placed on the
+host: they run with their numpy maths between NPU calls.  The program "executor" of the target
+is the core kernels built for the host, which the emulator (``emulator``, ``runner``) calls.
+
+Running on the NPU itself needs XRT's ``pyxrt`` and a runner iron does not have, so the target
+is unavailable for running unless emulated: ``target.emulated()`` (``Graph.emulate``,
+``--emulate``) runs programs through the emulator.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ...devices import Device
+from ...errors import CompileError, DeviceError
+from ...operator import Operator, Rule
+from ...paths import KERNELS_DIR
+from ...program import Program
+from ...store import Entry
+from ..base import Recipe, Target
+from .resources import resources
+
+RECIPE_VERSION = 2
+SOURCE_DIR = KERNELS_DIR / "npu"
+HOST_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c11")
+HOST_LIBRARY = "cores.so"
+STEP_FILE = "step.json"
+DESIGN_FILE, MLIR_FILE, GENERIC_FILE = "design.json", "design.mlir", "design.generic.mlir"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def design_of(op: Operator, device: str):
+    """The design of a resolved instance on ``device`` (None: placed on the host)."""
+    from .designs import design_for
+
+    return design_for(op, resources(device))
+
+
+def digests(paths: Sequence[Path]) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def missing_runtime() -> list[str]:
+    """What running on a real NPU needs and this machine lacks."""
+    missing = []
+    if shutil.which("aiecc.py") is None:
+        missing.append("aiecc.py (mlir-aie)")
+    if importlib.util.find_spec("pyxrt") is None:
+        missing.append("pyxrt (XRT Python bindings)")
+    return missing or ["an XRT runner, which iron does not have yet"]
+
+
+def aiecc_identity() -> str | None:
+    """Where aiecc.py is on PATH, its path: a different toolchain is a different artifact."""
+    path = shutil.which("aiecc.py")
+    return None if path is None else str(Path(path).resolve())
+
+
+class NpuTarget(Target):
+    """Designs for one NPU device; ``emulate`` runs programs in the emulator."""
+
+    kind = "npu"
+
+    def __init__(self, device: Device | None = None, emulate: bool = False):
+        self.device, self.emulate = device, emulate
+
+    def on(self, dev: Device) -> NpuTarget:
+        return NpuTarget(dev, self.emulate)
+
+    def emulated(self) -> NpuTarget:
+        return NpuTarget(self.device, emulate=True)
+
+    def _dev(self) -> Device:
+        if self.device is None:
+            raise DeviceError("the npu target needs a device: use target_for(device)")
+        return self.device
+
+    # ---- legality ---------------------------------------------------------------------------
+
+    def rules(self, op: Operator, dev: Device) -> Iterator[Rule]:
+        """``op``'s design fits ``dev``'s memories, DMA channels, descriptors and patterns."""
+        from .check import design_rules
+        from .designs import family_rules
+
+        res = resources(dev.name)
+        family = list(family_rules(op, res))
+        yield from family
+        if all(r.ok for r in family):
+            design = design_of(op, dev.name)
+            if design is not None:
+                yield from design_rules(design, res, op.tunables())
+
+    def placement(self, op: Operator) -> str:
+        return "host" if design_of(op, self._dev().name) is None else "npu"
+
+    # ---- recipes and artifacts ----------------------------------------------------------------
+
+    def recipe(self, op: Operator | None) -> Recipe:
+        from ..cpu import compiler
+        from .mlir import SYNTAX
+
+        if op is None:  # the core kernels built for the host: what the emulator calls
+            sources = tuple(sorted(SOURCE_DIR.glob("*.[ch]")))
+            description = {"recipe": RECIPE_VERSION, "target": "npu-host-cores",
+                           "sources": digests(sources), "compiler": compiler()[1],
+                           "flags": list(HOST_FLAGS)}
+            return Recipe("cores", (), description, sources)
+        dev = self._dev()
+        design = design_of(op, dev.name)
+        sources = () if design is None else (SOURCE_DIR / design.kernel_source,
+                                             SOURCE_DIR / "iron_npu.h")
+        description = {
+            "recipe": RECIPE_VERSION, "target": dev.name, "operator": type(op).__name__,
+            "fields": op.config(), "placement": "host" if design is None else "npu",
+            "sources": digests(sources), "mlir_syntax": SYNTAX, "aiecc": aiecc_identity()}
+        return Recipe(design.kernel_source if design else "host", (), description, sources)
+
+    def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
+        """The recipe ``recipe(op)`` made, from its description and sources as data."""
+        paths = tuple(Path(s) for s in sources)
+        if description["target"] == "npu-host-cores":
+            name = "cores"
+        else:
+            name = paths[0].name if paths else "host"
+        return Recipe(name, (), description, paths)
+
+    def build(self, recipe: Recipe, folder: Path) -> None:
+        d = recipe.description
+        if d["target"] == "npu-host-cores":
+            return build_host_cores(folder)
+        op = Operator.registry[d["operator"]](**d["fields"])
+        design = design_of(op, d["target"])
+        if design is None:
+            (folder / STEP_FILE).write_text(json.dumps(
+                {"placement": "host", "operator": op.describe(True),
+                 "why": "no npu design yet: it runs with its numpy maths on the host between "
+                        "NPU calls"}, indent=1))
+            return
+        from .aiecc import run_aiecc
+        from .mlir import render
+
+        doc, custom, generic = design.to_json(), render(design), render(design, generic=True)
+        (folder / DESIGN_FILE).write_text(json.dumps(doc, indent=1))
+        (folder / MLIR_FILE).write_text(custom)
+        (folder / GENERIC_FILE).write_text(generic)
+        (folder / "kernels").mkdir()
+        for path in recipe.sources:
+            shutil.copy2(path, folder / "kernels" / path.name)
+        (folder / STEP_FILE).write_text(json.dumps(
+            {"placement": "npu", "design": doc, "mlir": custom, "mlir_generic": generic}))
+        if d["aiecc"]:
+            run_aiecc(folder, design)
+
+    def artifact(self, entry: Entry) -> Path:
+        library = entry.file(HOST_LIBRARY)
+        return library if library.exists() else entry.file(STEP_FILE)
+
+    # ---- running ------------------------------------------------------------------------------
+
+    def unavailable(self, dev: Device) -> str | None:
+        if self.emulate:
+            return None
+        return (f"running on {dev} itself needs {', '.join(missing_runtime())}; run it in the "
+                "emulator instead (graph.emulate(...), or --emulate)")
+
+    def executable(self, program: Program, step_files: Sequence[Path],
+                   runtime_file: Path | None):
+        self.require_available(program.device)
+        from .runner import Emulated
+
+        return Emulated(program, step_files, runtime_file)
+
+
+def build_host_cores(folder: Path) -> None:
+    from ..cpu import compiler
+
+    cc, _ = compiler()
+    command = [cc, *HOST_FLAGS, f"-I{SOURCE_DIR}", *map(str, sorted(SOURCE_DIR.glob("*.c"))),
+               "-o", str(folder / HOST_LIBRARY), "-lm"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CompileError(f"building the npu core kernels for the host failed:\n$ "
+                           f"{' '.join(command)}\n{result.stderr.strip()}")
+
+
+TARGET = NpuTarget()
