@@ -11,7 +11,7 @@ the checkpoint's files and the profile.
 
 Command-line variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint``
 (the application's default), ``context``, ``prompt``, and the tuner's ``only``, ``budget``,
-``fresh``.
+``prune`` (``0``: measure every candidate), ``fresh``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class BuildGraph:
         self.checkpoint = get_var("checkpoint", None)
         self.context = get_var("context", None)
         self.prompt = get_var("prompt", None)
-        self.tune_options = {k: get_var(k, None) for k in ("only", "budget", "fresh")}
+        self.tune_options = {k: get_var(k, None) for k in ("only", "budget", "prune", "fresh")}
         self.target = target_for(self.device)
         self.store = Store()
         self.bundle_dir = build_dir() / self.app_name / self.device.name
@@ -137,7 +137,7 @@ class BuildGraph:
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
-        for option in ("only", "budget"):
+        for option in ("only", "budget", "prune"):
             if self.tune_options[option]:
                 argv += [f"--{option}", str(self.tune_options[option])]
         if self.tune_options["fresh"]:

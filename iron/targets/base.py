@@ -14,7 +14,9 @@ new device kind is one module implementing ``Target``:
 - ``executable(program, step_files, runtime_file)``: a loaded program from such files (a bundle
   loads without a compiler); ``load(program, store)`` compiles what is missing, then loads;
 - ``unavailable(device)``: why this machine cannot run the target's executables (a missing toolchain
-  or runtime), or ``None``; the tuner refuses to measure on such a target.
+  or runtime), or ``None``; the tuner refuses to measure on such a target;
+- ``cost(op)``: the modelled time of an instance with its bottleneck (``iron.targets.cost``),
+  or ``None`` when the target has no cost model; the tuner ranks candidates by it.
 
 An ``Executable`` binds weights once, keeps state (a KV cache) across calls, runs the program
 (``run``) and, for the tuner, runs it timing each step (``run_timed``).
@@ -35,6 +37,7 @@ from ..errors import DeviceError
 from ..operator import Operator
 from ..program import Program
 from ..store import Entry, Store, artifact_key
+from .cost import Estimate
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class Target:
         raise NotImplementedError
 
     def unavailable(self, dev: Device) -> str | None:
+        return None
+
+    def cost(self, op: Operator) -> Estimate | None:
         return None
 
     # ---- derived behaviour ------------------------------------------------------------------

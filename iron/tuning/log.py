@@ -8,7 +8,8 @@ flight, and a torn last line (a kill mid-write) is ignored on the next load.
 Records::
 
     {"key": ..., "status": "started"}                      about to run this candidate
-    {"key": ..., "status": "ok", "median": s, ...}         measured
+    {"key": ..., "status": "ok", "median": s,              measured (or modelled: source
+     "source": "measured", ...}                            "model", with its bottleneck)
     {"key": ..., "status": "rejected", "reason": ...}      failed to compile, check or finish
     {"key": ..., "status": "interrupted"}                  the user stopped it mid-measurement
     {"key": new, "against": old, "status": "compared",     a head-to-head of two candidates:
@@ -17,7 +18,9 @@ Records::
 A candidate that was ``started`` twice without a result crashed or hung the tuner twice (a
 kernel that never returns cannot be stopped in-process): the next run rejects it instead of
 trying a third time.  One start is retried, so a kill in the middle of a run costs nothing.
-Records measured by another benchmark ``method`` are ignored.
+Records measured by another benchmark ``method`` are ignored.  ``source`` says where an ``ok``
+record's time came from: ``"measured"``, or ``"model"`` (a target's cost model, on a device
+this machine cannot run; ``bottleneck`` then names what limits it).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Record:
     runs: int = 0
     reason: str = ""
     method: str = ""
+    source: str = "measured"
+    bottleneck: str = ""
 
     @property
     def ok(self) -> bool:
@@ -54,7 +59,10 @@ class Record:
         doc = {"key": self.key, "status": self.status, "method": self.method,
                "operator": self.operator, "fields": self.fields}
         if self.ok:
-            doc.update(median=self.median, spread=self.spread, runs=self.runs)
+            doc.update(median=self.median, spread=self.spread, runs=self.runs,
+                       source=self.source)
+            if self.bottleneck:
+                doc["bottleneck"] = self.bottleneck
         else:
             doc["reason"] = self.reason
         return doc
@@ -119,7 +127,8 @@ class TuneLog:
             self.records[key] = Record(
                 key, status, doc.get("operator", ""), doc.get("fields", {}),
                 doc.get("median"), doc.get("spread"), doc.get("runs", 0),
-                doc.get("reason", ""), self.method)
+                doc.get("reason", ""), self.method, doc.get("source", "measured"),
+                doc.get("bottleneck", ""))
 
     def get(self, key: str) -> Record | None:
         """The logged outcome of ``key``, a rejection if it crashed the tuner twice, or None."""

@@ -37,12 +37,14 @@ class Measurement:
     spread: float | None = None
     runs: int = 0
     error: str | None = None
+    bottleneck: str = ""  # what limits it, when a cost model gave the time
 
 
 class Benchmark(Protocol):
     """What the tuner needs from a benchmark; ``CpuBenchmark`` is the real one."""
 
     method: str  # recorded in the log; a measurement by another method is not reused
+    source: str  # "measured", or "model" when the times are a cost model's
 
     def key(self, op: Operator) -> str: ...
 
@@ -138,6 +140,7 @@ class TargetBenchmark:
         self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
         self.min_time, self.timeout, self.blocks = min_time, timeout, blocks
         self.method = f"{self.target.kind}-v2 cold={cold_bytes >> 20}MiB"
+        self.source = "measured"
         self._data: tuple[Operator, _InstanceData] | None = None
 
     def key(self, op: Operator) -> str:
