@@ -42,6 +42,9 @@ LANES = 8  # float32 lanes of the kernels' AVX2 vectors
 FMA_PER_CYCLE = 2  # FMA units per core on the x86 cores iron targets (Intel and AMD since 2013)
 AMX_DP_CYCLES = 16  # cycles per TDPBF16PS (16x16x32 tile product; Intel optimization manual)
 BF16_STORE8 = 7  # iron_store8_bf16: round-to-nearest-even and pack, per 8 outputs
+#: The caller's own work between two parallel regions in the fork / join probe: about what the
+#: tuner spends in Python between two timed runs; a team that waited longer has gone to sleep.
+FORK_GAP = 50e-6
 EXP8 = 18  # iron_exp8 per 8 lanes: range clamp, round, two fnmadds, degree-5 polynomial, scale
 
 
@@ -97,7 +100,7 @@ def _probe_library() -> ctypes.CDLL:
     lib.iron_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int,
                                     seconds]
     lib.iron_probe_fma.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int, seconds]
-    lib.iron_probe_fork.argtypes = [ctypes.c_int, ctypes.c_int, seconds]
+    lib.iron_probe_fork.argtypes = [ctypes.c_int, ctypes.c_double, ctypes.c_int, seconds]
     lib.iron_probe_items.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
                                      ctypes.c_long, ctypes.c_int, seconds]
     return lib
@@ -130,7 +133,8 @@ def measure_host(threads: int | None = None) -> Host:
             cache.ctypes.data, n, t, r, s), 101))
         iters = 200_000
         fma.append(t * iters * 8 / _median(lambda r, s: lib.iron_probe_fma(iters, t, r, s), 21))
-        fork.append(_median(lambda r, s: lib.iron_probe_fork(t, r, s), 2001) if t > 1 else 0.0)
+        fork.append(_median(lambda r, s: lib.iron_probe_fork(t, FORK_GAP, r, s), 1001)
+                    if t > 1 else 0.0)
     small = _median(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
                                                       items.size, 16, r, s), 201)
     whole = _median(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,

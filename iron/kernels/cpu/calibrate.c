@@ -8,8 +8,10 @@
  *                                                   split statically over `threads`: bandwidth
  *   iron_probe_fma(iters, threads, reps, seconds)   `iters` x 8 independent 8-lane FMA chains on
  *                                                   each thread: vector FMA instructions per s
- *   iron_probe_fork(threads, reps, seconds)         an empty `omp parallel` region: the cost of
- *                                                   waking and joining a team
+ *   iron_probe_fork(threads, gap, reps, seconds)    an empty `omp parallel` region after `gap`
+ *                                                   seconds of the caller's own work (as
+ *                                                   between a program's kernels or the tuner's
+ *                                                   runs): waking and joining a team
  *   iron_probe_items(x, out, n, tile, reps, seconds)  out = x + x over n bf16 in items of `tile`
  *                                                   (tile % 8 == 0): the cost of a work item
  */
@@ -60,8 +62,11 @@ void iron_probe_fma(long iters, int threads, int reps, double *seconds) {
     }
 }
 
-void iron_probe_fork(int threads, int reps, double *seconds) {
+void iron_probe_fork(int threads, double gap, int reps, double *seconds) {
     for (int r = 0; r < reps; r++) {
+        const double idle = omp_get_wtime() + gap;
+        while (omp_get_wtime() < idle) {
+        }
         const double t0 = omp_get_wtime();
         #pragma omp parallel num_threads(threads)
         {
