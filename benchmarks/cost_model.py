@@ -9,6 +9,7 @@ measured time of the best of the model's K over the measured best.  The median c
 the figure the model is judged by.
 
     python benchmarks/cost_model.py [--log build/tune/llama-cpu.jsonl] [--k 8] [--markdown]
+                                    [--recalibrate]
 """
 
 import argparse
@@ -42,7 +43,11 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=DEFAULT_PRUNE,
                         help=f"the pruning depth to check (default {DEFAULT_PRUNE})")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--recalibrate", action="store_true", help="measure this host's "
+                        "numbers again (they are cached in build/cost/)")
     args = parser.parse_args()
+    if args.recalibrate:
+        cpu_model.calibration_path().unlink(missing_ok=True)
     if not os.path.isfile(args.log):
         sys.exit(f"no tuning log at {args.log}: run python -m iron.lm.tune llama --full first")
     log = TuneLog(args.log, TargetBenchmark("cpu").method)

@@ -8,7 +8,8 @@ It prices them with this host's numbers, measured once by ``calibrate.c`` and ca
 ``build/cost/``:
 
 - memory and cache read bandwidth with 1 .. N threads, vector FMA throughput with 1 .. N
-  threads, the cost of an OpenMP fork / join, and the cost of one small work item;
+  threads (the best of several repetitions: the hardware's peak, not the neighbours'), the cost
+  of an OpenMP fork / join and of one small work item (the median repetition);
 
 and returns ``fork/join + items per thread x item cost + max(memory time, compute time)``
 (``iron.targets.cost.Estimate``), where a team whose items do not split evenly counts as fewer
@@ -42,6 +43,8 @@ LANES = 8  # float32 lanes of the kernels' AVX2 vectors
 FMA_PER_CYCLE = 2  # FMA units per core on the x86 cores iron targets (Intel and AMD since 2013)
 AMX_DP_CYCLES = 16  # cycles per TDPBF16PS (16x16x32 tile product; Intel optimization manual)
 BF16_STORE8 = 7  # iron_store8_bf16: round-to-nearest-even and pack, per 8 outputs
+#: Bumped when what a calibration file holds, or how it is measured, changes.
+CALIBRATION_VERSION = 2
 #: The caller's own work between two parallel regions in the fork / join probe: about what the
 #: tuner spends in Python between two timed runs; a team that waited longer has gone to sleep.
 FORK_GAP = 50e-6
@@ -59,7 +62,7 @@ class Host:
     item: float  # seconds a work item costs beyond its elements' work (loop, addressing)
     amx: bool  # AMX-BF16: gemm.c's tile path
     avx512_bf16: bool  # gemm.c's vdpbf16ps path
-    load: float  # the load average when measured: a busy machine measures slow teams
+    load: float  # the load average when measured (on a busy machine peaks are rarer)
 
     @property
     def threads(self) -> int:
@@ -106,10 +109,21 @@ def _probe_library() -> ctypes.CDLL:
     return lib
 
 
-def _median(run: Callable[[int, ctypes.Array], None], reps: int) -> float:
+def _seconds(run: Callable[[int, ctypes.Array], None], reps: int) -> list[float]:
     out = (ctypes.c_double * reps)()
     run(reps, out)
-    return statistics.median(out[1:] if reps > 2 else out)  # the first run warms up
+    return list(out[1:] if reps > 2 else out)  # the first run warms up
+
+
+def _fastest(run: Callable[[int, ctypes.Array], None], reps: int) -> float:
+    """A throughput probe's best repetition: what the hardware does when nothing interferes
+    (on a shared machine the typical one measures the neighbours)."""
+    return min(_seconds(run, reps))
+
+
+def _typical(run: Callable[[int, ctypes.Array], None], reps: int) -> float:
+    """A cost probe's median repetition: an overhead paid on every call."""
+    return statistics.median(_seconds(run, reps))
 
 
 def measure_host(threads: int | None = None) -> Host:
@@ -126,18 +140,18 @@ def measure_host(threads: int | None = None) -> Host:
     out = np.empty_like(items)
     memory_bw, cache_bw, fma, fork = [], [], [], []
     for t in range(1, threads + 1):
-        memory_bw.append(memory.nbytes / _median(lambda r, s: lib.iron_probe_read(
+        memory_bw.append(memory.nbytes / _fastest(lambda r, s: lib.iron_probe_read(
             memory.ctypes.data, memory.size, t, r, s), 5))
         n = cache_floats * t
-        cache_bw.append(n * 4 / _median(lambda r, s: lib.iron_probe_read(
+        cache_bw.append(n * 4 / _fastest(lambda r, s: lib.iron_probe_read(
             cache.ctypes.data, n, t, r, s), 101))
         iters = 200_000
-        fma.append(t * iters * 8 / _median(lambda r, s: lib.iron_probe_fma(iters, t, r, s), 21))
-        fork.append(_median(lambda r, s: lib.iron_probe_fork(t, FORK_GAP, r, s), 1001)
+        fma.append(t * iters * 8 / _fastest(lambda r, s: lib.iron_probe_fma(iters, t, r, s), 21))
+        fork.append(_typical(lambda r, s: lib.iron_probe_fork(t, FORK_GAP, r, s), 1001)
                     if t > 1 else 0.0)
-    small = _median(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
+    small = _typical(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
                                                       items.size, 16, r, s), 201)
-    whole = _median(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
+    whole = _typical(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
                                                       items.size, items.size, r, s), 201)
     flags = _cpu_flags()
     # what an item of 16 elements costs beyond its share of one long item's work
@@ -160,7 +174,7 @@ def calibration_path() -> Path:
     from . import cpu
 
     key = _probe_recipe().key[:16]
-    return build_dir() / "cost" / f"cpu-{key}-{os.cpu_count()}threads.json"
+    return build_dir() / "cost" / f"cpu-v{CALIBRATION_VERSION}-{key}-{os.cpu_count()}threads.json"
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,6 +11,10 @@ Three small pieces, as in Triton's autotuner:
 - the log (``iron.tuning.log``): one durable line per measured candidate, keyed by its artifact
   key, so an interrupted run resumes and a re-run measures only what changed.
 
+With a cost model (``Target.cost``, see ``iron.tuning.model``) the sweep can be pruned to the
+model's fastest candidates plus the setting in use, and a device that cannot run here is tuned
+by the model alone, every record and the report saying ``source: model``.
+
 Per instance the setting the application runs today is measured first, so when the budget runs
 out the best found so far is never worse than what the profile had.  The fastest valid
 candidate wins the sweep (ties go to the earlier legal setting); a rejected one (compile error,
@@ -333,7 +337,9 @@ class _Run:
             m = Measurement(error=f"{type(e).__name__}: {e}")
         record = self._add(key, op, m)
         self.measured_now += 1
-        text = (f"{m.median * 1e6:9.1f} us +-{100 * m.spread:.1f}% ({m.runs} runs)"
+        spread = (f"modelled, {m.bottleneck}-bound" if m.bottleneck
+                  else f"+-{100 * m.spread:.1f}% ({m.runs} runs)")
+        text = (f"{m.median * 1e6:9.1f} us {spread}"
                 + ("  best so far" if best is None or m.median < best else "")
                 if record.ok else f"rejected: {m.error.splitlines()[0][:150]}")
         print(f"    {label}{setting_text(op.tunable_values())}  {text}", file=self.out,
