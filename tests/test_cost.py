@@ -10,6 +10,7 @@ designs' own models are not written yet.
 import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -39,9 +40,10 @@ def fixed_host(tmp_path, monkeypatch):
     monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
     path = cpu_model.calibration_path()
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(dataclasses.asdict(HOST)))
+    host = dataclasses.replace(HOST, load=os.getloadavg()[0])  # calibrated "just now"
+    path.write_text(json.dumps(dataclasses.asdict(host)))
     cpu_model.host.cache_clear()
-    yield HOST
+    yield host
     cpu_model.host.cache_clear()
 
 
@@ -139,8 +141,17 @@ def test_amx_gemm_ignores_the_tiles_the_hardware_fixes():
     assert cpu_model.cost(op, avx512) != cpu_model.cost(other, avx512)
 
 
+def test_a_calibration_from_a_much_busier_or_quieter_moment_is_reported_stale(fixed_host):
+    path = cpu_model.calibration_path()
+    path.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(
+        fixed_host, load=os.getloadavg()[0] + 50))))
+    cpu_model.host.cache_clear()
+    with pytest.warns(UserWarning, match="calibrated at load average .* --recalibrate"):
+        assert cpu_model.host().memory_bw == HOST.memory_bw
+
+
 def test_the_calibration_is_read_from_the_build_folder_once_written(fixed_host):
-    assert cpu_model.host() == HOST
+    assert cpu_model.host() == fixed_host
     assert iron.targets.target_for(iron.device("cpu")).cost(
         GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16, num_aie_columns=1)) == \
         cpu_model.cost(GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16,

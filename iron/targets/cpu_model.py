@@ -27,6 +27,7 @@ import math
 import os
 import re
 import statistics
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -184,9 +185,18 @@ def host() -> Host:
     if path.is_file():
         try:
             doc = json.loads(path.read_text())
-            return Host(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
+            cached = Host(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
         except (ValueError, TypeError):
-            pass  # an older or damaged file: measure again
+            cached = None  # a damaged file: measure again
+        if cached is not None:
+            now = os.getloadavg()[0] if hasattr(os, "getloadavg") else cached.load
+            low, high = sorted((now, cached.load))
+            if high - low > 2.0 and high > 2 * low:  # much busier, or much quieter, now
+                warnings.warn(f"the cpu cost model was calibrated at load average "
+                              f"{cached.load:.1f} and the machine is at {now:.1f}: its thread "
+                              f"team numbers may be stale ({path}; python "
+                              "benchmarks/cost_model.py --recalibrate measures them again)")
+            return cached
     measured = measure_host()
     atomic_write_bytes(path, json.dumps(asdict(measured), indent=1).encode() + b"\n")
     return measured
