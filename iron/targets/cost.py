@@ -16,16 +16,19 @@ maximum or the sum of, so a person can check it by hand:
 
 What an NPU design's ``cost()`` must return (``iron.targets.npu``, one model per design):
 
-- ``compute``: MACs (or elements, for elementwise and row-wise work) per core, divided by the
-  device's MACs (elements) per cycle per core for the dtype (``MACS_PER_CYCLE``) and by the
-  clock (``CLOCK_HZ``); cores = the columns used x the compute tiles each design uses per column;
+- ``compute``: MACs per core over the device's MACs per cycle per core for the dtype
+  (``MACS_PER_CYCLE``; elementwise and row-wise work: elements over ``VECTOR_LANES_BF16``), over
+  the clock (``CLOCK_HZ``); cores = the columns used x the compute tiles the design uses in each;
 - ``shim DMA``: bytes crossing each column's shim tile, over the channels the design uses per
   column and direction (at most ``SHIM_CHANNELS``), at ``DMA_BYTES_PER_CYCLE`` per channel;
   inputs and outputs move on separate channels, so the larger direction counts;
 - ``memtile``: bytes through a column's memory tile (GEMM's A split and C join), each byte
   once in and once out, at ``DMA_BYTES_PER_CYCLE`` per memory-tile channel in use;
-- ``launch``: ``LAUNCH_SECONDS`` per call (the host dispatches one kernel run through XRT),
-  plus ``RECONFIGURE_CYCLES`` per column when the design differs from the previous step's.
+- ``launch``: ``LAUNCH_SECONDS`` per call (the host dispatches one kernel run through XRT).
+  ``RECONFIGURE_CYCLES`` per column is what a whole-program model adds where a step's design
+  differs from the previous step's; one instance's ``cost()`` does not know its neighbours.
+
+In code: ``estimate({COMPUTE: c, SHIM_DMA: s, MEMTILE: m}, {LAUNCH: LAUNCH_SECONDS})``.
 
 FIFO depth 2 (double buffering) is what lets compute and data movement overlap; a design with
 depth-1 FIFOs on its main stream must add its compute and DMA terms instead of taking the
