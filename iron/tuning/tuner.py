@@ -337,11 +337,13 @@ class _Run:
             m = Measurement(error=f"{type(e).__name__}: {e}")
         record = self._add(key, op, m)
         self.measured_now += 1
-        spread = (f"modelled, {m.bottleneck}-bound" if m.bottleneck
-                  else f"+-{100 * m.spread:.1f}% ({m.runs} runs)")
-        text = (f"{m.median * 1e6:9.1f} us {spread}"
-                + ("  best so far" if best is None or m.median < best else "")
-                if record.ok else f"rejected: {m.error.splitlines()[0][:150]}")
+        if record.ok:
+            spread = (f"modelled, {m.bottleneck}-bound" if m.bottleneck
+                      else f"+-{100 * m.spread:.1f}% ({m.runs} runs)")
+            text = (f"{m.median * 1e6:9.1f} us {spread}"
+                    + ("  best so far" if best is None or m.median < best else ""))
+        else:
+            text = f"rejected: {m.error.splitlines()[0][:150]}"
         print(f"    {label}{setting_text(op.tunable_values())}  {text}", file=self.out,
               flush=True)
         return record
