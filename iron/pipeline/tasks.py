@@ -23,7 +23,8 @@ application's default), ``context``, ``weights`` (``native``: the checkpoint's o
 decode step runs), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable
 cores), ``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of
 ``python -m iron.lm.run``, e.g. ``top_k=40 stop=. chat=1``, which it validates), the tuner's
-``only``, ``budget``, ``fresh``, ``max_load``, ``scheduler``, and gc's ``days``.
+``only``, ``budget``, ``prune`` (``0``: measure every candidate), ``fresh``,
+``max_load``, ``scheduler``, and gc's ``days``.
 The default bundle is ``build/<app>/<device>/``; another checkpoint, context, weights, batch or
 -march level gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
 
@@ -116,6 +117,12 @@ def _positive(limit: int) -> Callable[[str, str], int]:
     return check
 
 
+def _count(name: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,6}", text.strip()):
+        raise IronError(f"doit variable {name}={text!r}: must be a whole number, 0 or more")
+    return int(text)
+
+
 def _number(name: str, text: str) -> float:
     try:
         value = float(text)
@@ -167,6 +174,7 @@ VARIABLES: dict[str, Callable[[str, str], Any]] = {
     "group": _choice("32", "128"), "march": _march, "threads": _positive(4096),
     "prompt": _text, "only": _operators, "budget": _number, "fresh": _choice("0", "1"),
     "max_load": _number, "days": _number, "batch": _positive(64), "scheduler": _text,
+    "prune": _count,
     **{name: _text for name in GENERATE_OPTIONS},
 }
 
@@ -250,7 +258,7 @@ class BuildGraph:
         self.batch = self.vars.get("batch")
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
-                                                            "max_load", "scheduler")}
+                                                            "max_load", "scheduler", "prune")}
         from ..store import Store
 
         self.store = Store()
@@ -435,7 +443,7 @@ class BuildGraph:
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
-        for option in ("only", "budget", "max_load", "scheduler"):
+        for option in ("only", "budget", "prune", "max_load", "scheduler"):
             if self.tune_options[option] is not None:
                 argv += [f"--{option.replace('_', '-')}", str(self.tune_options[option])]
         if self.tune_options["fresh"] == "1":

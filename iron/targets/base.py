@@ -19,6 +19,8 @@ new device kind is one module implementing ``Target``:
   instance's design fits the device's resources); ``placement(op)``: where a step runs;
 - ``on(dev)``: the target for one device of its kind; ``emulated()``: a target whose
   executables run in an emulator (only targets that have one).
+- ``cost(op)``: the modelled time of an instance with its bottleneck (``iron.targets.cost``),
+  or ``None`` when the target has no cost model; the tuner ranks candidates by it.
 
 An ``Executable`` binds weights once, keeps state (a KV cache) across calls, runs the program
 (``run``) and, for the tuner, runs it timing each step (``run_timed``).
@@ -39,6 +41,7 @@ from ..errors import DeviceError
 from ..operator import Operator, Rule
 from ..program import Program
 from ..store import Entry, Store, artifact_key
+from .cost import Estimate
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,9 @@ class Target:
 
     def emulated(self) -> Target:
         raise DeviceError(f"the {self.kind} target has no emulator: it runs programs itself")
+
+    def cost(self, op: Operator) -> Estimate | None:
+        return None
 
     # ---- derived behaviour ------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from ..memplan import temp_buffers
 from ..operator import Operator
 from ..paths import KERNELS_DIR
 from .base import Recipe, Target
+from .cost import Estimate
 from ..program import Program
 from ..store import Entry, Store
 
@@ -167,6 +168,12 @@ class CpuTarget(Target):
     def executable(self, program: Program, step_files: Sequence[Path],
                    runtime_file: Path | None) -> Executable:
         return Executable(program, step_files, runtime_file)
+
+    def cost(self, op: Operator) -> Estimate:
+        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu_model``)."""
+        from . import cpu_model
+
+        return cpu_model.cost(op)
 
 
 TARGET = CpuTarget()

@@ -1,7 +1,9 @@
 """``python -m iron.tuning APP --checkpoint DIR``: tune an application and rewrite its profile.
 
-Times every legal setting of every operator instance the application builds and writes the
-fastest into ``profiles/<APP>/<device>.json``; review it with ``git diff`` or
+Times the legal settings of every operator instance the application builds (by default only the
+cost model's ``--prune`` fastest of each and the setting in use; ``--full`` times all) and writes
+the fastest into ``profiles/<APP>/<device>.json``; on a device this machine cannot run, ranks
+them by the target's cost model instead and says so; review it with ``git diff`` or
 ``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
 interrupted run picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
 measurements on a Dask cluster (``iron.tuning.cluster``).  ``python -m iron.lm.tune`` is the
@@ -18,6 +20,7 @@ from ..errors import IronError
 from ..pipeline.app import load_app
 from .measure import TargetBenchmark
 from .quiet import QUIET
+from .model import DEFAULT_PRUNE
 from .tuner import tune
 
 
@@ -44,9 +47,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         "worker and measurements on the workers that offer the device as a "
                         "resource (dask worker ADDR --nthreads 1 --resources cpu=1) of this "
                         "Dask scheduler; the log and the profile stay here")
+    parser.add_argument("--prune", type=int, default=DEFAULT_PRUNE, metavar="K",
+                        help="measure only the cost model's K fastest candidates of each "
+                        f"instance, plus the setting in use (default {DEFAULT_PRUNE}; 0 measures "
+                        "every legal setting)")
+    parser.add_argument("--full", action="store_true", help="measure every legal setting "
+                        "(the same as --prune 0)")
     args = parser.parse_args(argv)
     if args.max_load < 0:
         parser.error(f"--max-load must be a non-negative number, got {args.max_load:g}")
+    if args.prune < 0:
+        parser.error(f"--prune must be 0 (measure everything) or a positive number of "
+                     f"candidates, got {args.prune}")
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
@@ -54,7 +66,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
         app = load_app(args.app, args.checkpoint)
         bench = TargetBenchmark(args.device, quiet=args.max_load)
         tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench,
-             scheduler=args.scheduler)
+             scheduler=args.scheduler, prune=0 if args.full else args.prune)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

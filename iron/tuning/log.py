@@ -8,7 +8,8 @@ flight, and a torn last line (a kill mid-write) is ignored on the next load.
 Records::
 
     {"key": ..., "status": "started"}                      about to run this candidate
-    {"key": ..., "status": "ok", "median": s, ...}         measured
+    {"key": ..., "status": "ok", "median": s,              measured (or modelled: source
+     "source": "measured", ...}                            "model", with its bottleneck)
     {"key": ..., "status": "rejected", "reason": ...}      failed to compile, check or finish
     {"key": ..., "status": "interrupted"}                  the user stopped it mid-measurement
     {"key": new, "against": old, "status": "compared",     a head-to-head of two candidates:
@@ -20,7 +21,9 @@ trying a third time.  One start is retried, so a kill in the middle of a run cos
 Records measured by another benchmark ``method`` are ignored.  Each timing records ``load``,
 the cores' worth of CPU other processes used while it ran (see ``iron.tuning.quiet``).  A line
 whose fields do not have their types (``"median": "fast"``) is skipped like a torn one, and
-counted in ``skipped``: the candidate is measured again.
+counted in ``skipped``: the candidate is measured again.  ``source`` says where an ``ok``
+record's time came from: ``"measured"``, or ``"model"`` (a target's cost model, on a device
+this machine cannot run; ``bottleneck`` then names what limits it).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class Record:
     reason: str = ""
     method: str = ""
     load: float | None = None  # cores' worth other processes used while it was timed
+    source: str = "measured"
+    bottleneck: str = ""
 
     @property
     def ok(self) -> bool:
@@ -59,7 +64,10 @@ class Record:
         doc = {"key": self.key, "status": self.status, "method": self.method,
                "operator": self.operator, "fields": self.fields}
         if self.ok:
-            doc.update(median=self.median, spread=self.spread, runs=self.runs, load=self.load)
+            doc.update(median=self.median, spread=self.spread, runs=self.runs, load=self.load,
+                       source=self.source)
+            if self.bottleneck:
+                doc["bottleneck"] = self.bottleneck
         else:
             doc["reason"] = self.reason
         return doc
@@ -103,6 +111,14 @@ def _count(value: Any) -> int:
 
 def _load(value: Any) -> float | None:
     return None if value is None else _number(value, zero=True)
+
+
+def _source(value: Any) -> str:
+    if value is None:
+        return "measured"
+    if value not in ("measured", "model"):
+        raise ValueError(f"source {value!r}")
+    return value
 
 
 def _str(value: Any) -> str:
@@ -157,7 +173,8 @@ class TuneLog:
                                     _dict(doc.get("fields", {})), _number(doc["median"]),
                                     _number(doc.get("spread", 0.0), zero=True),
                                     _count(doc.get("runs", 0)), "", self.method,
-                                    _load(doc.get("load")))
+                                    _load(doc.get("load")), _source(doc.get("source")),
+                                    _str(doc.get("bottleneck", "")))
                 elif status == "rejected" and doc.get("method") == self.method:
                     record = Record(key, status, _str(doc.get("operator", "")),
                                     _dict(doc.get("fields", {})),

@@ -40,12 +40,14 @@ class Measurement:
     runs: int = 0
     error: str | None = None
     load: float | None = None  # cores' worth other processes used while it was timed
+    bottleneck: str = ""  # what limits it, when a cost model gave the time
 
 
 class Benchmark(Protocol):
     """What the tuner needs from a benchmark; ``TargetBenchmark`` is the real one."""
 
     method: str  # recorded in the log; a measurement by another method is not reused
+    source: str  # "measured", or "model" when the times are a cost model's
 
     def key(self, op: Operator) -> str: ...
 
@@ -146,6 +148,7 @@ class TargetBenchmark:
         self.quiet, self.patience = quiet, patience
         # v3: every timing records the load it was taken under
         self.method = f"{self.target.kind}-v3 cold={cold_bytes >> 20}MiB"
+        self.source = "measured"
         self._data: tuple[Operator, _InstanceData] | None = None
 
     def key(self, op: Operator) -> str:

@@ -12,6 +12,10 @@ Small pieces, each in its own module, as in Triton's autotuner and TVM's meta-sc
   interrupted run resumes and a re-run measures only what changed;
 - ``report``: the closing table of what moved; this module runs the whole.
 
+With a cost model (``Target.cost``, see ``iron.tuning.model``) the sweep can be pruned to the
+model's fastest candidates plus the setting in use, and a device that cannot run here is tuned
+by the model alone, every record and the report saying ``source: model``.
+
 Per instance the setting the application runs today is measured first, so when the budget runs
 out the best found so far is never worse than what the profile had.  The fastest valid
 candidate wins the sweep (ties go to the earlier legal setting); a rejected one (compile error,
@@ -50,6 +54,8 @@ from .candidates import Instance, candidates, instances, traffic, tuned_programs
 from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
 from .quiet import QUIET, BusyError
+from .model import ModelBenchmark
+from .model import prune as prune_candidates
 from .report import report, setting_text
 
 #: How much faster, head-to-head (median round), a setting must run to replace the one in use.
@@ -100,16 +106,34 @@ class TuneResult:
     complete: bool
     measured_now: int
     seconds: float
+    source: str = "measured"  # or "model": the times are the target's cost model's
+    pruned: int = 0  # candidates per instance the model let through (0: all were measured)
+    legal: int = 0  # legal candidates of the tuned instances, before pruning
 
 
-def require_tunable_device(dev: Device) -> None:
-    """Refuse a device whose kernels cannot run here: a tuner measures, it never guesses."""
-    reason = target_for(dev).unavailable(dev)
-    if reason:
+def choose_benchmark(dev: Device, probe: Operator | None, out: TextIO,
+                     given: Benchmark | None = None) -> Benchmark:
+    """Measure where the device runs; elsewhere rank by its target's cost model, saying so.
+
+    A tuner measures; it guesses only from a model it names, and refuses without one (a
+    measuring benchmark passed in is refused too on a device that cannot run here).
+    """
+    if given is not None and getattr(given, "source", "measured") == "model":
+        return given
+    target = target_for(dev)
+    reason = target.unavailable(dev)
+    if not reason:
+        return given or TargetBenchmark(dev)
+    if given is not None or probe is None or target.cost(probe) is None:
         raise DeviceError(
             f"cannot tune for {dev}: tuning runs every candidate on the device itself ({reason}) "
-            f"Tune on --device cpu, or write profiles for {dev} by hand (recording "
-            "and resolving check them).")
+            f"and the {target.kind} target has no cost model to rank them by instead. Tune on "
+            f"--device cpu, or write profiles for {dev} by hand (recording and resolving check "
+            "them).")
+    print(f"source: model. {dev} cannot run here ({reason.split(':', 1)[-1].strip()}), so "
+          f"candidates are ranked by the {target.kind} target's cost model, not measured",
+          file=out, flush=True)
+    return ModelBenchmark(target, dev)
 
 
 def select(found: list[Instance], only: Sequence[str] | None) -> list[Instance]:
@@ -132,7 +156,8 @@ def default_log_path(app_name: str, dev: Device) -> Path:
 def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None,
          budget: float | None = None, fresh: bool = False, out: TextIO = sys.stdout,
          benchmark: Benchmark | None = None, profile_path: str | os.PathLike | None = None,
-         log_path: str | os.PathLike | None = None, scheduler: Any = None) -> TuneResult:
+         log_path: str | os.PathLike | None = None, scheduler: Any = None,
+         prune: int = 0) -> TuneResult:
     """Tune ``app`` on ``device`` and rewrite its profile; see the module docstring.
 
     ``budget`` is wall-clock seconds for the whole run: when it runs out, each instance keeps
@@ -140,25 +165,37 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     ``fresh`` discards the log.  ``profile_path`` and ``log_path`` default to
     ``profiles/<app>/<device>.json`` and ``build/tune/<app>-<device>.jsonl``.  ``scheduler``
     (``tcp://HOST:PORT`` or a ``distributed.Client``) runs the benchmark on a Dask cluster.
+    ``prune``: when
+    the target has a cost model, measure only its ``prune`` fastest candidates per instance,
+    plus the setting in use (0, the default here: every candidate; the command line's default
+    is ``DEFAULT_PRUNE``; see ``iron.tuning.model``).
     """
     started = time.monotonic()
     deadline = None if budget is None else started + budget
     dev = get_device(device)
-    require_tunable_device(dev)
-    bench = benchmark or TargetBenchmark(dev)
     path = Path(profile_path or app_profile_path(app.name, dev.name))
     previous = Profile.load(path) if path.exists() else Profile(device=dev.name)
 
     found = instances(tuned_programs(app, dev, previous))
+    bench = choose_benchmark(dev, found[0].current if found else None, out, benchmark)
+    source = getattr(bench, "source", "measured")
     work = [(i, candidates(i.op, dev)) for i in select(found, only)]
     fixed = [i for i, c in work if len(c) <= 1]
     # the instances that move the most bytes per model call first: a budget cut hits the rest
     work = sorted(((i, c) for i, c in work if len(c) > 1), key=lambda w: -traffic(w[0]))
+    legal = sum(len(c) for _, c in work)
+    target = target_for(dev)
+    pruned = (prune > 0 and source == "measured" and bool(work)
+              and target.cost(work[0][0].current) is not None)
+    if pruned:
+        work = [(i, prune_candidates(target, c, i.current, prune)) for i, c in work]
     total = sum(len(c) for _, c in work)
     log = TuneLog(log_path or default_log_path(app.name, dev), bench.method, fresh)
     logged = sum(log.get(bench.key(op)) is not None for _, c in work for op in c)
     print(f"tuning {app.name} on {dev}: {len(work)} instances, {total} candidates "
-          f"({logged} already in {log.path}); {len(fixed)} instances with a single legal "
+          + (f"(the cost model's {prune} fastest of each instance and the setting in use; "
+             f"{legal} legal, --full measures all) " if pruned else "")
+          + f"({logged} already in {log.path}); {len(fixed)} instances with a single legal "
           f"setting skipped" + (f"; budget {budget:g} s" if budget is not None else ""),
           file=out, flush=True)
     if log.skipped:
@@ -196,7 +233,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
              and o.chosen.tunable_values() != o.instance.setting()]
     complete = all(o.measured == o.total and o.decided for o in outcomes)
     result = TuneResult(profile, path, moved, outcomes, complete, run.measured_now,
-                        time.monotonic() - started)
+                        time.monotonic() - started, source, prune if pruned else 0, legal)
     report(result, out)
     return result
 
@@ -369,9 +406,13 @@ class _Run:
         """Log a measurement and print its line."""
         record = self._add(key, op, m)
         self.measured_now += 1
-        text = (f"{m.median * 1e6:9.1f} us +-{100 * m.spread:.1f}% ({m.runs} runs)"
-                + ("  best so far" if best is None or m.median < best else "")
-                if record.ok else f"rejected: {m.error.splitlines()[0][:150]}")
+        if record.ok:
+            spread = (f"modelled, {m.bottleneck}-bound" if m.bottleneck
+                      else f"+-{100 * m.spread:.1f}% ({m.runs} runs)")
+            text = (f"{m.median * 1e6:9.1f} us {spread}"
+                    + ("  best so far" if best is None or m.median < best else ""))
+        else:
+            text = f"rejected: {m.error.splitlines()[0][:150]}"
         print(f"    {label}{setting_text(op.tunable_values())}  {text}", file=self.out,
               flush=True)
         return record
@@ -379,7 +420,8 @@ class _Run:
     def _add(self, key: str, op: Operator, m: Measurement) -> Record:
         record = Record(key, "ok" if m.error is None else "rejected", type(op).__name__,
                         op.config(), m.median, m.spread, m.runs, m.error or "", self.bench.method,
-                        getattr(m, "load", None))
+                        getattr(m, "load", None), getattr(self.bench, "source", "measured"),
+                        m.bottleneck)
         self.log.add(record)
         return record
 

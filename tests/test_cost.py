@@ -1,0 +1,274 @@
+"""Cost models: the estimate contract, the cpu roofline, pruning, and tuning by a model.
+
+The cpu model is priced here with fixed host numbers (a calibration file written into a
+temporary build folder, read by the real cache code), so its rankings are deterministic; the
+tuner's pruning is checked with the deterministic stand-in benchmark of ``test_tuner``; the
+``source: model`` path with an npu target given a small deterministic model, since the npu
+designs' own models are not written yet.
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import iron
+from iron.errors import DeviceError
+from iron.operators import GEMM, GEMV, Attention, ElementwiseAdd, SiLU, SwiGLU
+from iron.targets import TARGETS, cpu_model, npu
+from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMORY, Estimate, estimate
+from iron.tuning import __main__ as tuning_cli
+from iron.tuning.candidates import candidates, instances, unset
+from iron.tuning.model import ModelBenchmark, prune, ranked, spearman
+from iron.tuning.tuner import MIN_GAIN, tune
+
+from opcases import OneStep, operators_under_test
+from test_tuner import FakeApp, FakeBench, fake_time
+
+#: A host: 10 GB/s from memory with one thread, 16 with two; cache 100 / 200 GB/s; 4 / 8 G
+#: vector FMAs per second; a 5 us fork / join; 1 ns per work item; AMX.
+HOST = cpu_model.Host(memory_bw=(10e9, 16e9), cache_bw=(100e9, 200e9), fma_rate=(4e9, 8e9),
+                      fork=(0.0, 5e-6), item=1e-9, amx=True, avx512_bf16=True, load=0.0)
+
+
+@pytest.fixture
+def fixed_host(tmp_path, monkeypatch):
+    """The cpu target's model priced with ``HOST``, through the calibration cache."""
+    monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
+    path = cpu_model.calibration_path()
+    path.parent.mkdir(parents=True)
+    host = dataclasses.replace(HOST, load=os.getloadavg()[0])  # calibrated "just now"
+    path.write_text(json.dumps(dataclasses.asdict(host)))
+    cpu_model.host.cache_clear()
+    yield host
+    cpu_model.host.cache_clear()
+
+
+# ---- the estimate contract ------------------------------------------------------------------
+
+
+def test_estimate_is_launch_plus_the_largest_overlapping_term_and_names_it():
+    e = estimate({COMPUTE: 3e-6, MEMORY: 5e-6}, {LAUNCH: 1e-6})
+    assert e.seconds == pytest.approx(6e-6) and e.bottleneck == MEMORY
+    assert estimate({COMPUTE: 1e-6, MEMORY: 5e-7}, {LAUNCH: 4e-6}).bottleneck == LAUNCH
+    assert "memory-bound" in e.describe()
+
+
+@pytest.mark.parametrize("bad", [dict(seconds=1e-6, bottleneck="disk"),
+                                 dict(seconds=0.0, bottleneck=COMPUTE),
+                                 dict(seconds=float("nan"), bottleneck=COMPUTE)])
+def test_estimate_refuses_an_unknown_bottleneck_or_a_time_that_is_not_positive(bad):
+    with pytest.raises(ValueError, match="bottleneck|positive"):
+        Estimate(**bad)
+
+
+def test_a_target_without_a_model_says_none():
+    assert npu.TARGET.cost(GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16,
+                                num_aie_columns=1)) is None
+
+
+# ---- the cpu roofline ---------------------------------------------------------------------
+
+
+def every_tunable_case():
+    """Every legal cpu setting of every operator's test shapes that has tunables."""
+    for cls in operators_under_test():
+        for shape in cls.test_shapes:
+            fields, arrays = cls.example(np.random.default_rng(0), **shape)
+            specs = [iron.spec(a.shape, a.dtype) for a in arrays]
+            (op,) = OneStep(cls, fields).record(*specs).ops
+            if op.tunables():
+                yield from candidates(unset(op), "cpu")
+
+
+def test_every_cpu_setting_gets_a_positive_estimate_with_a_named_bottleneck():
+    ops = list(every_tunable_case())
+    assert len(ops) > 100
+    for op in ops:
+        e = cpu_model.cost(op, HOST)
+        assert e.bottleneck in BOTTLENECKS and math.isfinite(e.seconds) and e.seconds > 0, op
+
+
+def test_gemv_streaming_weights_is_memory_bound_at_the_hosts_bandwidth():
+    op = GEMV(M=3072, K=576, tile_size_input=4, tile_size_output=64, num_aie_columns=2)
+    e = cpu_model.cost(op, HOST)
+    assert e.bottleneck == MEMORY
+    weights = 3072 * 576 * 2
+    assert weights / 16e9 <= e.seconds <= 1.2 * weights / 16e9 + 5e-6  # + fork and items
+    one = cpu_model.cost(dataclasses.replace(op, num_aie_columns=1), HOST)
+    assert one.seconds == pytest.approx(weights / 10e9, rel=0.05)  # one thread, 10 GB/s
+
+
+def test_an_unbalanced_team_counts_as_fewer_threads():
+    # 576 rows in items of 64: 9 items, 5 on one thread and 4 on the other; items of 32: 18
+    uneven = GEMV(M=576, K=1536, tile_size_input=4, tile_size_output=64, num_aie_columns=2)
+    even = dataclasses.replace(uneven, tile_size_output=32)
+    assert cpu_model.cost(even, HOST).seconds < cpu_model.cost(uneven, HOST).seconds
+
+
+def test_a_small_operator_prefers_one_thread_a_large_one_two():
+    small = ElementwiseAdd(size=576, tile_size=288, num_aie_columns=2, num_channels=1)
+    assert cpu_model.cost(dataclasses.replace(small, num_aie_columns=1, tile_size=576),
+                          HOST).seconds < cpu_model.cost(small, HOST).seconds
+    assert cpu_model.cost(small, HOST).bottleneck == LAUNCH  # the 5 us fork / join
+    large = SiLU(size=1 << 20, tile_size=1 << 14, num_aie_columns=2, num_channels=1)
+    assert cpu_model.cost(large, HOST).seconds < cpu_model.cost(
+        dataclasses.replace(large, num_aie_columns=1), HOST).seconds
+    assert cpu_model.cost(large, HOST).bottleneck == COMPUTE  # exp on every element
+
+
+def test_tiny_work_items_cost_their_overhead():
+    big = SwiGLU(rows=1, size=1536, tile_size=1536, num_aie_columns=1)
+    assert cpu_model.cost(big, HOST).seconds < cpu_model.cost(
+        dataclasses.replace(big, tile_size=16), HOST).seconds
+
+
+def test_attention_blocks_pay_their_rescale():
+    op = Attention(rows=32, heads=9, kv_heads=3, head_dim=64, ctx=2048, tile_size=16,
+                   num_aie_columns=1)
+    assert cpu_model.cost(dataclasses.replace(op, tile_size=256), HOST).seconds < \
+        cpu_model.cost(op, HOST).seconds
+
+
+def test_amx_gemm_ignores_the_tiles_the_hardware_fixes():
+    op = GEMM(M=64, K=576, N=576, tile_m=16, tile_k=64, tile_n=32, num_aie_columns=2)
+    other = dataclasses.replace(op, tile_m=64, tile_k=576)
+    assert cpu_model.cost(op, HOST) == cpu_model.cost(other, HOST)
+    avx512 = dataclasses.replace(HOST, amx=False)
+    assert cpu_model.cost(op, avx512) != cpu_model.cost(other, avx512)
+
+
+def test_a_calibration_from_a_much_busier_or_quieter_moment_is_reported_stale(fixed_host):
+    path = cpu_model.calibration_path()
+    path.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(
+        fixed_host, load=os.getloadavg()[0] + 50))))
+    cpu_model.host.cache_clear()
+    with pytest.warns(UserWarning, match="calibrated at load average .* --recalibrate"):
+        assert cpu_model.host().memory_bw == HOST.memory_bw
+
+
+def test_the_calibration_is_read_from_the_build_folder_once_written(fixed_host):
+    assert cpu_model.host() == fixed_host
+    assert iron.targets.target_for(iron.device("cpu")).cost(
+        GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16, num_aie_columns=1)) == \
+        cpu_model.cost(GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16,
+                            num_aie_columns=1), HOST)
+
+
+# ---- ranking and pruning --------------------------------------------------------------------
+
+
+def test_spearman_matches_the_textbook_formula_and_handles_ties():
+    # no ties: 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 120
+    assert spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    # ties share their mean rank: [1, 2.5, 2.5, 4] against [1, 2, 3, 4]
+    r = np.array([1, 2.5, 2.5, 4]) - 2.5
+    s = np.array([1, 2, 3, 4]) - 2.5
+    assert spearman([1, 7, 7, 9], [1, 2, 3, 4]) == pytest.approx(
+        (r * s).sum() / math.sqrt((r * r).sum() * (s * s).sum()))
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_prune_keeps_the_models_fastest_and_the_setting_in_use_in_their_order(fixed_host):
+    target = iron.targets.target_for(iron.device("cpu"))
+    ops = candidates(GEMV(M=576, K=1536), "cpu")
+    best = [op for op, _ in ranked(target, ops)]
+    slowest = best[-1]
+    kept = prune(target, ops, slowest, 3)
+    assert set(kept) == set(best[:3]) | {slowest} and len(kept) == 4
+    assert kept == [op for op in ops if op in kept]
+    assert prune(target, ops, slowest, 0) == ops
+
+
+def test_pruned_tune_measures_only_the_models_top_k_plus_the_setting_in_use(tmp_path,
+                                                                         fixed_host):
+    bench = FakeBench()
+    result = tune(FakeApp(), "cpu", benchmark=bench, prune=2, out=open(tmp_path / "o", "w"),
+                  profile_path=tmp_path / "p.json", log_path=tmp_path / "l.jsonl")
+    target = iron.targets.target_for(iron.device("cpu"))
+    found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
+    expected = set()
+    for inst in found:
+        cands = candidates(inst.op, "cpu")
+        if len(cands) > 1:
+            expected |= {op for op, _ in ranked(target, cands)[:2]} | {inst.current}
+    assert set(bench.measured) == expected
+    assert result.pruned == 2 and result.legal > len(expected)
+    for o in result.outcomes:  # the sweep's winner is the fastest of what was measured
+        kept = [op for op in bench.measured if type(op) is type(o.instance.op)
+                and dataclasses.replace(op, **{n: None for n in op.tunables()}) == o.instance.op]
+        assert o.best == min(kept, key=fake_time)
+    text = (tmp_path / "o").read_text()
+    assert "the cost model's 2 fastest" in text and "pruned by the cost model" in text
+
+
+def test_cli_prune_and_full(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(tuning_cli, "tune", lambda app, dev, **kw: seen.update(kw))
+    monkeypatch.setattr(tuning_cli, "load_app", lambda name, checkpoint: None)
+    assert tuning_cli.main(["demo"]) == 0 and seen["prune"] == tuning_cli.DEFAULT_PRUNE
+    assert tuning_cli.main(["demo", "--prune", "3"]) == 0 and seen["prune"] == 3
+    assert tuning_cli.main(["demo", "--full"]) == 0 and seen["prune"] == 0
+    with pytest.raises(SystemExit):
+        tuning_cli.main(["demo", "--prune", "-1"])
+
+
+# ---- tuning by the model alone ----------------------------------------------------------------
+
+
+class ModelledNpu(npu.NpuTarget):
+    """The npu target with a stand-in model (bytes over a 4 GB/s channel per column, plus a
+    launch), until its designs carry their own."""
+
+    def cost(self, op):
+        size = sum(getattr(op, n, 1) for n in op.params() if isinstance(getattr(op, n), int))
+        columns = op.num_aie_columns
+        tile = getattr(op, "tile_size", None) or getattr(op, "tile_size_output", 1)
+        return estimate({"shim DMA": size * 2 / (4e9 * columns) + 1e-6 / tile},
+                        {LAUNCH: 1e-7})
+
+
+@pytest.fixture
+def modelled_npu(monkeypatch):
+    monkeypatch.setitem(TARGETS, "npu", ModelledNpu())
+
+
+@pytest.mark.parametrize("dev", ["npu1", "npu2"])
+def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, modelled_npu,
+                                                                    dev):
+    profile, log, out = tmp_path / "p.json", tmp_path / "l.jsonl", tmp_path / "out.txt"
+    result = tune(FakeApp(), dev, profile_path=profile, log_path=log, out=open(out, "w"))
+    assert result.source == "model" and result.complete
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert ok and all(r["source"] == "model" and r["runs"] == 0 for r in ok)
+    for r in ok:  # each record names the bottleneck of its candidate's estimate
+        op = iron.Operator.registry[r["operator"]](**r["fields"])
+        assert r["bottleneck"] == TARGETS["npu"].cost(op).bottleneck
+    text = out.read_text()
+    assert text.count("source: model") == 2  # when it starts, and in the report
+    saved = iron.Profile.load(profile)
+    assert saved.device == dev and len(saved) > 0
+    model = TARGETS["npu"].cost
+    for o in result.outcomes:  # the model's fastest, if the model has it MIN_GAIN faster
+        best = min(candidates(o.instance.op, dev), key=lambda op: model(op).seconds)
+        gain = model(o.instance.current).seconds / model(best).seconds
+        assert o.chosen == (best if gain >= MIN_GAIN else o.instance.current)
+    assert any(o.chosen != o.instance.current for o in result.outcomes)
+    first = profile.read_bytes()
+    profile.unlink()
+    tune(FakeApp(), dev, profile_path=profile, log_path=tmp_path / "again.jsonl",
+         out=open(out, "w"))
+    assert profile.read_bytes() == first  # reproducible: same model, same bytes
+
+
+def test_model_records_are_not_mixed_with_measurements(tmp_path, modelled_npu):
+    bench = ModelBenchmark(TARGETS["npu"], iron.device("npu1"))
+    assert bench.source == "model" and "model" in bench.method
+    with pytest.raises(DeviceError, match="cannot tune for npu1"):  # a measuring stand-in
+        tune(FakeApp(), "npu1", benchmark=FakeBench(), profile_path=tmp_path / "p.json",
+             log_path=tmp_path / "l.jsonl")
