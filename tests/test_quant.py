@@ -15,7 +15,7 @@ from gguf.quants import quantize as gguf_quantize
 import iron
 from iron import quant
 from iron.errors import ResolveError, ShapeError
-from iron.operators import GEMM, GEMV, Embedding
+from iron.operators import GEMV
 from iron.targets import cpu
 
 from opcases import OneStep, assert_close, case_inputs

@@ -110,7 +110,7 @@ def test_second_clone_compiles_nothing_and_gets_identical_libraries(tmp_path, re
 
     second = doit(b, "-n", "2", env=env)
     assert compiles(log) == built, "the second clone ran the compiler"
-    assert f"(rw): 6 hits (downloaded), 0 misses, 0 uploads" in second.stdout
+    assert "(rw): 6 hits (downloaded), 0 misses, 0 uploads" in second.stdout
     libraries = sorted(p.name for p in (a / "build/demo/cpu/kernels").iterdir())
     assert len(libraries) == 6
     for name in libraries:

@@ -172,8 +172,6 @@ def _cpu_flags() -> set[str]:
 
 
 def calibration_path() -> Path:
-    from . import cpu
-
     key = _probe_recipe().key[:16]
     return build_dir() / "cost" / f"cpu-v{CALIBRATION_VERSION}-{key}-{os.cpu_count()}threads.json"
 
