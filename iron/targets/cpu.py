@@ -112,11 +112,15 @@ def check_macros(macros) -> None:
 
 def recipe_for(op: Operator | None) -> Recipe:
     """The recipe of an operator instance (or, for ``None``, of the program executor)."""
-    name = "runtime" if op is None else op.kernel
+    return source_recipe("runtime" if op is None else op.kernel, kernel_source(op), op)
+
+
+def source_recipe(name: str, source: Path, op: Operator | None = None) -> Recipe:
+    """The recipe of one C source built like a kernel (with ``op``'s fields as its macros)."""
     macros = tuple(sorted(({} if op is None else op.kernel_macros()).items()))
     check_macros(macros)
     cc, identity = compiler()
-    sources = source_closure(kernel_source(op))
+    sources = source_closure(source)
     level = host.march()
     description = {
         "recipe": RECIPE_VERSION, "target": "cpu", "kernel": name,

@@ -83,15 +83,8 @@ class Host:
 def _probe_recipe():
     """``calibrate.c`` as a recipe: keyed by its source, the compiler, flags and host."""
     from . import cpu
-    from .base import Recipe
 
-    _, identity = cpu.compiler()
-    sources = cpu.source_closure(cpu.SOURCE_DIR / "calibrate.c")
-    return Recipe("calibrate", (), {
-        "recipe": cpu.RECIPE_VERSION, "target": "cpu", "kernel": "calibrate", "operator": None,
-        "fields": None, "sources": dict(sorted((p.name, d) for p, d in sources.items())),
-        "compiler": identity, "host": cpu.host_identity(), "flags": list(cpu.FLAGS),
-        "macros": {}}, tuple(sources))
+    return cpu.source_recipe("calibrate", cpu.SOURCE_DIR / "calibrate.c")
 
 
 def _probe_library() -> ctypes.CDLL:

@@ -185,7 +185,9 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     work = sorted(((i, c) for i, c in work if len(c) > 1), key=lambda w: -traffic(w[0]))
     legal = sum(len(c) for _, c in work)
     target = target_for(dev)
-    pruned = (prune > 0 and source == "measured" and bool(work)
+    # the cpu model is calibrated on the machine it runs on: with a cluster the devices are
+    # the workers, so a distributed tune measures every candidate
+    pruned = (prune > 0 and source == "measured" and scheduler is None and bool(work)
               and target.cost(work[0][0].current) is not None)
     if pruned:
         work = [(i, prune_candidates(target, c, i.current, prune)) for i, c in work]

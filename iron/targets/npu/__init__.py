@@ -82,10 +82,10 @@ class NpuTarget(Target):
         self.device, self.emulate = device, emulate
 
     def on(self, dev: Device) -> NpuTarget:
-        return NpuTarget(dev, self.emulate)
+        return type(self)(dev, self.emulate)
 
     def emulated(self) -> NpuTarget:
-        return NpuTarget(self.device, emulate=True)
+        return type(self)(self.device, emulate=True)
 
     def _dev(self) -> Device:
         if self.device is None:

@@ -38,6 +38,8 @@ def has_design(op: Operator) -> bool:
 
 def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
     """Rules a design needs before it can be drawn (beyond the operator's own)."""
+    if quantized(op):
+        return
     if type(op) in ELEMENTWISE:
         workers = op.num_aie_columns * op.num_channels
         yield rule(op.size % (workers * op.tile_size) == 0, "tile_size num_aie_columns "
@@ -53,7 +55,15 @@ def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
                    f"bf16 MAC of {res.name})")
 
 
+def quantized(op: Operator) -> bool:
+    """Block-quantized weights (``weight_format`` other than bf16): no design streams them yet,
+    so those matrix steps run on the host, dequantizing as their reference maths does."""
+    return getattr(op, "weight_format", "bf16") != "bf16"
+
+
 def design_for(op: Operator, res: NpuResources) -> Design | None:
+    if quantized(op):
+        return None
     if type(op) in ELEMENTWISE:
         return elementwise(op, res)
     if isinstance(op, SwiGLU):
