@@ -320,24 +320,26 @@ def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monke
 
 
 def test_real_head_to_head_finds_a_setting_even_with_itself_and_a_slow_one_slower(tmp_path):
-    """The real alternating comparison: no gain of a setting over itself; a gain over a
-    deliberately slow setting (one row per work item, single-threaded, on a 1 MB GEMV)."""
+    """The real alternating comparison: no gain of a setting over itself; a gain over the
+    slowest setting of a 1 MB GEMV's sweep (which setting is slow depends on the host: on one
+    the single-threaded one, on another the two-threaded one)."""
     (inst,) = [i for i in instances(GemvApp().programs(iron.device("cpu"), iron.Profile()))]
     fast = inst.current
-    slow = GEMV(M=512, K=1024, tile_size_input=1, tile_size_output=4, num_aie_columns=1)
     # timings taken only on a quiet machine: the comparison waits for one (up to a minute)
     bench = TargetBenchmark(min_time=0.02, blocks=8, patience=60)
     try:
         even = bench.compare(inst, fast, fast)
+        assert even.rounds == 8 and even.low <= even.gain <= even.high
+        assert 0.8 < even.gain < 1.25  # same kernel, same inputs: a tie up to scheduling noise
+        times = {op: bench.measure(inst, op, None).median for op in candidates(inst.op, "cpu")}
+        best, worst = min(times, key=times.get), max(times, key=times.get)
+        if times[worst] < 1.5 * times[best]:
+            pytest.skip(f"no setting is clearly slower on this host: the sweep spans "
+                        f"{times[worst] / times[best]:.2f}x")
+        gain = bench.compare(inst, best, worst)
     except iron.IronError as e:
         pytest.skip(f"no quiet minute on this shared machine: {e}")
-    assert even.rounds == 8 and even.low <= even.gain <= even.high
-    assert 0.8 < even.gain < 1.25  # same kernel, same inputs: a tie up to scheduling noise
-    try:
-        gain = bench.compare(inst, fast, slow)
-    except iron.IronError as e:
-        pytest.skip(f"no quiet minute on this shared machine: {e}")
-    assert gain.low <= gain.gain <= gain.high and gain.gain > 1.0, gain
+    assert gain.low <= gain.gain <= gain.high and gain.gain > 1.0, (gain, times)
 
 
 def test_mismatch_reports_the_worst_element():

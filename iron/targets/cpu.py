@@ -197,13 +197,6 @@ def compile_all(ops: Sequence[Operator | None], store: Store | None = None,
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
 
 
-#: libgomp's waiting policy unless the environment sets one.  libgomp's own default spins for
-#: about 3 ms before a waiting thread sleeps: beside one busy process on a 2-core host a spinning
-#: thread takes the core its descheduled partner needs, and decode fell to a few tokens/s.
-#: ``benchmarks/contention.py`` measures the policies side by side (figures in the README).
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "passive"}
-
-
 def set_thread_limit(threads: int) -> None:
     """Cap every kernel's thread team at ``threads`` (``--threads``): libgomp reads
     ``OMP_THREAD_LIMIT`` once, when the first kernel loads, so call this before that."""
@@ -214,8 +207,10 @@ def set_thread_limit(threads: int) -> None:
 
 @functools.lru_cache(maxsize=None)
 def load_library(path: str) -> ctypes.CDLL:
-    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
-        os.environ.update(OPENMP_DEFAULTS)  # read by libgomp when the first kernel loads it
+    """Load a kernel library.  libgomp's waiting policy is the environment's: its default
+    (spin, then sleep) keeps a quiet machine fastest; ``OMP_WAIT_POLICY=passive`` keeps a
+    shared one steady (``benchmarks/contention.py`` measures both; README, Running on another
+    host)."""
     try:
         return ctypes.CDLL(path)
     except OSError as e:
