@@ -42,7 +42,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import zipfile
 from collections import Counter
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import IronError
+from .util import write_aside
 
 if TYPE_CHECKING:  # the store imports this module; only its type is needed here
     from .store import Entry, Store
@@ -318,13 +318,8 @@ class RemoteCache:
 
 def _link_once(path: Path, data: bytes) -> bool:
     """Create ``path`` with ``data`` atomically, never replacing it: write aside, then link."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = write_aside(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         try:
             os.link(tmp, path)

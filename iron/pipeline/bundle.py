@@ -108,11 +108,8 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 def xxh3_file(path: Path) -> str:
     import xxhash
 
-    h = xxhash.xxh3_128()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(16 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
 
 
 def swap_into_place(new: Path, out: Path) -> None:
