@@ -1,9 +1,11 @@
-"""Block-quantized weight formats: their byte layout in a bundle, exact dequantization, and
+"""Block-quantized weight formats: their two byte layouts, exact dequantization, and
 round-to-nearest uint4 quantization.
 
-A quantized weight matrix (rows, K) is a uint8 array (rows, row_bytes(fmt, K, group)). Each
-row holds its K values in groups of ``group`` elements, stored as planes so that kernels load
-whole vectors of one kind (the kernels' layout)::
+A quantized weight matrix (rows, K) is a uint8 array (rows, row_bytes(fmt, K, group)), in one
+of two layouts of the same bytes.
+
+The row layout (checkpoints): each row holds its K values in groups of ``group`` elements,
+stored as planes::
 
     q4_0   codes (K/2 bytes) | d fp16 (K/group)                      w = d * (q - 8)
     q4_1   codes (K/2 bytes) | d fp16 (K/group) | m fp16 (K/group)   w = d * q + m
@@ -17,6 +19,20 @@ llama.cpp formats (group 32) are the GGUF blocks with their fields moved into pl
 ggml-common.h (block_q4_0, block_q4_1, block_q8_0) in github.com/ggml-org/llama.cpp.
 ``uint4`` is group-wise asymmetric uint4 with bf16 scale and minimum, the weight format Ryzen
 AI's LLM flow uses (group 128), here also with group 32.
+
+The tiled layout (bundles and kernels, ``tile``): rows in tiles of TILE = 16, so that one
+512-bit register holds one 32-bit lane per row and a kernel computes 16 rows at once without
+ever summing across lanes. Within a tile, group after group: the group's codes, chunk after
+chunk of 32 values, then its 16 scales, then its 16 minimums (q4_1, uint4). A chunk's codes:
+
+    4-bit  4 planes j = 0..3 of 16 little-endian uint32, word i of plane j holding row i's
+           codes 8j .. 8j+7: code 8j+2s in bits 4s..4s+3, code 8j+2s+1 in bits
+           16+4s..16+4s+3 (s = 0..3), so that one shift and one mask give every row's pair
+           (8j+2s, 8j+2s+1) as two 16-bit lanes
+    q8_0   the unsigned codes q + 128 as two such 4-bit chunks: their low nibbles, then their
+           high nibbles (so that the kernels expand both like 4-bit codes)
+
+Only the order of the bytes differs from the row layout: ``untile(tile(w)) == w``.
 """
 
 from __future__ import annotations
@@ -31,6 +47,8 @@ QUANTIZED = FORMATS[1:]
 GROUPS = {"bf16": (32,), "q4_0": (32,), "q4_1": (32,), "q8_0": (32,), "uint4": (32, 128)}
 #: GGUF tensor type names of the formats a GGUF file stores as such.
 GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+#: Rows per tile of the tiled layout (the lanes of a 512-bit register of 32-bit words).
+TILE = 16
 
 
 class FormatError(ValueError):
@@ -115,6 +133,62 @@ def dequantize(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     if m is not None:
         out = out + m[:, :, None]
     return out.reshape(rows, k).astype(np.float32)
+
+
+def _tile_axes(fmt: str, rows: int, k: int, group: int) -> tuple[int, ...]:
+    """The tiled layout's codes as an array: (tiles, groups, chunks, nibble planes, 4, TILE)."""
+    if rows % TILE:
+        raise FormatError(f"a {fmt} matrix of {rows} rows cannot be tiled: its rows must be a "
+                          f"multiple of {TILE}")
+    return rows // TILE, k // group, group // 32, 2 if fmt == "q8_0" else 1, 4, TILE
+
+
+def tile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
+    """Row layout -> tiled layout (the bytes the kernels read); rows a multiple of TILE."""
+    rows, n, codes, _, _ = _planes(fmt, w, k, group)
+    t, n, chunks, nibbles, _, _ = _tile_axes(fmt, rows, k, group)
+    q = unpack_codes(fmt, codes).astype(np.int32)
+    if fmt == "q8_0":  # the unsigned code q + 128 as a low and a high nibble
+        q = np.stack([(q + 128) & 0xF, (q + 128) >> 4], axis=-1)
+    q = q.reshape(t, TILE, n, chunks, 4, 4, 2, nibbles).astype(np.uint32)
+    # pairs (8j + 2s, 8j + 2s + 1) of every row into bits 4s and 16 + 4s of word j
+    shift = (4 * np.arange(4, dtype=np.uint32))[:, None]
+    words = ((q[..., 0, :] << shift) | (q[..., 1, :] << (shift + 16))).sum(axis=-2,
+                                                                          dtype=np.uint32)
+    c = words.transpose(0, 2, 3, 5, 4, 1).astype("<u4")  # (tile, group, chunk, nibble, j, row)
+    params = w[:, code_bytes(fmt, k):].reshape(rows, -1, n, 2)  # (row, plane, group, 2 bytes)
+    fields = [c.reshape(t, n, -1).view(np.uint8),
+              params.reshape(t, TILE, -1, n, 2).transpose(0, 3, 2, 1, 4).reshape(t, n, -1)]
+    return np.ascontiguousarray(np.concatenate(fields, axis=2)).reshape(rows, -1)
+
+
+def untile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
+    """Tiled layout -> row layout: the inverse of ``tile``."""
+    if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != row_bytes(fmt, k, group):
+        raise FormatError(f"a {fmt} (group {group}) matrix with K={k} must be uint8 (rows, "
+                          f"{row_bytes(fmt, k, group)}), got {w.dtype} {w.shape}")
+    t, n, chunks, nibbles, _, _ = _tile_axes(fmt, w.shape[0], k, group)
+    g = w.reshape(t, n, row_bytes(fmt, group, group) * TILE)
+    c = code_bytes(fmt, group) * TILE
+    words = np.ascontiguousarray(g[:, :, :c]).view("<u4").reshape(t, n, chunks, nibbles, 4, TILE)
+    words = words.transpose(0, 5, 1, 2, 4, 3)[..., None, None, :]  # (t,row,g,c,j,1,1,nibble)
+    shift = (4 * np.arange(4, dtype=np.uint32))[:, None, None]
+    q = (words >> (shift + 16 * np.arange(2, dtype=np.uint32)[:, None])) & 0xF  # (..,j,s,2,nib)
+    q = q.reshape(w.shape[0], k, nibbles).astype(np.int32)
+    q = q[..., 0] + 16 * q[..., 1] - 128 if fmt == "q8_0" else q[..., 0]
+    codes = pack_codes(fmt, q)
+    params = g[:, :, c:].reshape(t, n, -1, TILE, 2).transpose(0, 3, 2, 1, 4)  # (t,row,pl,g,2)
+    return np.ascontiguousarray(np.concatenate(
+        [codes, params.reshape(w.shape[0], -1)], axis=1))
+
+
+def tiled_rows(fmt: str, w: np.ndarray, k: int, group: int, index: np.ndarray) -> np.ndarray:
+    """Rows ``index`` of a tiled matrix in the row layout, untiling only their tiles."""
+    index = np.asarray(index)
+    tiles, where = np.unique(index // TILE, return_inverse=True)
+    blocks = w.reshape(-1, TILE, w.shape[1])[tiles].reshape(-1, w.shape[1])
+    rows = untile(fmt, blocks, k, group)
+    return rows[where.reshape(index.shape) * TILE + index % TILE]
 
 
 def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:

@@ -167,8 +167,10 @@ def test_run_cli_prints_json(smollm2_bundle):
 
 
 def test_native_bundle_runs_the_files_blocks(tmp_path):
-    """A GGUF with Q4_1 projections and a Q8_0 embedding: the default bundle binds the blocks
-    (not bf16 copies) and matches the float32 reference of the same weights."""
+    """A GGUF with Q4_1 projections and a Q8_0 embedding: the default bundle binds the
+    projections' blocks (not bf16 copies) and matches the float32 reference of the same weights.
+    The embedding's 260 rows are not whole 16-row tiles of the quantized layout, so it stays
+    bf16 (the Q8_0 embedding and lm head run in the SmolLM2 tests)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from llama_reference import LlamaReference
@@ -182,13 +184,13 @@ def test_native_bundle_runs_the_files_blocks(tmp_path):
     bundle = Bundle.open(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
     meta = bundle.meta
     assert meta["weights"] == "native"
-    assert {tuple(f) for f in meta["weight_formats"].values()} == {("q4_1", 32), ("q8_0", 32)}
+    assert {tuple(f) for f in meta["weight_formats"].values()} == {("q4_1", 32)}
     weights = bundle.weights()
     assert weights["model.layers.0.mlp.gate_up_proj.weight"].dtype == np.uint8
-    assert weights["model.embed_tokens.weight"].shape == (260, 2 * 34)
+    assert weights["model.embed_tokens.weight"].shape == (260, 64)
     decode_ops = {(type(op).__name__, op.weight_format)
                   for op in bundle.program("decode").ops if hasattr(op, "weight_format")}
-    assert decode_ops == {("Embedding", "q8_0"), ("GEMV", "q4_1")}
+    assert decode_ops == {("Embedding", "bf16"), ("GEMV", "q4_1")}
     model = LlamaModel(bundle.path)
     ids = list(np.random.default_rng(1).integers(0, 256, 40))
     ref = LlamaReference(checkpoint).logits(ids)

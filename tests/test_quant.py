@@ -34,6 +34,36 @@ def test_layout_keeps_gguf_blocks_and_dequantizes_like_gguf(fmt):
     assert np.array_equal(ours, gguf_dequantize(blocks, qtype))  # bit for bit
 
 
+@pytest.mark.parametrize("fmt,group", [("q4_0", 32), ("q4_1", 32), ("q8_0", 32), ("uint4", 128)])
+def test_tiled_layout_moves_bytes_to_where_the_kernels_read_them(fmt, group):
+    """tile / untile are inverse, and the tiled bytes sit where iron_quant.h reads them: word i
+    of plane j of a chunk holds row i's codes 8j+2s (bits 4s) and 8j+2s+1 (bits 16+4s); q8_0
+    stores q + 128 as a low and a high nibble set; a group's 16 scales follow its codes."""
+    rng = np.random.default_rng(6)
+    rows, k = 32, 2 * group
+    w = quant.random_matrix(fmt, rows, k, group, rng)
+    tiled = quant.tile(fmt, w, k, group)
+    assert tiled.shape == w.shape and np.array_equal(quant.untile(fmt, tiled, k, group), w)
+    index = np.array([[3, 31], [16, 3]])
+    assert np.array_equal(quant.tiled_rows(fmt, tiled, k, group, index), w[index])
+    u = quant.unpack_codes(fmt, w[:, :quant.code_bytes(fmt, k)]).astype(np.int64)
+    u = u + 128 if fmt == "q8_0" else u
+    group_bytes = quant.row_bytes(fmt, group, group) * 16
+    second_tile_group1 = tiled.reshape(-1)[16 * w.shape[1] + group_bytes:][:group_bytes]
+    words = second_tile_group1[:quant.code_bytes(fmt, group) * 16].view("<u4")
+    words = words.reshape(group // 32, -1, 4, 16)  # (chunk, nibble set, plane, row)
+    for row, chunk, j, s in ((5, 0, 2, 1), (15, group // 32 - 1, 3, 3), (0, 0, 0, 0)):
+        for h in range(words.shape[1]):
+            value = u[16 + row, group + 32 * chunk + 8 * j + 2 * s: ][:2] >> 4 * h & 0xF
+            word = int(words[chunk, h, j, row])
+            assert [word >> 4 * s & 0xF, word >> 16 + 4 * s & 0xF] == list(value)
+    scales = second_tile_group1[quant.code_bytes(fmt, group) * 16:][:32].view(np.uint16)
+    row_scales = w[16:, quant.code_bytes(fmt, k):].view(np.uint16)
+    assert np.array_equal(scales, row_scales[:, 1])
+    with pytest.raises(quant.FormatError, match="rows must be a multiple of 16"):
+        quant.tile(fmt, w[:24], k, group)
+
+
 @pytest.mark.parametrize("group", [32, 128])
 def test_uint4_round_to_nearest_error_is_within_half_a_step(group):
     rng = np.random.default_rng(1)
@@ -60,7 +90,9 @@ def test_bad_format_and_group_are_refused_naming_the_value():
     with pytest.raises(ShapeError, match="not a whole number of 20-byte groups"):
         graph.record(iron.spec((8, 41), np.uint8), iron.spec((64,)))
     with pytest.raises(ShapeError, match="x has 96 columns, W has K=64"):
-        graph.record(iron.spec((8, 40), np.uint8), iron.spec((96,)))
+        graph.record(iron.spec((16, 40), np.uint8), iron.spec((96,)))
+    with pytest.raises(ShapeError, match="q4_1 weight of 8 rows: .* tiles of 16 rows"):
+        graph.record(iron.spec((8, 40), np.uint8), iron.spec((64,)))
 
 
 def test_quantized_gemm_tile_k_must_hold_whole_groups():
@@ -75,11 +107,11 @@ def test_quantized_gemm_tile_k_must_hold_whole_groups():
 
 AVX2_CASES = [
     ("GEMV", {"M": 16, "K": 576, "batches": 2, "weight_format": "q4_1"}),
-    ("GEMV", {"M": 8, "K": 256, "batches": 1, "weight_format": "q4_0"}),
-    ("GEMV", {"M": 24, "K": 96, "batches": 1, "weight_format": "q8_0"}),
-    ("GEMV", {"M": 8, "K": 256, "batches": 1, "weight_format": "uint4", "group_size": 128}),
+    ("GEMV", {"M": 16, "K": 256, "batches": 5, "weight_format": "q4_0"}),
+    ("GEMV", {"M": 32, "K": 96, "batches": 1, "weight_format": "q8_0"}),
+    ("GEMV", {"M": 16, "K": 256, "batches": 1, "weight_format": "uint4", "group_size": 128}),
     ("GEMM", {"M": 5, "K": 64, "N": 32, "weight_format": "q4_1"}),
-    ("Embedding", {"vocab": 20, "dim": 64, "rows": 3, "weight_format": "q8_0"}),
+    ("Embedding", {"vocab": 32, "dim": 64, "rows": 3, "weight_format": "q8_0"}),
 ]
 
 
@@ -122,29 +154,29 @@ def test_kernel_format_numbers_match_iron_quant():
 
 def test_profile_entries_match_on_the_weight_format():
     profile = iron.Profile()
-    profile.add(GEMV, M=64, K=576, tile_size_input=4)
-    profile.add(GEMV, M=64, K=576, weight_format="q4_1", tile_size_input=2)
+    profile.add(GEMV, M=64, K=576, tile_size_output=32)
+    profile.add(GEMV, M=64, K=576, weight_format="q4_1", tile_size_output=16)
     rng = np.random.default_rng(4)
-    for fmt, ti in (("bf16", 4), ("q4_1", 2), ("q8_0", 4)):
+    for fmt, tile in (("bf16", 32), ("q4_1", 16), ("q8_0", 32)):
         cls, fields, inputs = case_inputs(
             "GEMV", {"M": 64, "K": 576, "batches": 1, "weight_format": fmt}, rng)
         graph = OneStep(cls, fields)
         graph.profile = profile
-        assert graph.record_like(inputs).ops[0].tile_size_input == ti, fmt
+        assert graph.record_like(inputs).ops[0].tile_size_output == tile, fmt
     with pytest.raises(iron.errors.ProfileError, match="weight_format='q9' is not one of bf16"):
         profile.add(GEMV, weight_format="q9", tile_size_input=2)
 
 
 @pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("uint4", 128, 256)])
-def test_every_rows_per_block_setting_of_a_quantized_gemv(fmt, group, k):
-    """tile_size_input changes the kernel's register blocking (1 to 8 rows share x); each
-    setting, with an odd count of 32-value chunks for q4_1, against the reference."""
+def test_quantized_gemv_over_work_items_and_vector_counts(fmt, group, k):
+    """The kernel computes a tile of 16 rows for up to 8 vectors per pass (4 without
+    AVX512-BF16), the rest in a last pass: one and nine vectors, work items of one and two
+    tiles, an odd count of 32-value chunks for q4_1, against the reference."""
     rng = np.random.default_rng(5)
-    shape = {"M": 16, "K": k, "batches": 2, "weight_format": fmt, "group_size": group}
-    cls, fields, inputs = case_inputs("GEMV", shape, rng)
-    programs = [OneStep(cls, {**fields, "tile_size_input": ti, "tile_size_output": 8,
-                              "num_aie_columns": 2}).record_like(inputs) for ti in (1, 2, 4, 8)]
-    cpu.compile_all([p.ops[0] for p in programs])
-    for program in programs:
+    for batches, tile in ((1, 16), (9, 32)):
+        shape = {"M": 64, "K": k, "batches": batches, "weight_format": fmt, "group_size": group}
+        cls, fields, inputs = case_inputs("GEMV", shape, rng)
+        program = OneStep(cls, {**fields, "tile_size_output": tile,
+                                "num_aie_columns": 2}).record_like(inputs)
         out = cpu.load(program).run(inputs)[0]
         assert_close("GEMV", out, program.reference(inputs)[0])

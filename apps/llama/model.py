@@ -237,18 +237,22 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
     it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding); ``uint4``
     quantizes every projection (not the embedding) in groups of ``group``, or of 32 where
     ``group`` does not divide its rows (rows not a multiple of 32 stay bf16); ``bf16``
-    quantizes nothing.
+    quantizes nothing. A matrix whose row count is not a whole number of the quantized
+    layout's tiles (``iron.quant.TILE`` rows) stays bf16 in every mode.
     """
     if mode not in WEIGHT_MODES:
         raise IronError(f"weights={mode!r} is not one of {', '.join(WEIGHT_MODES)}")
     formats: Formats = {}
     for name, parts in kernel_parts(checkpoint).items():
+        shapes = [checkpoint.tensor(p).shape for p in parts]
+        if len(shapes[0]) != 2 or sum(s[0] for s in shapes) % quant.TILE:
+            continue
+        k = shapes[0][1]
         if mode == "native":
             found = {(checkpoint.quantized(p) or ("bf16", None))[0] for p in parts}
             if len(found) == 1 and found != {"bf16"}:
                 formats[name] = (found.pop(), 32)
         elif mode == "uint4" and name.endswith("_proj.weight"):
-            k = checkpoint.tensor(parts[0]).shape[1]
             if k % 32 == 0:
                 formats[name] = ("uint4", group if k % group == 0 else 32)
     return formats
@@ -256,7 +260,7 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
 
 def kernel_weights(checkpoint, config: LlamaConfig, formats: Formats | None = None):
     """Every weight the programs bind, as (name, array) in the kernels' layout: bf16 or
-    float32, or uint8 blocks for a matrix ``formats`` names.
+    float32, or uint8 blocks in the tiled layout for a matrix ``formats`` names.
 
     Yields one tensor at a time so a bundle can be written without holding the model twice.
     """
@@ -272,6 +276,7 @@ def kernel_weights(checkpoint, config: LlamaConfig, formats: Formats | None = No
                          np.asarray(arrays[0])).astype(iron.bfloat16, copy=False)
         elif fmt == "uint4":
             w = np.concatenate([np.asarray(checkpoint.tensor(p), np.float32) for p in parts])
-            yield name, quant.quantize_uint4(w, group)
+            yield name, quant.tile(fmt, quant.quantize_uint4(w, group), w.shape[1], group)
         else:
-            yield name, np.concatenate([checkpoint.quantized(p)[1] for p in parts])
+            w = np.concatenate([checkpoint.quantized(p)[1] for p in parts])
+            yield name, quant.tile(fmt, w, quant.k_of(fmt, w.shape[1], group), group)

@@ -9,7 +9,7 @@ import numpy as np
 from ..devices import Device
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, mid_context,
                         normal, param, pow2_tiles, rope_frequencies, rule, tunable)
-from ..quant import FORMATS, dequantize
+from ..quant import FORMATS, dequantize, tiled_rows
 from ..tensor import Tensor
 from .matrix import example_weight, expect_weight, weight_k
 from .rowwise import RoPE
@@ -25,9 +25,9 @@ class Embedding(Operator):
     kernel = "embedding"
     test_shapes = ({"vocab": 1, "dim": 1, "rows": 1}, {"vocab": 50, "dim": 7, "rows": 3},
                    {"vocab": 1000, "dim": 576, "rows": 4},
-                   {"vocab": 300, "dim": 576, "rows": 5, "weight_format": "q8_0"},
-                   {"vocab": 50, "dim": 64, "rows": 3, "weight_format": "q4_1"},
-                   {"vocab": 50, "dim": 256, "rows": 2, "weight_format": "uint4",
+                   {"vocab": 304, "dim": 576, "rows": 5, "weight_format": "q8_0"},
+                   {"vocab": 64, "dim": 64, "rows": 3, "weight_format": "q4_1"},
+                   {"vocab": 48, "dim": 256, "rows": 2, "weight_format": "uint4",
                     "group_size": 128})
     shape_fields = ("weight_format", "group_size")
     vocab: int = param()
@@ -73,8 +73,10 @@ class Embedding(Operator):
 
     def reference(self, table, tokens):
         ok = (tokens >= 0) & (tokens < self.vocab)
-        rows = dequantize(self.weight_format, table[np.where(ok, tokens, 0)], self.dim,
-                                self.group_size)
+        index = np.where(ok, tokens, 0)
+        fmt, dim, group = self.weight_format, self.dim, self.group_size
+        rows = dequantize(fmt, table[index] if fmt == "bf16" else
+                          tiled_rows(fmt, table, dim, group, index), dim, group)
         return np.where(ok[:, None], rows, np.float32(0))
 
 

@@ -10,20 +10,30 @@ from ..devices import Device
 from ..errors import ShapeError
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, param,
                         pow2_tiles, rule, tunable)
-from ..quant import (FORMATS, FormatError, check_format, dequantize, k_of, random_matrix,
-                     row_bytes)
+from ..quant import (FORMATS, TILE, FormatError, check_format, dequantize, k_of, random_matrix,
+                     row_bytes, tile, untile)
 from ..tensor import Tensor
 
 
 def weight_k(op: Operator | type, w: Tensor, fmt: str, group: int) -> int:
     """K of a weight (rows, K) in bf16 or (rows, row bytes) in a quantized format."""
+    name = getattr(op, "__name__", type(op).__name__)
     try:
-        check_format(fmt, group, getattr(op, "__name__", type(op).__name__))
+        check_format(fmt, group, name)
         if fmt == "bf16":
             return w.shape[1]
-        return k_of(fmt, w.shape[1], group)
+        k = k_of(fmt, w.shape[1], group)
     except FormatError as e:
         raise ShapeError(str(e)) from None
+    if w.shape[0] % TILE:
+        raise ShapeError(f"{name}: a {fmt} weight of {w.shape[0]} rows: quantized weights are "
+                         f"stored in tiles of {TILE} rows, so rows must be a multiple of {TILE}")
+    return k
+
+
+def weight_values(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
+    """The float32 values of a weight as a kernel reads it (quantized: the tiled layout)."""
+    return dequantize(fmt, w if fmt == "bf16" else untile(fmt, w, k, group), k, group)
 
 
 def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: str = "bf16",
@@ -32,7 +42,8 @@ def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: s
     if weight_format == "bf16":
         return {}, normal(rng, rows, k, scale=scale)
     return ({"weight_format": weight_format, "group_size": group_size},
-            random_matrix(weight_format, rows, k, group_size, rng, scale))
+            tile(weight_format, random_matrix(weight_format, rows, k, group_size, rng, scale), k,
+                 group_size))
 
 
 def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
@@ -61,10 +72,11 @@ class GEMV(Operator):
                    {"M": 5, "K": 33, "batches": 3}, {"M": 576, "K": 576, "batches": 1},
                    {"M": 192, "K": 1536, "batches": 2},
                    {"M": 64, "K": 576, "batches": 1, "weight_format": "q4_1"},
-                   {"M": 24, "K": 96, "batches": 3, "weight_format": "q4_1"},
-                   {"M": 40, "K": 576, "batches": 1, "weight_format": "q4_0"},
+                   {"M": 32, "K": 96, "batches": 3, "weight_format": "q4_1"},
+                   {"M": 48, "K": 576, "batches": 1, "weight_format": "q4_0"},
                    {"M": 96, "K": 1536, "batches": 1, "weight_format": "q8_0"},
-                   {"M": 8, "K": 64, "batches": 2, "weight_format": "q8_0"},
+                   {"M": 16, "K": 64, "batches": 2, "weight_format": "q8_0"},
+                   {"M": 32, "K": 64, "batches": 9, "weight_format": "q4_1"},
                    {"M": 32, "K": 576, "batches": 1, "weight_format": "uint4", "group_size": 32},
                    {"M": 48, "K": 1536, "batches": 2, "weight_format": "uint4",
                     "group_size": 128})
@@ -99,6 +111,10 @@ class GEMV(Operator):
             # leave one thread a ninth idle), then about 64 rows an item
             return (self.M // t % dev.columns != 0, abs(t - 64))
 
+        if self.weight_format != "bf16":  # rows come in the layout's tiles
+            return {"num_aie_columns": columns(dev), "tile_size_input": [TILE],
+                    "tile_size_output": sorted((t for t in pow2_tiles(self.M, lo=TILE, hi=512)
+                                                if t % TILE == 0), key=preference)}
         return {"num_aie_columns": columns(dev),
                 "tile_size_input": [t for t in (4, 8, 2, 1) if self.M % t == 0],
                 "tile_size_output": sorted(pow2_tiles(self.M, lo=4, hi=512), key=preference)}
@@ -109,6 +125,10 @@ class GEMV(Operator):
                    "tile_size_output tile_size_input", "tile_size_output % tile_size_input == 0")
         yield rule(self.M % self.tile_size_output == 0, "tile_size_output",
                    "M % tile_size_output == 0")
+        if self.weight_format != "bf16":
+            yield rule(self.tile_size_input == TILE, "tile_size_input",
+                       f"tile_size_input == {TILE} for a quantized W (the rows of one tile of "
+                       "its layout are computed together)")
         if dev.kind == "npu":
             yield rule(self.M % (self.tile_size_output * self.num_aie_columns) == 0,
                        "tile_size_output num_aie_columns",
@@ -127,7 +147,7 @@ class GEMV(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, w, x):
-        return x @ dequantize(self.weight_format, w, self.K, self.group_size).T
+        return x @ weight_values(self.weight_format, w, self.K, self.group_size).T
 
 
 class GEMM(Operator):
@@ -148,7 +168,7 @@ class GEMM(Operator):
                    {"M": 20, "K": 96, "N": 80},  # AMX hosts: a part-filled row tile, odd n tiles
                    {"M": 32, "K": 80, "N": 96},  # K % 32 != 0: the non-AMX path on AMX hosts
                    {"M": 16, "K": 576, "N": 96, "weight_format": "q4_1"},
-                   {"M": 7, "K": 64, "N": 40, "weight_format": "q8_0"},
+                   {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0"},
                    {"M": 20, "K": 256, "N": 48, "weight_format": "uint4", "group_size": 128})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
@@ -188,6 +208,9 @@ class GEMM(Operator):
             yield rule(self.tile_k % self.group_size == 0, "tile_k",
                        f"tile_k % group_size == 0 (B's {self.weight_format} groups of "
                        f"{self.group_size} are expanded whole)")
+            yield rule(self.tile_n % TILE == 0, "tile_n",
+                       f"tile_n % {TILE} == 0 (B's rows are expanded a {TILE}-row tile of its "
+                       "layout at a time)")
         if dev.kind == "cpu":
             yield rule(self.M % self.tile_m == 0, "tile_m", "M % tile_m == 0")
             yield rule(self.N % self.tile_n == 0, "tile_n", "N % tile_n == 0")
@@ -209,7 +232,7 @@ class GEMM(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, a, b):
-        b = dequantize(self.weight_format, b, self.K, self.group_size)
+        b = weight_values(self.weight_format, b, self.K, self.group_size)
         if self.weight_format != "bf16":  # quantized B is expanded to bf16 tiles
             b = b.astype(bfloat16).astype(np.float32)
         return a @ b.T

@@ -1,7 +1,7 @@
 /* embedding: out[r] = table[tokens[r]]; a token outside [0, VOCAB) gives a row of zeros.
  *
  * args: table (VOCAB, DIM) bf16, or (VOCAB, row bytes) uint8 in a quantized format whose
- *   rows are expanded to bf16 (iron_quant.h), tokens (ROWS) int32 -> out (ROWS, DIM) bf16.
+ *   rows are expanded to bf16 (iron_quant.h: VOCAB a multiple of its 16-row tiles), tokens (ROWS) int32 -> out (ROWS, DIM) bf16.
  * macros:
  *   IRON_VOCAB            rows of the table
  *   IRON_DIM              row length
@@ -17,8 +17,9 @@
 #error "embedding.c needs IRON_VOCAB, IRON_DIM, IRON_ROWS, IRON_NUM_AIE_COLUMNS"
 #endif
 _Static_assert(IRON_ROWS % IRON_NUM_AIE_COLUMNS == 0, "rows % num_aie_columns == 0");
-_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_DIM % 32 == 0 && IRON_DIM % QG == 0),
-               "a quantized table holds whole groups and 32-value chunks");
+_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_DIM % 32 == 0 && IRON_DIM % QG == 0
+                                         && IRON_VOCAB % Q_TILE == 0),
+               "a quantized table holds whole groups, 32-value chunks and 16-row tiles");
 
 void iron_kernel(void *const *args) {
     const uint8_t *table = args[0];
@@ -35,9 +36,10 @@ void iron_kernel(void *const *args) {
 #if QFMT == IRON_FMT_BF16
             memcpy(o, table + (long)tok * IRON_DIM * 2, sizeof(uint16_t) * IRON_DIM);
 #else
-            float scratch[IRON_DIM];
-            q_row_bf16(table + (long)tok * Q_ROW_BYTES(IRON_DIM), IRON_DIM, 0, IRON_DIM,
-                       scratch, o);
+            float row[IRON_DIM];
+            q_lane_f32(table + (long)(tok / Q_TILE) * Q_TILE_BYTES(IRON_DIM), IRON_DIM,
+                       tok % Q_TILE, 0, IRON_DIM, row);
+            for (long i = 0; i < IRON_DIM; i++) o[i] = iron_f32_to_bf16(row[i]);
 #endif
         } else
             memset(o, 0, sizeof(uint16_t) * IRON_DIM);

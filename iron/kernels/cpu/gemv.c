@@ -7,7 +7,7 @@
  *   IRON_K                  columns of W (reduction length)
  *   IRON_BATCHES            vectors x multiplied by the same W
  *   IRON_TILE_SIZE_INPUT    rows of W computed together by the register-blocked inner kernel
- *                           (they share each load of x)
+ *                           (they share each load of x; 16, a tile, for a quantized W)
  *   IRON_TILE_SIZE_OUTPUT   rows of W per parallel work item (a multiple of TILE_SIZE_INPUT)
  *   IRON_NUM_AIE_COLUMNS    worker threads
  *   IRON_WEIGHT_FORMAT, IRON_GROUP_SIZE   how W is stored (iron_quant.h)
@@ -20,16 +20,13 @@
  * in flight), TILE_SIZE_INPUT rows sharing each load of x. A software prefetch 4 KiB ahead
  * covers the hardware prefetcher's stop at page boundaries (measured faster from DRAM).
  *
- * Quantized W: each row's scales are converted to float32 once per row, with the term the
- * minimums contribute (sum over groups of m_g * sum of x over the group, x's group sums taken
- * once per call); then per group the codes' dot product with x is accumulated and scaled by
- * d_g in float32. With AVX512-BF16 the 4-bit codes are widened in registers to the bf16
- * numbers 128 + q (bits 0x4300 | q, exact) and vdpbf16ps multiplies 32 of them by 32 bf16
- * x at once (the 128 * d_g * sum(x) this adds is taken off with the minimums' term); two
- * chunks of 32 values go together, their 32 code bytes widened in one zmm, against x
- * reordered once per call to match the nibbles (low: values 0-15 of both chunks); q8_0
- * codes, and 4-bit codes without AVX512-BF16, are widened to float32 for FMAs with x in
- * float32.
+ * Quantized W (iron_quant.h): rows come in tiles of 16, one 32-bit lane per row, so a tile is
+ * computed in whole registers without summing across lanes; the expansion of its codes is
+ * shared by up to VECTORS x vectors per pass. With AVX512-BF16 one shift and one ternary-logic
+ * op turn a plane of codes into every row's pair of values as the bf16 numbers 128 + n, and one
+ * vdpbf16ps per vector multiplies them by a pair of x broadcast from memory; per group, the sums
+ * are scaled by the 16 rows' d and the term of the minimums and the offsets (a multiple of the
+ * group's sum of x) is added. Without it (AVX2) the codes are widened to float32 for FMAs.
  */
 #include "iron_cpu.h"
 #include "iron_quant.h"
@@ -43,8 +40,10 @@ IRON_TILE_SIZE_OUTPUT, IRON_NUM_AIE_COLUMNS"
 _Static_assert(IRON_M % IRON_TILE_SIZE_OUTPUT == 0, "M % tile_size_output == 0");
 _Static_assert(IRON_TILE_SIZE_OUTPUT % IRON_TILE_SIZE_INPUT == 0,
                "tile_size_output % tile_size_input == 0");
-_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_K % 32 == 0 && IRON_K % QG == 0),
-               "a quantized W holds whole groups and 32-value chunks");
+_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_K % 32 == 0 && IRON_K % QG == 0
+                                         && IRON_TILE_SIZE_INPUT == Q_TILE),
+               "a quantized W holds whole groups and 32-value chunks, computed a tile of 16 "
+               "rows at a time");
 
 #define TI IRON_TILE_SIZE_INPUT
 
@@ -109,107 +108,197 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
     }
 }
 
-#else /* quantized W */
+#else /* quantized W, in tiles of 16 rows (iron_quant.h) */
 
-#define RB Q_ROW_BYTES(IRON_K) /* bytes per row of W */
-#define NG (IRON_K / QG)       /* groups per row */
-#define KP ((IRON_K + 15) / 16 * 16)
-#if defined(__AVX512BF16__) && QFMT != IRON_FMT_Q8_0
-#define DP_BF16 1
-#define OFFSET 128.0f /* each code q enters the dot products as the bf16 number 128 + q */
+#define NG (IRON_K / QG) /* groups per row */
+#define KP IRON_K        /* row stride of the float32 copy of x */
+/* CHAINS independent partial sums per vector and code set, so that enough dot products are in
+ * flight to hide their latency (6 cycles on Zen 4) even for one vector; a fixed count, so that
+ * a row's sum is added up in the same order whatever the number of vectors (a batched decode
+ * gives each sequence the bits it gets alone). VECTORS x vectors per pass over a tile: their
+ * partial sums and accumulators stay in registers (16 partial sums). */
+#if defined(__AVX512BF16__)
+#define CHAINS 4
+#define VECTORS (4 / Q_NIBBLES)
+#define OFFSET 128 /* a 4-bit code n enters the dot products as the bf16 number 128 + n */
 #else
-#define OFFSET 0.0f
+#define CHAINS 2
+#define VECTORS (4 / Q_NIBBLES / 2)
+#define OFFSET 0
 #endif
+#define BB (IRON_BATCHES < VECTORS ? IRON_BATCHES : VECTORS)
+#define PREFETCH 4096 /* software prefetch distance in bytes of W (see the bf16 kernel) */
+/* What the dot products of the 4-bit code sets leave out of sum_k w_k x_k over a group, as a
+ * multiple of the group's sum of x: each set's codes enter as OFFSET + n (the high set of q8_0
+ * weighs 16), and a value is d (u - Q_ZERO) + m: m - d (Q_ZERO + OFFSET (1 + 16 [q8_0])). */
+#define BIAS_D ((float)(Q_ZERO + OFFSET * (Q_NIBBLES == 2 ? 17 : 1)))
 
-#ifdef DP_BF16
-#define PAIRS (IRON_K / 64) /* pairs of 32-value chunks; an odd last chunk goes alone */
+/* x as the tile kernels read it, per vector: bf16 pairs (the input itself), float32 values,
+ * and the sums over each group */
+typedef struct {
+    const uint16_t *x;
+    const float *xf, *xs;
+} vectors_t;
 
-/* 16 code bytes -> 32 bf16 lanes 128 + q in value order: the low nibbles, then the high ones */
-static inline __m512bh expand4(const uint8_t *c) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
-    /* (v & 0x000f) | 0x4300 */
-    return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x000f),
-                                               _mm512_set1_epi16(0x4300), 0xea);
-}
+#if defined(__AVX512BF16__)
 
-/* x reordered for pairs of chunks: for chunks 2p, 2p + 1 (values 64p ..), 32 bf16 of the
- * values the low nibbles hold (64p + 0..15, 64p + 32..47), then 32 of the high nibbles'
- * (64p + 16..31, 64p + 48..63); an odd last chunk stays in order */
-static void permute_x(const uint16_t *x, uint16_t *xp) {
-    for (long p = 0; p < PAIRS; p++)
-        for (int i = 0; i < 16; i++) {
-            xp[64 * p + i] = x[64 * p + i];
-            xp[64 * p + 16 + i] = x[64 * p + 32 + i];
-            xp[64 * p + 32 + i] = x[64 * p + 16 + i];
-            xp[64 * p + 48 + i] = x[64 * p + 48 + i];
-        }
-    for (long k = 64 * PAIRS; k < IRON_K; k++) xp[k] = x[k];
-}
-
-/* The dot products of the codes of chunks 2p, 2p + 1 (32 bytes at c) with x: float32 lanes
- * 0-7 hold chunk 2p's partial sums, lanes 8-15 chunk 2p + 1's (codes taken as 128 + q) */
-static inline __m512 dot_pair(const uint8_t *c, const uint16_t *xp, __m512 acc) {
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)c));
-    const __m512i lo = _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x000f),
-                                                 _mm512_set1_epi16(0x4300), 0xea);
-    const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi16(0x4300));
-    acc = _mm512_dpbf16_ps(acc, (__m512bh)lo, (__m512bh)_mm512_loadu_si512(xp));
-    return _mm512_dpbf16_ps(acc, (__m512bh)hi, (__m512bh)_mm512_loadu_si512(xp + 32));
-}
-#endif
-
-/* TI rows of W (row stride RB) times one x (bf16 in pair order xp, float32 xf, group sums) */
-static inline void gemv_block(const uint8_t *w, const uint16_t *xp, const float *xf,
-                              const float *xsum, uint16_t *out) {
-    float d[TI][NG], bias[TI];
-    for (int t = 0; t < TI; t++) bias[t] = q_row_scales(w + t * RB, IRON_K, OFFSET, xsum, d[t]);
-#ifdef DP_BF16
-    __m512 acc[TI];
-    for (int t = 0; t < TI; t++) acc[t] = _mm512_setzero_ps();
-#if QG == 32 /* a scale per chunk: lanes 0-7 take chunk 2p's, lanes 8-15 chunk 2p + 1's */
-    for (long p = 0; p < PAIRS; p++)
-        for (int t = 0; t < TI; t++) {
-            const __m512 part = dot_pair(w + t * RB + 32 * p, xp + 64 * p, _mm512_setzero_ps());
-            const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(d[t][2 * p]),
-                                                 _mm256_set1_ps(d[t][2 * p + 1]), 1);
-            acc[t] = _mm512_fmadd_ps(part, dd, acc[t]);
-        }
-    if (IRON_K % 64) /* the odd last chunk */
-        for (int t = 0; t < TI; t++) {
-            const long k = IRON_K - 32;
-            const __m512 part = _mm512_dpbf16_ps(_mm512_setzero_ps(), expand4(w + t * RB + k / 2),
-                                                 (__m512bh)_mm512_loadu_si512(xp + k));
-            acc[t] = _mm512_fmadd_ps(part, _mm512_set1_ps(d[t][NG - 1]), acc[t]);
-        }
-#else /* groups of 64 or more values: whole pairs, one scale */
+/* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, one float32 lane per row.
+ * Per plane of 16 words, one shift and one ternary-logic op make each row's pair of codes
+ * (v, v + 1) into the bf16 numbers 128 + n (bits 0x4300 | n), and one vdpbf16ps per vector
+ * multiplies them by the pair x[v], x[v + 1] broadcast from memory. Per group, the partial
+ * sums are scaled by the rows' d (16 scales in one load) and the bias is added. */
+static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
+                                                           const vectors_t v, const long b0,
+                                                           __m512 *acc) {
+    const int ch = CHAINS;
+    const __m512i mask = _mm512_set1_epi32(0x000f000f), bf16_128 = _mm512_set1_epi32(0x43004300);
+    for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
     for (long g = 0; g < NG; g++) {
-        __m512 part[TI];
-        for (int t = 0; t < TI; t++) part[t] = _mm512_setzero_ps();
-        for (long p = g * QG / 64; p < (g + 1) * QG / 64; p++)
-            for (int t = 0; t < TI; t++)
-                part[t] = dot_pair(w + t * RB + 32 * p, xp + 64 * p, part[t]);
-        for (int t = 0; t < TI; t++)
-            acc[t] = _mm512_fmadd_ps(part[t], _mm512_set1_ps(d[t][g]), acc[t]);
-    }
-#endif
-    for (int t = 0; t < TI; t++) out[t] = iron_f32_to_bf16(_mm512_reduce_add_ps(acc[t]) + bias[t]);
-    (void)xf;
+        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
+        __m512 part[BB][Q_NIBBLES][CHAINS];
+        for (int b = 0; b < nb; b++)
+            for (int h = 0; h < Q_NIBBLES; h++)
+                for (int i = 0; i < ch; i++) part[b][h][i] = _mm512_setzero_ps();
+        for (int c = 0; c < Q_CHUNKS; c++) {
+            const uint8_t *cp = gp + c * Q_CHUNK_BYTES;
+            const long k = g * QG + 32 * c;
+            for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
+                _mm_prefetch((const char *)cp + PREFETCH + line, _MM_HINT_T0);
+            for (int h = 0; h < Q_NIBBLES; h++)
+                for (int j = 0; j < 4; j++) {
+                    const __m512i w = _mm512_loadu_si512(cp + 256 * h + 64 * j);
+                    for (int s = 0; s < 4; s++) {
+                        const __m512bh e = (__m512bh)_mm512_ternarylogic_epi32(
+                            _mm512_srli_epi32(w, 4 * s), mask, bf16_128, 0xea); /* a & b | c */
+                        for (int b = 0; b < nb; b++) {
+                            uint32_t pair;
+                            memcpy(&pair, v.x + (b0 + b) * IRON_K + k + 8 * j + 2 * s, 4);
+                            __m512 *p = &part[b][h][s % ch];
+                            *p = _mm512_dpbf16_ps(*p, e, (__m512bh)_mm512_set1_epi32((int)pair));
+                        }
+                    }
+                }
+        }
+        const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+        const __m512 d = q_load16_params(ds);
+#if Q_HAS_MIN
+        const __m512 bias = _mm512_fnmadd_ps(_mm512_set1_ps(BIAS_D), d,
+                                             q_load16_params(ds + 2 * Q_TILE));
 #else
-    __m256 acc[TI];
-    for (int t = 0; t < TI; t++) acc[t] = _mm256_setzero_ps();
-    for (long g = 0; g < NG; g++) {
-        __m256 part[TI];
-        for (int t = 0; t < TI; t++) part[t] = _mm256_setzero_ps();
-        for (long k = g * QG; k < (g + 1) * QG; k += 32)
-            for (int t = 0; t < TI; t++)
-                part[t] = q_dot32_f32(w + t * RB + Q_CODE_BYTES(k), xf + k, part[t]);
-        for (int t = 0; t < TI; t++)
-            acc[t] = _mm256_fmadd_ps(part[t], _mm256_set1_ps(d[t][g]), acc[t]);
-    }
-    for (int t = 0; t < TI; t++) out[t] = iron_f32_to_bf16(iron_hsum8(acc[t]) + bias[t]);
-    (void)xp;
+        const __m512 bias = _mm512_mul_ps(_mm512_set1_ps(-BIAS_D), d);
 #endif
+        for (int b = 0; b < nb; b++) {
+            for (int h = 0; h < Q_NIBBLES; h++)
+                for (int i = 1; i < ch; i++)
+                    part[b][h][0] = _mm512_add_ps(part[b][h][0], part[b][h][i]);
+            if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
+                part[b][0][0] = _mm512_fmadd_ps(_mm512_set1_ps(16.0f), part[b][Q_NIBBLES - 1][0],
+                                                part[b][0][0]);
+            acc[b] = _mm512_fmadd_ps(part[b][0][0], d, acc[b]);
+            acc[b] = _mm512_fmadd_ps(bias, _mm512_set1_ps(v.xs[(b0 + b) * NG + g]), acc[b]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store_rows(const __m512 *acc, const int nb,
+                                                             uint16_t *out) {
+    for (int b = 0; b < nb; b++)
+        _mm256_storeu_si256((__m256i *)(out + b * (long)IRON_M),
+                            (__m256i)_mm512_cvtneps_pbh(acc[b]));
+}
+typedef __m512 acc_t;
+
+#else /* AVX2 + FMA: a tile's 16 rows as two halves of 8 lanes, codes widened to float32 */
+
+typedef struct {
+    __m256 h[2];
+} acc_t;
+
+static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
+                                                           const vectors_t v, const long b0,
+                                                           acc_t *acc) {
+    const int ch = CHAINS;
+    const __m256i nibble = _mm256_set1_epi32(0xf);
+    for (int b = 0; b < nb; b++) acc[b].h[0] = acc[b].h[1] = _mm256_setzero_ps();
+    for (long g = 0; g < NG; g++) {
+        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
+        const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+        for (int half = 0; half < 2; half++) {
+            __m256 part[BB][Q_NIBBLES][CHAINS];
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < Q_NIBBLES; h++)
+                    for (int i = 0; i < ch; i++) part[b][h][i] = _mm256_setzero_ps();
+            for (int c = 0; c < Q_CHUNKS; c++) {
+                const uint8_t *cp = gp + c * Q_CHUNK_BYTES + 32 * half;
+                const long k = g * QG + 32 * c;
+                for (int h = 0; h < Q_NIBBLES; h++)
+                    for (int j = 0; j < 4; j++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(cp + 256 * h
+                                                                               + 64 * j));
+                        for (int s = 0; s < 4; s++) {
+                            const __m256i e = _mm256_srli_epi32(w, 4 * s);
+                            const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(e, nibble));
+                            const __m256 hi = _mm256_cvtepi32_ps(
+                                _mm256_and_si256(_mm256_srli_epi32(e, 16), nibble));
+                            for (int b = 0; b < nb; b++) {
+                                const float *xk = v.xf + (b0 + b) * KP + k + 8 * j + 2 * s;
+                                __m256 *p = &part[b][h][s % ch];
+                                *p = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(xk), *p);
+                                *p = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(xk + 1), *p);
+                            }
+                        }
+                    }
+            }
+            const __m256 d = q_load8_params(ds + 16 * half);
+#if Q_HAS_MIN
+            const __m256 bias = _mm256_fnmadd_ps(_mm256_set1_ps(BIAS_D), d,
+                                                 q_load8_params(ds + 2 * Q_TILE + 16 * half));
+#else
+            const __m256 bias = _mm256_mul_ps(_mm256_set1_ps(-BIAS_D), d);
+#endif
+            for (int b = 0; b < nb; b++) {
+                for (int h = 0; h < Q_NIBBLES; h++)
+                    for (int i = 1; i < ch; i++)
+                        part[b][h][0] = _mm256_add_ps(part[b][h][0], part[b][h][i]);
+                if (Q_NIBBLES == 2)
+                    part[b][0][0] = _mm256_fmadd_ps(_mm256_set1_ps(16.0f),
+                                                    part[b][Q_NIBBLES - 1][0], part[b][0][0]);
+                acc[b].h[half] = _mm256_fmadd_ps(part[b][0][0], d, acc[b].h[half]);
+                acc[b].h[half] = _mm256_fmadd_ps(
+                    bias, _mm256_broadcast_ss(v.xs + (b0 + b) * NG + g), acc[b].h[half]);
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store_rows(const acc_t *acc, const int nb,
+                                                             uint16_t *out) {
+    for (int b = 0; b < nb; b++) {
+        iron_store8_bf16(out + b * (long)IRON_M, acc[b].h[0]);
+        iron_store8_bf16(out + b * (long)IRON_M + 8, acc[b].h[1]);
+    }
+}
+
+#endif
+
+/* one tile times all the x vectors, BB at a time (the last pass takes the rest) */
+static inline void tile_times_vectors(const uint8_t *tile, const vectors_t v, uint16_t *out) {
+    acc_t acc[BB];
+    long b0 = 0;
+    for (; b0 + BB <= IRON_BATCHES; b0 += BB) {
+        tile_dot(BB, tile, v, b0, acc);
+        store_rows(acc, BB, out + b0 * IRON_M);
+    }
+    switch (IRON_BATCHES - b0) { /* constant nb: accumulators stay in registers */
+#if BB > 1
+    case 1: tile_dot(1, tile, v, b0, acc); store_rows(acc, 1, out + b0 * IRON_M); break;
+#endif
+#if BB > 2
+    case 2: tile_dot(2, tile, v, b0, acc); store_rows(acc, 2, out + b0 * IRON_M); break;
+    case 3: tile_dot(3, tile, v, b0, acc); store_rows(acc, 3, out + b0 * IRON_M); break;
+#endif
+    default: break;
+    }
 }
 
 void iron_kernel(void *const *args) {
@@ -217,40 +306,25 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[1];
     uint16_t *out = args[2];
 
-    /* per vector: x in float32 (KP floats), then its NG group sums, then x in bf16 as the
-     * kernel reads it (KP values) */
-    const long xs_floats = (IRON_BATCHES * NG + 15) / 16 * 16;
-    float *xf = aligned_alloc(64, sizeof(float) * (IRON_BATCHES * KP + xs_floats)
-                                      + sizeof(uint16_t) * IRON_BATCHES * KP);
+    /* per vector: x in float32 (KP floats), then the NG group sums of all vectors */
+    float *xf = aligned_alloc(64, sizeof(float) * ((IRON_BATCHES * (KP + NG) + 15) / 16 * 16));
     float *xs = xf + (long)IRON_BATCHES * KP;
-    uint16_t *xp = (uint16_t *)(xs + xs_floats);
-    for (long b = 0; b < IRON_BATCHES; b++) {
-#ifdef DP_BF16
-        permute_x(x + b * IRON_K, xp + b * KP);
-#endif
-        for (long k = 0; k < IRON_K; k++) xf[b * KP + k] = iron_bf16_to_f32(x[b * IRON_K + k]);
+    for (long b = 0; b < IRON_BATCHES; b++)
         for (long g = 0; g < NG; g++) {
             float s = 0.0f;
-            for (long k = g * QG; k < (g + 1) * QG; k++) s += xf[b * KP + k];
+            for (long k = g * QG; k < (g + 1) * QG; k++)
+                s += xf[b * KP + k] = iron_bf16_to_f32(x[b * IRON_K + k]);
             xs[b * NG + g] = s;
         }
-    }
+    const vectors_t v = {x, xf, xs};
 
 #if IRON_NUM_AIE_COLUMNS > 1
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
 #endif
-    for (long item = 0; item < IRON_M / IRON_TILE_SIZE_OUTPUT; item++) {
-        const long m_end = (item + 1) * IRON_TILE_SIZE_OUTPUT;
-        for (long m = item * IRON_TILE_SIZE_OUTPUT; m < m_end; m += TI) {
-            /* one prefetch per cache line, 4 KiB ahead of this block of rows */
-            const char *next = (const char *)(W + m * RB) + 4096;
-            for (long line = 0; line < TI * RB; line += 64)
-                _mm_prefetch(next + line, _MM_HINT_T0);
-            for (long b = 0; b < IRON_BATCHES; b++)
-                gemv_block(W + m * RB, xp + b * KP, xf + b * KP, xs + b * NG,
-                           out + b * (long)IRON_M + m);
-        }
-    }
+    for (long item = 0; item < IRON_M / IRON_TILE_SIZE_OUTPUT; item++)
+        for (long m = item * IRON_TILE_SIZE_OUTPUT; m < (item + 1) * IRON_TILE_SIZE_OUTPUT;
+             m += Q_TILE)
+            tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(IRON_K), v, out + m);
     free(xf);
 }
 
