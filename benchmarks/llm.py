@@ -79,6 +79,28 @@ def measure_iron(model, ids: list[int]) -> dict:
     return result
 
 
+def abba(bundles: dict[str, str], ids: list[int]) -> dict:
+    """One round comparing two bundles of the same weights: both loaded on one read of the first
+    one's weights (so neither gets a warmer copy), run A B B A; per bundle the medians of
+    decode, prefill and time to first token, the decode step and its per-kernel breakdown."""
+    from iron.lm.generate import LlamaModel
+    from iron.pipeline.bundle import Bundle
+
+    (a, path_a), (b, path_b) = bundles.items()
+    weights = Bundle.open(path_a).weights()
+    models = {a: LlamaModel(path_a, weights), b: LlamaModel(path_b, weights)}
+    runs = {name: [] for name in models}
+    for name in [a, b, b, a]:
+        runs[name].append(measure_iron(models[name], ids))
+    return {name: {"decode_tok_s": median(rs, "decode_tok_s"),
+                   "prefill_tok_s": median(rs, "prefill_tok_s"),
+                   "ttft_s": median(rs, "ttft_s"),
+                   "step_s": statistics.median(r["breakdown"]["wall_s"] for r in rs),
+                   "kernels": {k: statistics.median(r["breakdown"]["kernels"][k] for r in rs)
+                               for k in rs[0]["breakdown"]["kernels"]}}
+            for name, rs in runs.items()}
+
+
 def child_llamacpp(dtype: str, ids: list[int]) -> dict:
     sys.path.insert(0, str(HERE))
     from llamacpp import bench

@@ -28,28 +28,9 @@ from iron.pipeline.app import app_profile, load_app
 from iron.pipeline.bundle import write_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llm import measure_iron, median, prompt_ids  # noqa: E402
+from llm import abba, median, prompt_ids  # noqa: E402
 
 TUNED, DEFAULTS = "tuned profile", "resolve() defaults"
-
-
-def child(tuned: str, defaults: str, ids: list[int]) -> dict:
-    """One round: both bundles loaded on one read of the tuned bundle's weights, run ABBA."""
-    from iron.lm.generate import LlamaModel
-    from iron.pipeline.bundle import Bundle
-
-    weights = Bundle.open(tuned).weights()
-    models = {TUNED: LlamaModel(tuned, weights), DEFAULTS: LlamaModel(defaults, weights)}
-    runs = {name: [] for name in models}
-    for name in [TUNED, DEFAULTS, DEFAULTS, TUNED]:
-        runs[name].append(measure_iron(models[name], ids))
-    return {name: {"decode_tok_s": median(rs, "decode_tok_s"),
-                   "prefill_tok_s": median(rs, "prefill_tok_s"),
-                   "ttft_s": median(rs, "ttft_s"),
-                   "step_s": statistics.median(r["breakdown"]["wall_s"] for r in rs),
-                   "kernels": {k: statistics.median(r["breakdown"]["kernels"][k] for r in rs)
-                               for k in rs[0]["breakdown"]["kernels"]}}
-            for name, rs in runs.items()}
 
 
 def main():
@@ -59,7 +40,8 @@ def main():
     args = parser.parse_args()
     if args.child:
         tuned, defaults, ids_file = args.child
-        print(json.dumps(child(tuned, defaults, json.loads(Path(ids_file).read_text()))))
+        ids = json.loads(Path(ids_file).read_text())
+        print(json.dumps(abba({TUNED: tuned, DEFAULTS: defaults}, ids)))
         return
     app = load_app("llama")
     cpu = iron.device("cpu")

@@ -33,23 +33,9 @@ from iron.tuning.model import DEFAULT_PRUNE
 from iron.tuning.tuner import tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llm import measure_iron, median, prompt_ids  # noqa: E402
+from llm import abba, median, prompt_ids  # noqa: E402
 
 FULL, PRUNED = "full tune", "pruned tune"
-
-
-def child(full: str, pruned: str, ids: list[int]) -> dict:
-    """One round: both bundles on one read of the weights, run ABBA."""
-    from iron.lm.generate import LlamaModel
-    from iron.pipeline.bundle import Bundle
-
-    weights = Bundle.open(full).weights()
-    models = {FULL: LlamaModel(full, weights), PRUNED: LlamaModel(pruned, weights)}
-    runs = {name: [] for name in models}
-    for name in [FULL, PRUNED, PRUNED, FULL]:
-        runs[name].append(measure_iron(models[name], ids))
-    return {name: {"decode_tok_s": median(rs, "decode_tok_s"),
-                   "prefill_tok_s": median(rs, "prefill_tok_s")} for name, rs in runs.items()}
 
 
 def load() -> float:
@@ -77,7 +63,8 @@ def main():
     args = parser.parse_args()
     if args.child:
         full, pruned, ids_file = args.child
-        print(json.dumps(child(full, pruned, json.loads(Path(ids_file).read_text()))))
+        ids = json.loads(Path(ids_file).read_text())
+        print(json.dumps(abba({FULL: full, PRUNED: pruned}, ids)))
         return
     app = load_app("llama")
     cpu = iron.device("cpu")

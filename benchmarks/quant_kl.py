@@ -19,16 +19,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-TEXTS = [
-    "The quick brown fox jumps over the lazy dog. Meanwhile, in a small village by the sea, "
-    "the fishermen were preparing their boats for the long night ahead, checking nets and "
-    "singing old songs while the children ran along the harbour wall.",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
-    "fibonacci(n - 2)\n\nfor i in range(10):\n    print(i, fibonacci(i))\n",
-    "Photosynthesis is the process by which green plants use sunlight, water and carbon "
-    "dioxide to make glucose and oxygen. It happens mostly in the leaves, inside chloroplasts, "
-    "where chlorophyll absorbs red and blue light and reflects green light back to our eyes.",
-]
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -45,6 +35,7 @@ def teacher_forced(model, ids: list[int]) -> np.ndarray:
 def main() -> None:
     import iron
     from iron.lm.generate import LlamaModel
+    from iron.lm.texts import TEXTS
     from iron.pipeline.app import load_app
     from iron.pipeline.bundle import write_bundle
 
