@@ -272,3 +272,9 @@ def test_model_records_are_not_mixed_with_measurements(tmp_path, modelled_npu):
     with pytest.raises(DeviceError, match="cannot tune for npu1"):  # a measuring stand-in
         tune(FakeApp(), "npu1", benchmark=FakeBench(), profile_path=tmp_path / "p.json",
              log_path=tmp_path / "l.jsonl")
+
+
+def test_a_contended_calibration_never_rates_a_bigger_team_slower():
+    """Best-of probes taken while another process held a core can rate two threads below one;
+    a team can leave a thread idle, so each figure is raised to the best of fewer threads."""
+    assert cpu_model._at_least_fewer([29e9, 21e9, 40e9]) == [29e9, 29e9, 40e9]

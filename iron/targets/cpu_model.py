@@ -45,7 +45,7 @@ FMA_PER_CYCLE = 2  # FMA units per core on the x86 cores iron targets (Intel and
 AMX_DP_CYCLES = 16  # cycles per TDPBF16PS (16x16x32 tile product; Intel optimization manual)
 BF16_STORE8 = 7  # iron_store8_bf16: round-to-nearest-even and pack, per 8 outputs
 #: Bumped when what a calibration file holds, or how it is measured, changes.
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 #: The caller's own work between two parallel regions in the fork / join probe: about what the
 #: tuner spends in Python between two timed runs; a team that waited longer has gone to sleep.
 FORK_GAP = 50e-6
@@ -148,11 +148,19 @@ def measure_host(threads: int | None = None) -> Host:
     whole = _typical(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
                                                       items.size, items.size, r, s), 201)
     flags = _cpu_flags()
+    # A team of t threads can leave one idle, so its aggregate throughput is at least t - 1's:
+    # a lower best-of figure means another process held a core through every repetition.
+    memory_bw, cache_bw, fma = (_at_least_fewer(v) for v in (memory_bw, cache_bw, fma))
     # what an item of 16 elements costs beyond its share of one long item's work
     overhead = max((small - whole) / (items.size // 16), 1e-10)
     return Host(tuple(memory_bw), tuple(cache_bw), tuple(fma), tuple(fork), overhead,
                 "amx_bf16" in flags and "amx_tile" in flags, "avx512_bf16" in flags,
                 os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+
+
+def _at_least_fewer(rates: list[float]) -> list[float]:
+    """Throughputs by thread count, each raised to the best of fewer threads."""
+    return [max(rates[:t]) for t in range(1, len(rates) + 1)]
 
 
 def _cpu_flags() -> set[str]:
@@ -249,7 +257,10 @@ def work(op: Operator, h: Host) -> Work:
 
 def _gemv(op, threads: int) -> Work:
     """gemv.c: per 16 elements of W one load, two widenings, two FMAs, and 2 / TI loads of x
-    (TI rows share them); per row a reduction of 2 x UNROLL accumulators and a store."""
+    (TI rows share them); per row a reduction of 2 x UNROLL accumulators and a store. A
+    quantized W (_gemv_tiled) is read in its own bytes."""
+    if op.weight_format != "bf16":
+        return _gemv_tiled(op, threads)
     ti = op.tile_size_input
     unroll = 1 if ti >= 2 else 2
     per16 = 5 + 2 / ti
@@ -257,6 +268,22 @@ def _gemv(op, threads: int) -> Work:
                         + op.M * (2 * unroll + 8)) + op.batches * op.K * 2
     return Work(op.M * op.K * 2, op.batches * (op.K + op.M) * 2, ops,
                 op.M // op.tile_size_output, threads)
+
+
+def _gemv_tiled(op, threads: int) -> Work:
+    """gemv.c on a quantized W, in 16-row tiles, with AVX512-BF16 (a 512-bit op counted as two
+    8-lane ones): per 32-value chunk of a tile and 4-bit code set, 4 loads, 3 shifts and 4
+    ternary-logic ops expand the codes (once per pass of up to 4 / sets vectors), and each
+    vector takes 4 vdpbf16ps; per group and vector 4 ops scale, bias and sum the chains."""
+    from ..quant import row_bytes
+
+    sets = 2 if op.weight_format == "q8_0" else 1
+    tiles, chunks, groups = op.M // 16, op.K // 32, op.K // op.group_size
+    passes = math.ceil(op.batches / (4 // sets))
+    per_chunk = sets * (2 * 11 * passes + 2 * 16 * op.batches)
+    ops = tiles * (chunks * per_chunk + groups * (4 + 8 * op.batches)) + op.batches * op.K * 3
+    return Work(op.M * row_bytes(op.weight_format, op.K, op.group_size),
+                op.batches * (op.K + op.M) * 2, ops, op.M // op.tile_size_output, threads)
 
 
 def _gemm(op, threads: int, h: Host) -> Work:
