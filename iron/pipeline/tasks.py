@@ -443,6 +443,8 @@ class BuildGraph:
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
+        if self.weights:
+            argv += ["--weights", self.weights]
         for option in ("only", "budget", "prune", "max_load", "scheduler"):
             if self.tune_options[option] is not None:
                 argv += [f"--{option.replace('_', '-')}", str(self.tune_options[option])]

@@ -20,7 +20,9 @@ new device kind is one module implementing ``Target``:
 - ``on(dev)``: the target for one device of its kind; ``emulated()``: a target whose
   executables run in an emulator (only targets that have one).
 - ``cost(op)``: the modelled time of an instance with its bottleneck (``iron.targets.cost``),
-  or ``None`` when the target has no cost model; the tuner ranks candidates by it.
+  or ``None`` when the target has no cost model; the tuner ranks candidates by it;
+  ``cost_version()`` names the model (a digest of its sources), so logged estimates of an
+  earlier model are not reused.
 
 An ``Executable`` binds weights once, keeps state (a KV cache) across calls, runs the program
 (``run``) and, for the tuner, runs it timing each step (``run_timed``).
@@ -132,6 +134,10 @@ class Target:
 
     def cost(self, op: Operator) -> Estimate | None:
         return None
+
+    def cost_version(self) -> str:
+        """What identifies the cost model: a changed model must not reuse logged estimates."""
+        return "1"
 
     # ---- derived behaviour ------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ import argparse
 import sys
 from typing import Sequence
 
+from ..devices import device as get_device
 from ..errors import IronError
 from ..pipeline.app import load_app
+from ..targets import target_for
 from .measure import TargetBenchmark
 from .quiet import QUIET
 from .model import DEFAULT_PRUNE
@@ -32,6 +34,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
     parser.add_argument("--checkpoint", help="the checkpoint directory (default: the "
                         "application's own)")
     parser.add_argument("--device", default="cpu", help="the device to tune for (default cpu)")
+    parser.add_argument("--weights", help="the application's weights option (llama: native, "
+                        "the default, bf16 or uint4): the instances of that bundle are tuned; "
+                        "entries for other weight formats are kept")
     parser.add_argument("--only", help="tune only these operators, comma-separated "
                         "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
     parser.add_argument("--budget", type=float, help="stop after this many seconds, keeping "
@@ -63,8 +68,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     try:
-        app = load_app(args.app, args.checkpoint)
-        bench = TargetBenchmark(args.device, quiet=args.max_load)
+        app = open_app(args.app, args.checkpoint, args.weights)
+        dev = get_device(args.device)
+        # a device that cannot run here is ranked by its target's cost model (tune says so)
+        bench = (None if target_for(dev).unavailable(dev)
+                 else TargetBenchmark(dev, quiet=args.max_load))
         tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench,
              scheduler=args.scheduler, prune=0 if args.full else args.prune)
     except IronError as e:
@@ -76,6 +84,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
         return 130
     return 0
 
+
+def open_app(name: str, checkpoint: str | None, weights: str | None):
+    """The application, with its ``weights`` option when one is given."""
+    if weights is None:
+        return load_app(name, checkpoint)
+    try:
+        return load_app(name, checkpoint, weights=weights)
+    except TypeError:
+        raise IronError(f"--weights {weights}: the application {name!r} has no weights "
+                        "option") from None
 
 
 if __name__ == "__main__":

@@ -84,13 +84,15 @@ class ModelBenchmark:
     ``measure`` returns the estimate (runs = 0: nothing ran), ``compare`` the modelled ratio,
     so the tuner's rule for moving a setting (``MIN_GAIN`` in the head-to-head) applies to the
     model as it does to measurements.  Keys hash the instance and the model's name, since a
-    design without a toolchain has no artifact key.
+    design without a toolchain has no artifact key; the name carries the target's
+    ``cost_version()``, so a log's records of an earlier model are not reused.
     """
 
     source = "model"
 
-    def __init__(self, target: Target, dev: Device, version: str = "1"):
+    def __init__(self, target: Target, dev: Device, version: str | None = None):
         self.target, self.device = target, dev
+        version = version or target.cost_version()
         self.method = f"model {target.kind}-v{version} {dev.name}"
 
     def key(self, op: Operator) -> str:

@@ -176,7 +176,12 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     path = Path(profile_path or app_profile_path(app.name, dev.name))
     previous = Profile.load(path) if path.exists() else Profile(device=dev.name)
 
+    target = target_for(dev)
     found = instances(tuned_programs(app, dev, previous))
+    # an instance the target places elsewhere (an npu step without a design runs on the host
+    # with its numpy maths) has no setting that changes anything there: not tuned, no entry
+    elsewhere = [i for i in found if target.placement(i.current) != target.kind]
+    found = [i for i in found if i not in elsewhere]
     bench = choose_benchmark(dev, found[0].current if found else None, out, benchmark)
     source = getattr(bench, "source", "measured")
     work = [(i, candidates(i.op, dev)) for i in select(found, only)]
@@ -184,7 +189,6 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     # the instances that move the most bytes per model call first: a budget cut hits the rest
     work = sorted(((i, c) for i, c in work if len(c) > 1), key=lambda w: -traffic(w[0]))
     legal = sum(len(c) for _, c in work)
-    target = target_for(dev)
     # the cpu model is calibrated on the machine it runs on: with a cluster the devices are
     # the workers, so a distributed tune measures every candidate
     pruned = (prune > 0 and source == "measured" and scheduler is None and bool(work)
@@ -198,7 +202,11 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
           + (f"(the cost model's {prune} fastest of each instance and the setting in use; "
              f"{legal} legal, --full measures all) " if pruned else "")
           + f"({logged} already in {log.path}); {len(fixed)} instances with a single legal "
-          f"setting skipped" + (f"; budget {budget:g} s" if budget is not None else ""),
+          f"setting skipped"
+          + (f"; {len(elsewhere)} instances placed on the {target.placement(elsewhere[0].current)}"
+             f" skipped (no {target.kind} design: their tunables change nothing there)"
+             if elsewhere else "")
+          + (f"; budget {budget:g} s" if budget is not None else ""),
           file=out, flush=True)
     if log.skipped:
         print(f"warning: {log.skipped} line(s) of {log.path} are not valid records and were "
@@ -258,6 +266,7 @@ class _Run:
         self.to_measure, self.measured_now, self.out = to_measure, 0, out
         self.pool = pool
         self.runner = pool or bench  # what compiles and compares
+        self.source = getattr(bench, "source", "measured")
 
     def time_left(self) -> bool:
         return self.deadline is None or time.monotonic() < self.deadline
@@ -287,8 +296,9 @@ class _Run:
             began = time.monotonic()
             compiled = self.runner.compile(todo, self.deadline)
             failed = sum(e is not None for e in compiled.values())
-            print(f"    compiled {len(compiled)} in {time.monotonic() - began:.0f} s"
-                  + (f", {failed} failed" if failed else ""), file=self.out, flush=True)
+            if self.source == "measured":  # a model compiles nothing
+                print(f"    compiled {len(compiled)} in {time.monotonic() - began:.0f} s"
+                      + (f", {failed} failed" if failed else ""), file=self.out, flush=True)
         before = self.log.get(keys[inst.current])
         self._measure_on_pool([(inst, op) for op in order], keys, compiled,
                               before.median if before is not None and before.ok else None)
@@ -327,9 +337,10 @@ class _Run:
                   file=self.out, flush=True)
             return dataclasses.replace(o, chosen=current, decided=False)
         moves = wins(comparison)
+        spread = ("modelled" if self.source == "model" else f"middle half of "
+                  f"{comparison.rounds} rounds {comparison.low:.3f}-{comparison.high:.3f}x")
         print(f"    head-to-head against the setting in use ({setting_text(o.instance.setting())})"
-              f": {comparison.gain:.3f}x, middle half of {comparison.rounds} rounds "
-              f"{comparison.low:.3f}-{comparison.high:.3f}x -> "
+              f": {comparison.gain:.3f}x, {spread} -> "
               + ("moves" if moves else f"keeps the setting in use (needs {MIN_GAIN:g}x, and "
                  "faster in three rounds of four)"), file=self.out, flush=True)
         return dataclasses.replace(o, chosen=o.best if moves else current,
@@ -443,7 +454,9 @@ class _Run:
                           old.reason if old is not None and not old.ok else "")
         if best:
             print(f"    best {setting_text(best[2].tunable_values())} {best[0] * 1e6:.1f} us"
-                  f" ({outcome.measured}/{outcome.total} measured, {outcome.rejected} rejected)",
+                  f" ({outcome.measured}/{outcome.total} "
+                  f"{'modelled' if self.source == 'model' else 'measured'}, "
+                  f"{outcome.rejected} rejected)",
                   file=self.out, flush=True)
         if outcome.old_problem:
             print(f"    warning: the setting in use, {setting_text(inst.setting())}, was "

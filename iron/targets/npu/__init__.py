@@ -35,6 +35,7 @@ from ...paths import KERNELS_DIR
 from ...program import Program
 from ...store import Entry
 from ..base import Recipe, Target
+from ..cost import Estimate
 from .resources import resources
 
 RECIPE_VERSION = 2
@@ -51,6 +52,10 @@ def design_of(op: Operator, device: str):
     from .designs import design_for
 
     return design_for(op, resources(device))
+
+
+def digest_of(paths: Sequence[Path]) -> str:
+    return hashlib.sha256(json.dumps(digests(paths), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def digests(paths: Sequence[Path]) -> dict[str, str]:
@@ -109,6 +114,19 @@ class NpuTarget(Target):
 
     def placement(self, op: Operator) -> str:
         return "host" if design_of(op, self._dev().name) is None else "npu"
+
+    # ---- the cost model ----------------------------------------------------------------------
+
+    def cost(self, op: Operator) -> Estimate | None:
+        """The modelled time of a legal instance's design (``Design.cost``); None for an
+        instance placed on the host, which the npu does not run."""
+        design = design_of(op, self._dev().name)
+        return None if design is None else design.cost()
+
+    def cost_version(self) -> str:
+        """A digest of the model's sources: the designs, their data, the model, the numbers."""
+        names = ("cost.py", "design.py", "designs.py", "resources.py")
+        return digest_of([Path(__file__).with_name(n) for n in names])
 
     # ---- recipes and artifacts ----------------------------------------------------------------
 

@@ -5,7 +5,12 @@ Every number names its public source.  "Target model" is mlir-aie's
 (class ``AIE2TargetModel`` and its NPU subclasses ``NPU1TargetModel`` / ``NPU2TargetModel``);
 "DMA verifier" is ``lib/Dialect/AIEX/IR/AIEXDialect.cpp`` (``NpuDmaMemcpyNdOp::verify``, the
 runtime sequence's ``aiex.npu.dma_memcpy_nd``); AM020 is AMD's "Versal Adaptive SoC AIE-ML
-Architecture Manual" (AIE2, the tile architecture of both NPU generations).
+Architecture Manual" (AIE2, the tile architecture of both NPU generations), at
+docs.amd.com/r/en-US/am020-versal-aie-ml.
+
+The second group of fields, and the constants below the class, are what the designs' cost model
+(``iron.targets.npu.cost``) prices a design with.  Where no public figure exists the number is
+marked as an assumption, with the reasoning behind it; a measurement on a device replaces it.
 """
 
 from __future__ import annotations
@@ -38,16 +43,63 @@ class NpuResources:
     ap_stride_max: int = 1 << 20  # strides, in 32-bit words (DMA verifier: [1:1M])
     word_bytes: int = 4  # the DMA's unit: innermost runs are whole 32-bit words (DMA verifier)
     mac_bf16: tuple[int, int, int] = (4, 8, 4)  # r x s x t of one bf16 MAC (aie_kernels/aie2)
+    # ---- speeds (the cost model's) ----
+    #: Array clock.  npu1: AMD rates the Phoenix NPU at 10 int8 TOPS over its 20 AIE-ML cores
+    #: (5 columns x 4), each 256 int8 MACs per cycle (the 4x8x8 int8 MMUL of mlir-aie's
+    #: aie_kernels/aie2/mm.cc): 10e12 / (20 x 256 x 2) is about 1.0 GHz.  npu2: the 1.8 GHz
+    #: upstream IRON's (github.com/amd/IRON) performance checks assume for AIE2P.  The Linux
+    #: driver's DPM tables (drivers/accel/amdxdna/npu*_regs.c) list the real levels.
+    clock_hz: float = 1.0e9
+    #: bf16 lanes of one vector operation per cycle, for elementwise and row-wise work and the
+    #: GEMV's multiply-accumulate: a 512-bit vector of 32 bf16 (AM020, the AIE-ML vector unit).
+    vector_lanes: int = 32
+    #: Bytes per cycle of one DMA channel.  Shim: "each channel can sustain 4 bytes per cycle"
+    #: (AM020, Array Interface DMA Memory-Mapped AXI4 Master Interface).  Memory and compute
+    #: tiles: 32-bit stream ports (AM020, memory tile and tile DMA chapters); AIE-ML v2's memory
+    #: tile has 64-bit ones (AM027), but whether npu2's AIE2P does is not published, so 4 B
+    #: is assumed for both.
+    dma_bytes_per_cycle: int = 4
+
+    @property
+    def macs_per_cycle(self) -> int:
+        """bf16 MACs per cycle per compute tile: one MMUL of ``mac_bf16`` per cycle."""
+        r, s, t = self.mac_bf16
+        return r * s * t
 
 
 NPUS = {
     # Phoenix / Hawk Point, AIE2: mlir-aie device npu1 (4 usable columns; the 5th column of
     # the array is not available to applications, see mlir-aie's NPU1TargetModel)
-    "npu1": NpuResources("npu1", "npu1", columns=4, mac_bf16=(4, 8, 4)),
+    "npu1": NpuResources("npu1", "npu1", columns=4, mac_bf16=(4, 8, 4), clock_hz=1.0e9),
     # Strix / Strix Halo / Krackan, AIE2P: mlir-aie device npu2; bf16 through the bfp16
     # 8x8x8 MAC (mlir-aie aie_kernels/aie2p/mm.cc)
-    "npu2": NpuResources("npu2", "npu2", columns=8, mac_bf16=(8, 8, 8)),
+    "npu2": NpuResources("npu2", "npu2", columns=8, mac_bf16=(8, 8, 8), clock_hz=1.8e9),
 }
+
+
+#: Host-side cost of one kernel dispatch through XRT (``kernel(...)`` then ``run.wait()``):
+#: an empty mlir-aie design measured 45 us, a small one 60 us (Xilinx/mlir-aie issue #2381,
+#: "Lower bound on kernel execution time").  The same for every setting of an instance.
+DISPATCH_SECONDS = 45e-6
+
+#: Issuing one runtime-sequence transfer: the NPU's controller writes the shim buffer
+#: descriptor (about eight 32-bit registers) and pushes it on the channel's task queue.
+#: Assumption (no published figure): 1 us, so that each transfer a design adds (more columns,
+#: more channels) costs a little launch time.
+TRANSFER_ISSUE_SECONDS = 1e-6
+
+#: Cycles a DMA channel loses per FIFO buffer: loading the next buffer descriptor and the lock
+#: handshake with the other end.  Assumption (not published): 32 cycles.
+BD_CYCLES = 32
+
+#: Cycles a core loses per kernel call: acquiring and releasing its FIFO buffers' locks, the
+#: call and return, and the software-pipelined vector loop's prologue and epilogue.
+#: Assumption (not published): 64 cycles.
+CALL_CYCLES = 64
+
+#: Cycles per row of a row reduction (RMSNorm, Softmax, each GEMV output): summing a vector's
+#: lanes and a scalar inverse square root or reciprocal.  Assumption: 32 cycles.
+ROW_CYCLES = 32
 
 
 def resources(name: str) -> NpuResources:

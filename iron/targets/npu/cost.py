@@ -1,0 +1,170 @@
+"""The cost model of an npu design: seconds per call, read off the design itself.
+
+Every design of ``designs`` is priced the same way, from the data the emulator runs, so a new
+design needs no model of its own (only its kernels' entries in ``KERNELS``):
+
+- ``compute``: each core's kernel calls (loop counts times the cycles of one call: the
+  kernel's work over the device's vector lanes or MACs per cycle, plus ``CALL_CYCLES``), over
+  the clock; the slowest core sets the term, as the cores run side by side;
+- ``shim DMA`` / ``memtile``: each object FIFO occupies one DMA channel at each end; its time
+  is its bytes over the channel's rate plus ``BD_CYCLES`` per buffer; a tile's term is its
+  busiest channel (or its FIFOs' total over its channels, if more FIFOs than channels share
+  a direction).  A FIFO's time is the same at both ends, so the compute tiles' own channels
+  are never the limit of a legal design and are not counted separately;
+- overlap: with double-buffered FIFOs (depth 2) data movement and compute overlap, so the
+  steady state is the largest of those terms; a streamed FIFO of depth 1 serialises them
+  (the sum is taken instead).  Each runtime phase then pays the pipeline's fill: the first
+  element's way from the shim to a core (through the memory tile, if linked) and the last
+  one's way back (``fill``, never named as the bottleneck);
+- ``launch``: the dispatch (``DISPATCH_SECONDS``) plus ``TRANSFER_ISSUE_SECONDS`` per
+  runtime transfer; it adds to the rest.
+
+So more columns win while a design is limited by its shim channels or its cores, until the
+transfers they add and the dispatch dominate; tiny tiles lose to the per-buffer and per-call
+cycles; very large ones to the fill.  The device numbers and their sources (or the reasoning
+of an assumption) are in ``resources``; the kernels' vector operations per element below are
+counted from ``iron/kernels/npu/*.c`` with the vector unit in mind, and are assumptions too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+
+from ..cost import COMPUTE, LAUNCH, MEMTILE, SHIM_DMA, Estimate
+from .design import Acquire, Call, Design, Fifo, Loop, Tile
+from .resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS, ROW_CYCLES,
+                        TRANSFER_ISSUE_SECONDS, NpuResources)
+
+#: Vector operations per element of the elementwise kernels (one per lane per cycle): add and
+#: mul one; axpy a multiply and an add; SiLU an exponential (a few operations on the AIE,
+#: which has no vector exp), an add, a reciprocal and a multiply, counted 6; SwiGLU SiLU and a
+#: multiply.  Assumptions.
+ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 2, "silu_bf16": 6,
+                   "swiglu_bf16": 7}
+#: Per element of the row-wise kernels: RMSNorm squares and sums, then scales (and weights);
+#: Softmax takes the maximum, subtracts, exponentiates, sums and scales.  Assumptions.
+ROW_OPS = {"rmsnorm_bf16": 3, "rmsnorm_weighted_bf16": 4, "softmax_bf16": 9}
+
+
+def kernel_cycles(call: Call, res: NpuResources) -> float:
+    """Cycles of one call of a core kernel, from its integer arguments (the tile sizes)."""
+    n = [a for a in call.args if type(a) is int]
+    f, lanes = call.function, res.vector_lanes
+    if f in ELEMENTWISE_OPS:
+        return n[0] * ELEMENTWISE_OPS[f] / lanes
+    if f in ROW_OPS:
+        rows, size = n[0], n[1]
+        return rows * size * ROW_OPS[f] / lanes + rows * ROW_CYCLES
+    if f == "gemv_bf16":  # rows of W, K, batches, (output tile): a vector MAC per lane
+        rows, k, batches = n[0], n[1], n[2]
+        return rows * k * batches / lanes + rows * batches * ROW_CYCLES
+    if f == "gemm_bf16":  # tile_m x tile_k x tile_n on the MMUL unit
+        return n[0] * n[1] * n[2] / res.macs_per_cycle
+    if f in ("zero_f32", "store_bf16"):  # float32 lanes: half as many per vector
+        return n[0] / (lanes / 2)
+    raise ValueError(f"the npu cost model has no cycle count for the core kernel {f!r} "
+                     f"(called with {call.args}); add it to iron/targets/npu/cost.py")
+
+
+def core_load(body, res: NpuResources, times: int = 1,
+              found: tuple[float, int] = (0.0, 0)) -> tuple[float, int]:
+    """(cycles, calls) of a core's program: every call times its enclosing loop counts."""
+    cycles, calls = found
+    for op in body:
+        if isinstance(op, Loop):
+            cycles, calls = core_load(op.body, res, times * op.count, (cycles, calls))
+        elif isinstance(op, Call):
+            cycles += times * (kernel_cycles(op, res) + CALL_CYCLES)
+            calls += times
+    return cycles, calls
+
+
+def acquires(body, times: int = 1, counts: dict | None = None) -> dict[tuple[str, str], int]:
+    """How many elements a core program takes of each (FIFO, port)."""
+    counts = defaultdict(int) if counts is None else counts
+    for op in body:
+        if isinstance(op, Loop):
+            acquires(op.body, times * op.count, counts)
+        elif isinstance(op, Acquire):
+            counts[(op.fifo, op.port)] += times
+    return counts
+
+
+def elements(design: Design) -> dict[str, int]:
+    """Buffers each FIFO moves per call: from the runtime transfers where a shim tile is an
+    end, else from the acquires of the compute tiles at its ends."""
+    moved: dict[str, int] = defaultdict(int)
+    for phase in design.sequence:
+        for t in phase:
+            moved[t.fifo] += t.pattern.numel
+    count = {f.name: moved[f.name] // f.numel for f in design.fifos if f.name in moved}
+    for core in design.cores:
+        for (fifo, _), n in acquires(core.body).items():
+            if fifo not in moved:
+                count[fifo] = max(count.get(fifo, 0), n)
+    return count
+
+
+def channel_seconds(fifo: Fifo, n: int, res: NpuResources) -> float:
+    """A FIFO's ``n`` buffers through one DMA channel."""
+    return (n * fifo.nbytes / res.dma_bytes_per_cycle + n * BD_CYCLES) / res.clock_hz
+
+
+def busiest(loads: dict[tuple[Tile, str], list[float]], channels: int) -> float:
+    """The slowest direction of any tile: its busiest channel, or its FIFOs' total spread
+    over its channels when more FIFOs than channels share it."""
+    return max((max(max(t), sum(t) / channels) for t in loads.values()), default=0.0)
+
+
+def fill_seconds(design: Design, res: NpuResources) -> float:
+    """One element's way in to the cores and the last one's way out, through linked FIFOs."""
+    upstream = {d: link.srcs for link in design.links for d in link.dsts}
+    downstream = {s: link.dsts for link in design.links for s in link.srcs}
+
+    def hop(f: Fifo) -> float:
+        return channel_seconds(f, 1, res)
+
+    def way_in(name: str) -> float:
+        f = design.fifo(name)
+        return hop(f) + max((way_in(s) for s in upstream.get(name, ())), default=0.0)
+
+    def way_out(name: str) -> float:
+        f = design.fifo(name)
+        return hop(f) + max((way_out(d) for d in downstream.get(name, ())), default=0.0)
+
+    into = [f.name for f in design.fifos if any(c.kind == "core" for c in f.consumers)]
+    out = [f.name for f in design.fifos if f.producer.kind == "core"]
+    return (max(map(way_in, into), default=0.0) + max(map(way_out, out), default=0.0))
+
+
+def design_cost(design: Design, res: NpuResources) -> Estimate:
+    """The modelled seconds of one call of ``design`` on ``res``; see the module docstring."""
+    count = elements(design)
+    shim: dict[tuple[Tile, str], list[float]] = defaultdict(list)
+    mem: dict[tuple[Tile, str], list[float]] = defaultdict(list)
+    serial = False
+    for f in design.fifos:
+        n = count.get(f.name, 0)
+        seconds = channel_seconds(f, n, res)
+        serial |= f.depth < 2 and n > 1
+        for tile, direction in ((f.producer, "out"), *((c, "in") for c in f.consumers)):
+            table = shim if tile.kind == "shim" else mem if tile.kind == "memtile" else None
+            if table is not None:  # a broadcast is one channel out of its producer
+                table[(tile, direction)].append(seconds)
+    compute = max((core_load(c.body, res)[0] for c in design.cores), default=0.0) / res.clock_hz
+    terms = {COMPUTE: compute, SHIM_DMA: busiest(shim, res.shim_channels)}
+    if mem:
+        terms[MEMTILE] = busiest(mem, res.memtile_channels)
+    steady = sum(terms.values()) if serial else max(terms.values())
+    transfers = sum(len(phase) for phase in design.sequence)
+    launch = DISPATCH_SECONDS + transfers * TRANSFER_ISSUE_SECONDS
+    fill = len(design.sequence) * fill_seconds(design, res)
+    named = {**terms, LAUNCH: launch}
+    bottleneck = max(named, key=lambda k: named[k])
+    return Estimate(launch + fill + steady, bottleneck, {**named, "fill": fill})
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def cached_cost(design: Design, res: NpuResources) -> Estimate:
+    return design_cost(design, res)
