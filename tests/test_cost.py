@@ -3,8 +3,8 @@
 The cpu model is priced here with fixed host numbers (a calibration file written into a
 temporary build folder, read by the real cache code), so its rankings are deterministic; the
 tuner's pruning is checked with the deterministic stand-in benchmark of ``test_tuner``; the
-``source: model`` path with an npu target given a small deterministic model, since the npu
-designs' own models are not written yet.
+``source: model`` path with the npu designs' own model (``tests/test_npu_cost.py`` checks
+that model itself).
 """
 
 import dataclasses
@@ -18,7 +18,7 @@ import pytest
 import iron
 from iron.errors import DeviceError
 from iron.operators import GEMM, GEMV, Attention, ElementwiseAdd, SiLU, SwiGLU
-from iron.targets import TARGETS, cpu_model, npu
+from iron.targets import Target, cpu_model, target_for
 from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMORY, Estimate, estimate
 from iron.tuning import __main__ as tuning_cli
 from iron.tuning.candidates import candidates, instances, unset
@@ -65,9 +65,13 @@ def test_estimate_refuses_an_unknown_bottleneck_or_a_time_that_is_not_positive(b
         Estimate(**bad)
 
 
-def test_a_target_without_a_model_says_none():
-    assert npu.TARGET.cost(GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16,
-                                num_aie_columns=1)) is None
+def test_a_target_without_a_model_and_a_host_placed_npu_step_say_none():
+    gemv = GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16, num_aie_columns=1)
+    assert Target().cost(gemv) is None
+    npu2 = target_for(iron.device("npu2"))
+    assert npu2.cost(gemv) is not None  # a design: modelled
+    quantized = dataclasses.replace(gemv, weight_format="q8_0")  # no design: on the host
+    assert npu2.placement(quantized) == "host" and npu2.cost(quantized) is None
 
 
 # ---- the cpu roofline ---------------------------------------------------------------------
@@ -220,40 +224,23 @@ def test_cli_prune_and_full(monkeypatch):
 # ---- tuning by the model alone ----------------------------------------------------------------
 
 
-class ModelledNpu(npu.NpuTarget):
-    """The npu target with a stand-in model (bytes over a 4 GB/s channel per column, plus a
-    launch), until its designs carry their own."""
-
-    def cost(self, op):
-        size = sum(getattr(op, n, 1) for n in op.params() if isinstance(getattr(op, n), int))
-        columns = op.num_aie_columns
-        tile = getattr(op, "tile_size", None) or getattr(op, "tile_size_output", 1)
-        return estimate({"shim DMA": size * 2 / (4e9 * columns) + 1e-6 / tile},
-                        {LAUNCH: 1e-7})
-
-
-@pytest.fixture
-def modelled_npu(monkeypatch):
-    monkeypatch.setitem(TARGETS, "npu", ModelledNpu())
-
-
 @pytest.mark.parametrize("dev", ["npu1", "npu2"])
-def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, modelled_npu,
-                                                                    dev):
+def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, dev):
     profile, log, out = tmp_path / "p.json", tmp_path / "l.jsonl", tmp_path / "out.txt"
     result = tune(FakeApp(), dev, profile_path=profile, log_path=log, out=open(out, "w"))
     assert result.source == "model" and result.complete
     records = [json.loads(line) for line in log.read_text().splitlines()]
     ok = [r for r in records if r["status"] == "ok"]
     assert ok and all(r["source"] == "model" and r["runs"] == 0 for r in ok)
+    model = target_for(iron.device(dev)).cost  # the npu designs' own model
     for r in ok:  # each record names the bottleneck of its candidate's estimate
         op = iron.Operator.registry[r["operator"]](**r["fields"])
-        assert r["bottleneck"] == TARGETS["npu"].cost(op).bottleneck
+        assert r["bottleneck"] == model(op).bottleneck
     text = out.read_text()
     assert text.count("source: model") == 2  # when it starts, and in the report
     saved = iron.Profile.load(profile)
     assert saved.device == dev and len(saved) > 0
-    model = TARGETS["npu"].cost
+    assert "Embedding" not in profile.read_text()  # placed on the host: not an npu entry
     for o in result.outcomes:  # the model's fastest, if the model has it MIN_GAIN faster
         best = min(candidates(o.instance.op, dev), key=lambda op: model(op).seconds)
         gain = model(o.instance.current).seconds / model(best).seconds
@@ -266,8 +253,8 @@ def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, mo
     assert profile.read_bytes() == first  # reproducible: same model, same bytes
 
 
-def test_model_records_are_not_mixed_with_measurements(tmp_path, modelled_npu):
-    bench = ModelBenchmark(TARGETS["npu"], iron.device("npu1"))
+def test_model_records_are_not_mixed_with_measurements(tmp_path):
+    bench = ModelBenchmark(target_for(iron.device("npu1")), iron.device("npu1"))
     assert bench.source == "model" and "model" in bench.method
     with pytest.raises(DeviceError, match="cannot tune for npu1"):  # a measuring stand-in
         tune(FakeApp(), "npu1", benchmark=FakeBench(), profile_path=tmp_path / "p.json",

@@ -136,9 +136,12 @@ def _dict(value: Any) -> dict:
 class TuneLog:
     """The records of one log file, for one benchmark method; appends are durable."""
 
-    def __init__(self, path: str | os.PathLike, method: str, fresh: bool = False):
+    def __init__(self, path: str | os.PathLike, method: str, fresh: bool = False,
+                 durable: bool = True):
+        """``durable=False`` (a cost model's records: recomputed in microseconds) flushes each
+        line without waiting for the disk, and syncs once at ``close``."""
         self.path = Path(path)
-        self.method = method
+        self.method, self.durable = method, durable
         self.records: dict[str, Record] = {}
         self.comparisons: dict[tuple[str, str], Comparison] = {}
         self.starts: dict[str, int] = {}
@@ -222,9 +225,13 @@ class TuneLog:
     def _write(self, doc: dict[str, Any]) -> None:
         self._file.write(json.dumps(doc, sort_keys=True).encode() + b"\n")
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if self.durable:
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
         self._file.close()
 
     def __enter__(self) -> TuneLog:

@@ -196,7 +196,8 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     if pruned:
         work = [(i, prune_candidates(target, c, i.current, prune)) for i, c in work]
     total = sum(len(c) for _, c in work)
-    log = TuneLog(log_path or default_log_path(app.name, dev), bench.method, fresh)
+    log = TuneLog(log_path or default_log_path(app.name, dev), bench.method, fresh,
+                  durable=source == "measured")
     logged = sum(log.get(bench.key(op)) is not None for _, c in work for op in c)
     print(f"tuning {app.name} on {dev}: {len(work)} instances, {total} candidates "
           + (f"(the cost model's {prune} fastest of each instance and the setting in use; "

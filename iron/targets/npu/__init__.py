@@ -54,6 +54,22 @@ def design_of(op: Operator, device: str):
     return design_for(op, resources(device))
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def target_rules(op: Operator, device: str) -> tuple[Rule, ...]:
+    """The rules ``NpuTarget.rules`` yields, once per instance: resolving and the tuner ask
+    for them many times, and drawing and measuring a design is the expensive part."""
+    from .check import design_rules
+    from .designs import family_rules
+
+    res = resources(device)
+    family = tuple(family_rules(op, res))
+    if not all(r.ok for r in family):
+        return family
+    design = design_of(op, device)
+    return family if design is None else family + tuple(design_rules(design, res,
+                                                                     op.tunables()))
+
+
 def digest_of(paths: Sequence[Path]) -> str:
     return hashlib.sha256(json.dumps(digests(paths), sort_keys=True).encode()).hexdigest()[:16]
 
@@ -101,16 +117,7 @@ class NpuTarget(Target):
 
     def rules(self, op: Operator, dev: Device) -> Iterator[Rule]:
         """``op``'s design fits ``dev``'s memories, DMA channels, descriptors and patterns."""
-        from .check import design_rules
-        from .designs import family_rules
-
-        res = resources(dev.name)
-        family = list(family_rules(op, res))
-        yield from family
-        if all(r.ok for r in family):
-            design = design_of(op, dev.name)
-            if design is not None:
-                yield from design_rules(design, res, op.tunables())
+        yield from target_rules(op, dev.name)
 
     def placement(self, op: Operator) -> str:
         return "host" if design_of(op, self._dev().name) is None else "npu"

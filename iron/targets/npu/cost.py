@@ -121,17 +121,13 @@ def fill_seconds(design: Design, res: NpuResources) -> float:
     """One element's way in to the cores and the last one's way out, through linked FIFOs."""
     upstream = {d: link.srcs for link in design.links for d in link.dsts}
     downstream = {s: link.dsts for link in design.links for s in link.srcs}
-
-    def hop(f: Fifo) -> float:
-        return channel_seconds(f, 1, res)
+    hop = {f.name: channel_seconds(f, 1, res) for f in design.fifos}
 
     def way_in(name: str) -> float:
-        f = design.fifo(name)
-        return hop(f) + max((way_in(s) for s in upstream.get(name, ())), default=0.0)
+        return hop[name] + max((way_in(s) for s in upstream.get(name, ())), default=0.0)
 
     def way_out(name: str) -> float:
-        f = design.fifo(name)
-        return hop(f) + max((way_out(d) for d in downstream.get(name, ())), default=0.0)
+        return hop[name] + max((way_out(d) for d in downstream.get(name, ())), default=0.0)
 
     into = [f.name for f in design.fifos if any(c.kind == "core" for c in f.consumers)]
     out = [f.name for f in design.fifos if f.producer.kind == "core"]

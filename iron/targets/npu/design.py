@@ -262,11 +262,11 @@ def linear(offset: int, count: int, inner_max: int = 2046) -> Pattern:
     """``count`` contiguous elements from ``offset`` as rows of the largest ``inner`` that
     divides ``count`` and fits one DMA dimension (1023 words = 2046 bf16); the outer count is
     split once more when it is long."""
-    inner = max(d for d in range(1, min(count, inner_max) + 1) if count % d == 0)
+    inner = next(d for d in range(min(count, inner_max), 0, -1) if count % d == 0)
     outer = count // inner
     if outer <= 1023:
         return Pattern(offset, (1, 1, outer, inner), (0, 0, inner, 1))
-    mid = max(d for d in range(1, 1024) if outer % d == 0)
+    mid = next(d for d in range(1023, 0, -1) if outer % d == 0)
     return Pattern(offset, (1, outer // mid, mid, inner), (0, mid * inner, inner, 1))
 
 
