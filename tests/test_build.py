@@ -147,6 +147,18 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
     assert "0 candidates measured this run" in again.stdout, again.stdout
 
 
+def test_doit_tune_on_an_npu_ranks_by_the_cost_model_and_the_npu_build_uses_it(project):
+    """`doit tune device=npu2` writes profiles/demo/npu2.json from the npu cost model (the
+    device cannot run here), and `doit device=npu2` builds with that profile."""
+    tuned = doit(project, "tune", "device=npu2", "weights=bf16")
+    assert tuned.stdout.count("source: model") == 2 and "tuning complete" in tuned.stdout
+    written = project / "profiles" / "demo" / "npu2.json"
+    assert len(json.loads(written.read_text())["entries"]) == 4  # GEMV x2, AXPY, SiLU
+    doit(project, "device=npu2")
+    assert (project / "build/demo/npu2/profile.json").read_bytes() == written.read_bytes()
+    assert "nothing moved" in doit(project, "tune", "device=npu2").stdout  # stable
+
+
 def test_npu_build_writes_designs_and_no_cpu_library(project):
     """`doit device=npu2`: one design (or a host placement) per instance in the store, no
     shared library for an instance; the bundle runs in the emulator and refuses to run on

@@ -221,6 +221,26 @@ def test_cli_prune_and_full(monkeypatch):
         tuning_cli.main(["demo", "--prune", "-1"])
 
 
+def test_cli_ranks_a_device_it_cannot_run_by_the_model_and_passes_weights(monkeypatch, capsys):
+    seen, opened = {}, []
+    monkeypatch.setattr(tuning_cli, "tune", lambda app, dev, **kw: seen.update(kw, dev=dev))
+
+    def load_app(name, checkpoint, **options):
+        opened.append(options)
+        if options.get("weights") == "bad":
+            raise TypeError("unexpected keyword argument 'weights'")
+
+    monkeypatch.setattr(tuning_cli, "load_app", load_app)
+    assert tuning_cli.main(["llama", "--device", "npu2", "--weights", "bf16"]) == 0
+    assert seen["dev"] == "npu2" and seen["benchmark"] is None  # tune() picks the model
+    assert opened[-1] == {"weights": "bf16"}
+    assert tuning_cli.main(["llama"]) == 0 and seen["benchmark"].source == "measured"
+    assert opened[-1] == {}
+    assert tuning_cli.main(["demo", "--weights", "bad"]) == 2
+    assert "error: --weights bad: the application 'demo' has no weights option" in \
+        capsys.readouterr().err
+
+
 # ---- tuning by the model alone ----------------------------------------------------------------
 
 
