@@ -17,7 +17,6 @@ import pytest
 import iron
 from iron.operators import GEMM, GEMV, ElementwiseAdd
 from iron.pipeline.app import app_profile, load_app
-from iron.profile import Profile
 from iron.targets import target_for
 from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMTILE, SHIM_DMA
 from iron.targets.npu import design_of

@@ -12,7 +12,8 @@ maximum or the sum of, so a person can check it by hand:
 - ``terms``: seconds per resource, each computed as if it were the only limit; ``bottleneck`` is
   the name of the largest, one of ``BOTTLENECKS``;
 - ``seconds``: the launch terms (``LAUNCH``: a per-call overhead that does not overlap anything)
-  plus the largest of the others, which overlap (double-buffered data movement beside compute).
+  plus the largest of the others, which overlap (double-buffered data movement beside compute);
+  a model may add a term no resource is named for (the npu's pipeline ``fill``) and list it.
 
 The npu designs' model (``iron.targets.npu.cost``) fills these terms: ``compute`` (the
 slowest core's kernel calls), ``shim DMA`` and ``memtile`` (the busiest DMA channel of each

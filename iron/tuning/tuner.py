@@ -14,7 +14,8 @@ Small pieces, each in its own module, as in Triton's autotuner and TVM's meta-sc
 
 With a cost model (``Target.cost``, see ``iron.tuning.model``) the sweep can be pruned to the
 model's fastest candidates plus the setting in use, and a device that cannot run here is tuned
-by the model alone, every record and the report saying ``source: model``.
+by the model alone, every record and the report saying ``source: model``.  Instances the
+target places elsewhere (an npu step without a design runs on the host) are not tuned.
 
 Per instance the setting the application runs today is measured first, so when the budget runs
 out the best found so far is never worse than what the profile had.  The fastest valid
@@ -180,11 +181,12 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     found = instances(tuned_programs(app, dev, previous))
     # an instance the target places elsewhere (an npu step without a design runs on the host
     # with its numpy maths) has no setting that changes anything there: not tuned, no entry
-    elsewhere = [i for i in found if target.placement(i.current) != target.kind]
-    found = [i for i in found if i not in elsewhere]
-    bench = choose_benchmark(dev, found[0].current if found else None, out, benchmark)
+    placed = [i for i in found if target.placement(i.current) == target.kind]
+    bench = choose_benchmark(dev, placed[0].current if placed else None, out, benchmark)
     source = getattr(bench, "source", "measured")
-    work = [(i, candidates(i.op, dev)) for i in select(found, only)]
+    chosen = select(found, only)
+    elsewhere = [i for i in chosen if i not in placed]
+    work = [(i, candidates(i.op, dev)) for i in chosen if i in placed]
     fixed = [i for i, c in work if len(c) <= 1]
     # the instances that move the most bytes per model call first: a budget cut hits the rest
     work = sorted(((i, c) for i, c in work if len(c) > 1), key=lambda w: -traffic(w[0]))
