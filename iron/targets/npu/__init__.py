@@ -70,6 +70,13 @@ def target_rules(op: Operator, device: str) -> tuple[Rule, ...]:
                                                                      op.tunables()))
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def cost_of(op: Operator, device: str) -> Estimate | None:
+    """``NpuTarget.cost``, once per instance (the tuner asks for each candidate's twice)."""
+    design = design_of(op, device)
+    return None if design is None else design.cost()
+
+
 def digest_of(paths: Sequence[Path]) -> str:
     return hashlib.sha256(json.dumps(digests(paths), sort_keys=True).encode()).hexdigest()[:16]
 
@@ -127,8 +134,7 @@ class NpuTarget(Target):
     def cost(self, op: Operator) -> Estimate | None:
         """The modelled time of a legal instance's design (``Design.cost``); None for an
         instance placed on the host, which the npu does not run."""
-        design = design_of(op, self._dev().name)
-        return None if design is None else design.cost()
+        return cost_of(op, self._dev().name)
 
     def cost_version(self) -> str:
         """A digest of the model's sources: the designs, their data, the model, the numbers."""

@@ -1,7 +1,7 @@
 """The cost model of an npu design: seconds per call, read off the design itself.
 
 Every design of ``designs`` is priced the same way, from the data the emulator runs, so a new
-design needs no model of its own (only its kernels' entries in ``KERNELS``):
+design needs no model of its own (only its kernels' cycle counts in ``kernel_cycles``):
 
 - ``compute``: each core's kernel calls (loop counts times the cycles of one call: the
   kernel's work over the device's vector lanes or MACs per cycle, plus ``CALL_CYCLES``), over
@@ -28,7 +28,6 @@ counted from ``iron/kernels/npu/*.c`` with the vector unit in mind, and are assu
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 
 from ..cost import COMPUTE, LAUNCH, MEMTILE, SHIM_DMA, Estimate
@@ -67,17 +66,15 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
                      f"(called with {call.args}); add it to iron/targets/npu/cost.py")
 
 
-def core_load(body, res: NpuResources, times: int = 1,
-              found: tuple[float, int] = (0.0, 0)) -> tuple[float, int]:
-    """(cycles, calls) of a core's program: every call times its enclosing loop counts."""
-    cycles, calls = found
+def core_cycles(body, res: NpuResources, times: int = 1) -> float:
+    """Cycles of a core's program: every call, times its enclosing loop counts."""
+    cycles = 0.0
     for op in body:
         if isinstance(op, Loop):
-            cycles, calls = core_load(op.body, res, times * op.count, (cycles, calls))
+            cycles += core_cycles(op.body, res, times * op.count)
         elif isinstance(op, Call):
             cycles += times * (kernel_cycles(op, res) + CALL_CYCLES)
-            calls += times
-    return cycles, calls
+    return cycles
 
 
 def acquires(body, times: int = 1, counts: dict | None = None) -> dict[tuple[str, str], int]:
@@ -148,7 +145,7 @@ def design_cost(design: Design, res: NpuResources) -> Estimate:
             table = shim if tile.kind == "shim" else mem if tile.kind == "memtile" else None
             if table is not None:  # a broadcast is one channel out of its producer
                 table[(tile, direction)].append(seconds)
-    compute = max((core_load(c.body, res)[0] for c in design.cores), default=0.0) / res.clock_hz
+    compute = max((core_cycles(c.body, res) for c in design.cores), default=0.0) / res.clock_hz
     terms = {COMPUTE: compute, SHIM_DMA: busiest(shim, res.shim_channels)}
     if mem:
         terms[MEMTILE] = busiest(mem, res.memtile_channels)
@@ -159,8 +156,3 @@ def design_cost(design: Design, res: NpuResources) -> Estimate:
     named = {**terms, LAUNCH: launch}
     bottleneck = max(named, key=lambda k: named[k])
     return Estimate(launch + fill + steady, bottleneck, {**named, "fill": fill})
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def cached_cost(design: Design, res: NpuResources) -> Estimate:
-    return design_cost(design, res)

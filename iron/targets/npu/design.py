@@ -187,10 +187,10 @@ class Design:
     def cost(self):
         """The modelled time of one call on its device, its bottleneck named
         (``iron.targets.npu.cost``; an ``iron.targets.cost.Estimate``)."""
-        from .cost import cached_cost
+        from .cost import design_cost
         from .resources import resources
 
-        return cached_cost(self, resources(self.device))
+        return design_cost(self, resources(self.device))
 
     def tiles(self) -> list[Tile]:
         found = {f.producer for f in self.fifos} | {t for f in self.fifos for t in f.consumers}
