@@ -91,6 +91,19 @@ def test_more_columns_win_for_a_big_gemv_and_lose_for_a_tiny_one():
     assert all(e.bottleneck == LAUNCH for e in tiny)  # transfers cost more than they save
 
 
+def test_columns_stop_paying_when_the_host_memory_behind_the_shims_is_saturated():
+    """A 1M-element add moves 6 MiB: on npu2 eight columns' channels could take it faster
+    than the host memory's 120 GB/s delivers it, so the eighth column gains little."""
+    def add(columns):
+        return cost(ElementwiseAdd(size=1 << 20, tile_size=2048, num_aie_columns=columns,
+                                   num_channels=1), "npu2")
+
+    one, two, four, eight = (add(c) for c in (1, 2, 4, 8))
+    assert eight.terms[SHIM_DMA] == pytest.approx(3 * 2 * (1 << 20) / 120e9)  # in + in + out
+    assert one.terms[SHIM_DMA] / two.terms[SHIM_DMA] == pytest.approx(2, rel=1e-6)
+    assert four.terms[SHIM_DMA] / eight.terms[SHIM_DMA] < 1.5
+
+
 def test_a_big_gemm_takes_every_column_its_shim_traffic_is_split_over():
     def gemm(columns):
         return GEMM(M=256, K=1024, N=2048, tile_m=32, tile_k=64, tile_n=64,

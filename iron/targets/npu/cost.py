@@ -10,7 +10,9 @@ design needs no model of its own (only its kernels' cycle counts in ``kernel_cyc
   is its bytes over the channel's rate plus ``BD_CYCLES`` per buffer; a tile's term is its
   busiest channel (or its FIFOs' total over its channels, if more FIFOs than channels share
   a direction).  A FIFO's time is the same at both ends, so the compute tiles' own channels
-  are never the limit of a legal design and are not counted separately;
+  are never the limit of a legal design and are not counted separately.  Behind the shims,
+  every byte in and out shares the host memory's bandwidth: the shim DMA term is at least
+  their total over it;
 - overlap: with double-buffered FIFOs (depth 2) data movement and compute overlap, so the
   steady state is the largest of those terms; a streamed FIFO of depth 1 serialises them
   (the sum is taken instead).  Each runtime phase then pays the pipeline's fill: the first
@@ -136,17 +138,19 @@ def design_cost(design: Design, res: NpuResources) -> Estimate:
     count = elements(design)
     shim: dict[tuple[Tile, str], list[float]] = defaultdict(list)
     mem: dict[tuple[Tile, str], list[float]] = defaultdict(list)
-    serial = False
+    serial, dram = False, 0
     for f in design.fifos:
         n = count.get(f.name, 0)
         seconds = channel_seconds(f, n, res)
         serial |= f.depth < 2 and n > 1
+        dram += n * f.nbytes if "shim" in (f.producer.kind, *(c.kind for c in f.consumers)) else 0
         for tile, direction in ((f.producer, "out"), *((c, "in") for c in f.consumers)):
             table = shim if tile.kind == "shim" else mem if tile.kind == "memtile" else None
             if table is not None:  # a broadcast is one channel out of its producer
                 table[(tile, direction)].append(seconds)
     compute = max((core_cycles(c.body, res) for c in design.cores), default=0.0) / res.clock_hz
-    terms = {COMPUTE: compute, SHIM_DMA: busiest(shim, res.shim_channels)}
+    terms = {COMPUTE: compute, SHIM_DMA: max(busiest(shim, res.shim_channels),
+                                             dram / res.dram_bytes_per_second)}
     if mem:
         terms[MEMTILE] = busiest(mem, res.memtile_channels)
     steady = sum(terms.values()) if serial else max(terms.values())

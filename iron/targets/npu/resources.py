@@ -59,6 +59,12 @@ class NpuResources:
     #: tile has 64-bit ones (AM027), but whether npu2's AIE2P does is not published, so 4 B
     #: is assumed for both.
     dma_bytes_per_cycle: int = 4
+    #: Host memory behind all the shim tiles together: LPDDR5X-7500 on a 128-bit bus, 120 GB/s
+    #: peak, the memory AMD lists for the Ryzen 7040 / 8040 (npu1) and Ryzen AI 300 (npu2)
+    #: laptop chips.  That the NPU can draw all of it (the CPU and GPU share it) is an
+    #: assumption; it binds only where npu2's shim channels would move more (its 8 columns x
+    #: 4 channels x 4 B x 1.8 GHz = 230 GB/s in and out together).
+    dram_bytes_per_second: float = 120e9
 
     @property
     def macs_per_cycle(self) -> int:
