@@ -20,7 +20,9 @@ shared: the load average is printed with the figures.
 step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
 batched ``decode_slots<B>`` program otherwise), N = 1, 2, 4, 8 taking turns step by step;
 the fastest step of each N, so that moments when another process held a core (which stalls
-a two-thread kernel) weigh least, and the median.
+a two-thread kernel) weigh least, and the median. Then where a step's time goes: each
+kernel's time from the runtime's per-step clock (``run_timed``, as ``benchmarks/llm.py``'s
+breakdown), summed by operator (GEMVs by shape).
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ def llamacpp_child(slots: int, ctx_per_slot: int, threads: int) -> None:
 
 
 def steps(bundle: Path, counts: list[int], blocks: int) -> None:
-    """Decode-step time by number of sequences, in turns (see the module docstring)."""
+    """Decode-step time by number of sequences, in turns, then where a step's time goes (see
+    the module docstring)."""
     from iron.lm.batch import SlotModel
 
     model = SlotModel(bundle, slots=max(counts))
@@ -185,6 +188,7 @@ def steps(bundle: Path, counts: list[int], blocks: int) -> None:
             t = time.perf_counter()
             model.decode_rows(list(range(n)), [200] * n, [64 + i % 64] * n)
             times[n].append(time.perf_counter() - t)
+    per_op = {n: breakdown(model, n) for n in counts}
     print(f"load average after: {os.getloadavg()}\n")
     one = min(times[counts[0]])
     print("| sequences | step ms (fastest) | step ms (median) | aggregate tok/s | "
@@ -194,6 +198,59 @@ def steps(bundle: Path, counts: list[int], blocks: int) -> None:
         best = min(times[n])
         print(f"| {n} | {best * 1000:.1f} | {statistics.median(times[n]) * 1000:.1f} | "
               f"{n / best:.1f} | {n / best / (counts[0] / one):.2f}x |")
+    print("\nWhere a step goes: kernel ms per step by operator, the fastest of "
+          f"{BREAKDOWN_ROUNDS} rounds of {BREAKDOWN_STEPS} steps (one-row programs for 1 "
+          "sequence, decode_slots<B> otherwise)\n")
+    labels = sorted(per_op[counts[-1]], key=per_op[counts[-1]].get, reverse=True)
+    labels += sorted({k for n in counts for k in per_op[n]} - set(labels))
+    print("| operator | " + " | ".join(f"{n} seq" for n in counts) + " |")
+    print("|---" * (1 + len(counts)) + "|")
+    for label in labels:
+        print(f"| {label} | " + " | ".join(f"{1000 * per_op[n].get(label, 0.0):.3f}"
+                                           for n in counts) + " |")
+    print("| total | " + " | ".join(f"{1000 * sum(per_op[n].values()):.3f}" for n in counts)
+          + " |")
+
+
+BREAKDOWN_ROUNDS, BREAKDOWN_STEPS = 5, 40
+
+
+def breakdown(model, n: int) -> dict[str, float]:
+    """Seconds per step of ``n`` sequences by operator (GEMVs by shape), from the kernel
+    runtime's own per-step clock: the fastest of a few rounds, so that a round disturbed by
+    another process weighs least."""
+    import collections
+
+    import numpy as np
+
+    rows = min((b for b in model.batched if b >= n), default=1)
+    if n == 1:
+        programs = [model.decode_exe.program, model.head_exe.program]
+    else:
+        programs = [model.batched[rows].program]
+    best = None
+    for _ in range(BREAKDOWN_ROUNDS):
+        seconds = [np.zeros(len(p.steps)) for p in programs]
+        for i in range(BREAKDOWN_STEPS):
+            if n == 1:
+                model._use_slot(0)
+                model.position = 64 + i
+                model.decode(200, tuple(seconds))
+            else:
+                tok, pos, slot = (np.zeros(rows, np.int32) for _ in range(3))
+                tok[:n], pos[:n], slot[:n] = 200, 64 + i, np.arange(n)
+                pos[n:] = -1
+                model.batched[rows].run_timed([tok, pos, slot], seconds[0])
+        total = sum(float(s.sum()) for s in seconds)
+        if best is None or total < best[0]:
+            best = (total, seconds)
+    per_op: collections.Counter = collections.Counter()
+    for program, seconds in zip(programs, best[1]):
+        for step, t in zip(program.steps, seconds):
+            op = step.op
+            name = type(op).__name__.removeprefix("Slot")  # SlotAttention: Attention's row
+            per_op[name + (f" {op.M}x{op.K}" if name == "GEMV" else "")] += t / BREAKDOWN_STEPS
+    return dict(per_op)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,22 +79,40 @@ def test_sampler_refuses_values_out_of_range(field, value):
         Sampler(**{field: value})
 
 
-class ByteTokenizer:
-    """Token i is the character chr(i): enough for the stop-string logic."""
+def byte_tokenizer():
+    """A byte-level tokenizer whose token i is the printable ASCII character chr(i): enough for
+    the stop-string logic."""
+    from tokenizers import Tokenizer, decoders, models
 
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
+    tokenizer = Tokenizer(models.BPE(vocab={chr(i): i for i in range(33, 127)}, merges=[]))
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
 
 
 def test_stop_text_holds_back_a_possible_stop_and_cuts_at_it():
-    s = StopText(ByteTokenizer(), ["END", "xy"])
+    s = StopText(byte_tokenizer(), ["END", "xy"])
     shown = [s.push(ord(c)) for c in "abEN"]
     assert "".join(shown) == "ab"  # "EN" may start "END"
     assert s.push(ord("c")) == "ENc" and not s.stopped  # it did not
     assert s.push(ord("E")) + s.push(ord("N")) + s.push(ord("D")) == "" and s.stopped
     assert s.push(ord("z")) == ""
-    t = StopText(ByteTokenizer(), ["END"])
+    t = StopText(byte_tokenizer(), ["END"])
     assert t.push(ord("E")) == "" and t.flush() == "E"  # the stream ended otherwise
+
+
+def test_streamed_pieces_join_to_the_decoded_text(smollm2):
+    """Token by token, split multi-byte characters included, the pieces are the full decode."""
+    from tokenizers import Tokenizer
+
+    from iron.lm.generate import TextStream
+
+    tok = Tokenizer.from_file(str(smollm2 / "tokenizer.json"))
+    text = "Héllo wörld 😀🎉 日本語のテキスト — \"quotes\"\t\tand\n\nnew lines ✓ <|im_end|> end"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    stream = TextStream(tok)
+    pieces = [stream.push(t) for t in ids]
+    assert "".join(pieces) == tok.decode(ids) and "\ufffd" not in "".join(pieces)
+    assert "" in pieces  # some token ended inside a character and was held back
 
 
 def run_cli(*args, stdin=None, timeout=300):

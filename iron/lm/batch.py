@@ -147,8 +147,12 @@ class _Sequence:
 class Engine:
     """Runs requests on a ``SlotModel``: at most ``model.slots`` at once, decoded together."""
 
-    def __init__(self, model: SlotModel):
+    def __init__(self, model: SlotModel, after_step: Callable[[], None] | None = None):
+        """``after_step()`` is called on the engine's thread after every step, once its tokens
+        and finishes have been passed to the requests' listeners (a server hands them to its
+        event loop there, once per step)."""
         self.model = model
+        self.after_step = after_step
         self.waiting: collections.deque[Request] = collections.deque()
         self.active: dict[int, _Sequence] = {}
         self.free = list(range(model.slots))
@@ -184,6 +188,13 @@ class Engine:
     def step(self) -> bool:
         """Admit what fits, then decode one token of every active sequence; whether there was
         anything to do."""
+        try:
+            return self._step()
+        finally:
+            if self.after_step is not None:
+                self.after_step()
+
+    def _step(self) -> bool:
         with self.wake:
             admitted = []
             while self.waiting and self.free:
@@ -292,3 +303,5 @@ class Engine:
         while self.waiting:
             r = self.waiting.popleft()
             r.on_finish("cancelled", r.stats)
+        if self.after_step is not None:
+            self.after_step()

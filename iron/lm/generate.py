@@ -322,18 +322,21 @@ class LlamaModel:
 
 
 class TextStream:
-    """Turns tokens into the text each adds, holding back an incomplete multi-byte character."""
+    """Turns tokens into the text each adds, holding back an incomplete multi-byte character.
+
+    ``tokenizers``' ``DecodeStream`` decodes only the last few tokens at each step (the text
+    of the tokens since the last complete character, minus that of the ones before it), so a
+    token costs the same at any length of output; decoding the whole output at every token
+    grows with its length. The pieces join to ``tokenizer.decode`` of all the tokens.
+    """
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.tokens, self.shown = tokenizer, [], ""
+        from tokenizers.decoders import DecodeStream
+
+        self.tokenizer, self.decoder = tokenizer, DecodeStream(skip_special_tokens=True)
 
     def push(self, token: int) -> str:
-        self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens)
-        if text.endswith("\ufffd"):
-            return ""
-        new, self.shown = text[len(self.shown):], text
-        return new
+        return self.decoder.step(self.tokenizer, token) or ""
 
 
 class StopText:

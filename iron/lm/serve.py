@@ -24,11 +24,14 @@ import asyncio
 import contextlib
 import json
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
+
+import orjson
 
 from ..errors import IronError
 from .batch import Engine, Request, SlotModel
@@ -76,13 +79,66 @@ class Generation:
     ignore_eos: bool = False
 
 
+class Outbox:
+    """Hands a decode step's text to the event loop at once, and waits until it is sent.
+
+    The engine's thread runs the kernels while the event loop writes the server-sent events.
+    Where the kernels' thread team takes every core (2 threads on 2 cores here), an event loop
+    woken for every token of every stream runs beside a step, takes a core from the team, and
+    the team stalls at its barriers: a step of 4 sequences took 18.7 ms inside a server
+    streaming 4 requests against 12.8 ms alone. So the engine hands a step's pieces over in
+    one call (one wake-up of the loop) and starts its next step once the loop has passed them
+    on: each woken stream writes its event within that turn of the loop, since a socket
+    that is not backed up takes a write at once. It waits at most ``patience`` seconds, so a
+    loop busy elsewhere (parsing a large request) delays no step by more than that.
+    """
+
+    def __init__(self, patience: float = 0.1):
+        self.patience = patience
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: int | None = None
+        self.items: list[tuple[asyncio.Queue, tuple]] = []
+        self.sent = threading.Event()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver to ``loop`` (call from its thread)."""
+        self.loop, self.loop_thread = loop, threading.get_ident()
+
+    def put(self, queue: asyncio.Queue, item: tuple) -> None:
+        """Queue ``item`` for ``queue`` (from the engine's thread, during a step)."""
+        self.items.append((queue, item))
+
+    def flush(self) -> None:
+        """Deliver what the step queued; on the loop's own thread (an engine stopped by the
+        server's shutdown), at once."""
+        if not self.items or self.loop is None:
+            return
+        items, self.items = self.items, []
+        if threading.get_ident() == self.loop_thread:
+            self._deliver(items, wake=False)
+            return
+        self.sent.clear()
+        try:
+            self.loop.call_soon_threadsafe(self._deliver, items)
+        except RuntimeError:  # the loop has closed: nobody is listening
+            return
+        self.sent.wait(self.patience)
+
+    def _deliver(self, items: list, wake: bool = True) -> None:
+        for queue, item in items:
+            queue.put_nowait(item)
+        if wake:  # after the streams this woke have run (callbacks run in order)
+            self.loop.call_soon(self.sent.set)
+
+
 class Server:
     """The model, its scheduler and the request handling, independent of the HTTP layer."""
 
     def __init__(self, bundle: str | Path, slots: int = DEFAULT_SLOTS,
                  model_name: str | None = None):
         self.model = SlotModel(bundle, slots)
-        self.engine = Engine(self.model)
+        self.outbox = Outbox()
+        self.engine = Engine(self.model, after_step=self.outbox.flush)
         self.tokenizer = self.model.tokenizer()
         self.name = model_name or self.model.meta.model_name or Path(bundle).name
         self.created = int(time.time())
@@ -200,20 +256,22 @@ class Server:
         """Submit ``gen`` to the engine; its text pieces, then ("finish", reason, stats) arrive
         on the returned queue."""
         loop = asyncio.get_running_loop()
+        if self.outbox.loop is not loop:
+            self.outbox.bind(loop)
         queue: asyncio.Queue = asyncio.Queue()
-        text = StopText(self.tokenizer, gen.stop)
+        text, put = StopText(self.tokenizer, gen.stop), self.outbox.put
 
         def on_token(token: int) -> bool:
             piece = text.push(token)
             if piece:
-                loop.call_soon_threadsafe(queue.put_nowait, ("text", piece))
+                put(queue, ("text", piece))
             return not text.stopped
 
         def on_finish(reason: str, stats) -> None:
             rest = text.flush() if not text.stopped else ""
             if rest:
-                loop.call_soon_threadsafe(queue.put_nowait, ("text", rest))
-            loop.call_soon_threadsafe(queue.put_nowait, ("finish", reason, stats))
+                put(queue, ("text", rest))
+            put(queue, ("finish", reason, stats))
 
         request = Request(gen.prompt, gen.max_tokens, gen.sampler, on_token, on_finish,
                           stop_at_eos=not gen.ignore_eos)
@@ -334,12 +392,12 @@ def create_app(server: Server):
         return {**head, "choices": [choice], "usage": usage(stats)}
 
     async def stream(head: dict, job: Request, queue: asyncio.Queue, gen: Generation,
-                     chat: bool) -> AsyncIterator[str]:
+                     chat: bool) -> AsyncIterator[bytes]:
         head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-        def event(choice: dict | None, **extra) -> str:
+        def event(choice: dict | None, **extra) -> bytes:
             doc = {**head, "choices": [choice] if choice else [], **extra}
-            return f"data: {json.dumps(doc)}\n\n"
+            return b"data: " + orjson.dumps(doc) + b"\n\n"
 
         def choice(text: str | None, reason: str | None) -> dict:
             if chat:
@@ -358,12 +416,12 @@ def create_app(server: Server):
                     continue
                 _, reason, stats = item
                 if reason.startswith("error"):
-                    yield f"data: {json.dumps(server_error(reason).body())}\n\n"
+                    yield b"data: " + orjson.dumps(server_error(reason).body()) + b"\n\n"
                     return
                 yield event(choice(None, reason))
                 if gen.include_usage:
                     yield event(None, usage=usage(stats))
-                yield "data: [DONE]\n\n"
+                yield b"data: [DONE]\n\n"
                 return
         finally:
             job.cancel()  # the client went away (or we are done): free the slot
