@@ -7,8 +7,8 @@
  * to the CTX cache positions; a row with no key gives zeros).
  * With IRON_SLOTTED (batched decode: every row is its own sequence), the caches are
  * (SLOTS, KV_HEADS, CTX, HEAD_DIM) and a sixth argument slot (ROWS) int32 comes before out:
- * row r sits at position pos[r] of cache slot slot[r]. Each (row, head) pair runs the same
- * attend() either way, so a row's result does not depend on the other rows.
+ * row r sits at position pos[r] of cache slot slot[r]. Each (row, KV head) pair runs the same
+ * attend_group() either way, so a row's result does not depend on the other rows.
  * Query head h reads KV head h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM);
  * softmax and the weighted sum of v are float32 (online softmax over blocks of TILE_SIZE keys,
  * exp by iron_exp8 8 keys at a time); out is rounded to bf16.
@@ -19,7 +19,7 @@
  *   IRON_HEAD_DIM         head dimension
  *   IRON_CTX              cache length (positions)
  *   IRON_TILE_SIZE        keys per online-softmax block
- *   IRON_NUM_AIE_COLUMNS  worker threads over the (row, head) pairs
+ *   IRON_NUM_AIE_COLUMNS  worker threads over the (row, KV head) pairs
  */
 #include "iron_cpu.h"
 
@@ -35,48 +35,105 @@ _Static_assert(IRON_HEADS % IRON_KV_HEADS == 0, "heads % kv_heads == 0");
 #define GROUP (IRON_HEADS / IRON_KV_HEADS)
 #define BLOCK8 ((IRON_TILE_SIZE + 7) / 8 * 8) /* a key block rounded up to whole vectors */
 
-/* One query head over keys 0 .. len-1 of one KV head. */
-static void attend(const uint16_t *q, const uint16_t *k, const uint16_t *v, long len,
-                   uint16_t *out) {
-    float qf[IRON_HEAD_DIM], acc[IRON_HEAD_DIM], score[BLOCK8];
-    const float scale = 1.0f / sqrtf((float)IRON_HEAD_DIM);
-    for (int d = 0; d < IRON_HEAD_DIM; d++) {
-        qf[d] = iron_bf16_to_f32(q[d]) * scale;
-        acc[d] = 0.0f;
+/* The 8 scores of keys k[0..7] (rows of HEAD_DIM) against each of the GROUP query heads qf,
+ * into score[g][0..7]. Each head's 8 dot products are computed exactly as
+ * iron_dot8_bf16_f32 computes them (the same FMAs in the same order, then iron_hsum8x8); a
+ * key is widened from bf16 once for all the heads that read it. */
+static inline void dot8_group(const uint16_t *k, const float (*qf)[IRON_HEAD_DIM],
+                              float (*score)[BLOCK8], long j) {
+    __m256 acc[GROUP][8];
+    for (int g = 0; g < GROUP; g++)
+        for (int jj = 0; jj < 8; jj++) acc[g][jj] = _mm256_setzero_ps();
+    for (int i = 0; i < IRON_HEAD_DIM; i += 8) {
+        __m256 qv[GROUP];
+        for (int g = 0; g < GROUP; g++) qv[g] = _mm256_loadu_ps(qf[g] + i);
+        for (int jj = 0; jj < 8; jj++) {
+            const __m256 kv = iron_load8_bf16(k + jj * IRON_HEAD_DIM + i);
+            for (int g = 0; g < GROUP; g++) acc[g][jj] = _mm256_fmadd_ps(kv, qv[g], acc[g][jj]);
+        }
     }
-    float m = -INFINITY, l = 0.0f;
+    for (int g = 0; g < GROUP; g++) _mm256_storeu_ps(score[g] + j, iron_hsum8x8(acc[g]));
+}
+
+/* The GROUP query heads q[0 .. GROUP * HEAD_DIM) that read one KV head, over its keys
+ * 0 .. len-1: the keys and values are read once for the group, not once per head (they are
+ * what decode attention streams from memory). Each head's arithmetic is that of one head
+ * alone: scores 8 keys at a time by dot8_group, online softmax per head over blocks of
+ * TILE_SIZE keys, then acc += p * v in key order, with the same FMAs as iron_axpy_bf16. */
+static void attend_group(const uint16_t *q, const uint16_t *k, const uint16_t *v, long len,
+                         uint16_t *out) {
+    float qf[GROUP][IRON_HEAD_DIM], acc[GROUP][IRON_HEAD_DIM], score[GROUP][BLOCK8];
+    float m[GROUP], l[GROUP];
+    const float scale = 1.0f / sqrtf((float)IRON_HEAD_DIM);
+    for (int g = 0; g < GROUP; g++) {
+        for (int d = 0; d < IRON_HEAD_DIM; d++) {
+            qf[g][d] = iron_bf16_to_f32(q[g * IRON_HEAD_DIM + d]) * scale;
+            acc[g][d] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
     for (long j0 = 0; j0 < len; j0 += IRON_TILE_SIZE) {
         const long n = len - j0 < IRON_TILE_SIZE ? len - j0 : IRON_TILE_SIZE;
         const uint16_t *kb = k + j0 * IRON_HEAD_DIM, *vb = v + j0 * IRON_HEAD_DIM;
         /* scores q.k, 8 keys at a time when HEAD_DIM allows; padding up to BLOCK8 is -inf */
         long j = 0;
         if (IRON_HEAD_DIM % 8 == 0)
-            for (; j + 8 <= n; j += 8)
-                _mm256_storeu_ps(score + j, iron_dot8_bf16_f32(kb + j * IRON_HEAD_DIM,
-                                                               IRON_HEAD_DIM, qf, IRON_HEAD_DIM));
-        for (; j < n; j++) score[j] = iron_dot_bf16_f32(kb + j * IRON_HEAD_DIM, qf, IRON_HEAD_DIM);
-        for (; j % 8; j++) score[j] = -INFINITY;
-        /* new running max; p = exp(score - max) (exp(-inf) = 0); the block's sum of p */
-        __m256 vmax = _mm256_set1_ps(-INFINITY);
-        for (j = 0; j < n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(score + j));
-        const float mnew = fmaxf(m, iron_hmax8(vmax));
-        const __m256 vmnew = _mm256_set1_ps(mnew);
-        __m256 vsum = _mm256_setzero_ps();
-        for (j = 0; j < n; j += 8) {
-            __m256 p = iron_exp8(_mm256_sub_ps(_mm256_loadu_ps(score + j), vmnew));
-            _mm256_storeu_ps(score + j, p);
-            vsum = _mm256_add_ps(vsum, p);
+            for (; j + 8 <= n; j += 8) dot8_group(kb + j * IRON_HEAD_DIM, qf, score, j);
+        for (; j < n; j++)
+            for (int g = 0; g < GROUP; g++)
+                score[g][j] = iron_dot_bf16_f32(kb + j * IRON_HEAD_DIM, qf[g], IRON_HEAD_DIM);
+        for (; j % 8; j++)
+            for (int g = 0; g < GROUP; g++) score[g][j] = -INFINITY;
+        for (int g = 0; g < GROUP; g++) {
+            /* new running max; p = exp(score - max) (exp(-inf) = 0); the block's sum of p */
+            __m256 vmax = _mm256_set1_ps(-INFINITY);
+            for (j = 0; j < n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(score[g] + j));
+            const float mnew = fmaxf(m[g], iron_hmax8(vmax));
+            const __m256 vmnew = _mm256_set1_ps(mnew);
+            __m256 vsum = _mm256_setzero_ps();
+            for (j = 0; j < n; j += 8) {
+                __m256 p = iron_exp8(_mm256_sub_ps(_mm256_loadu_ps(score[g] + j), vmnew));
+                _mm256_storeu_ps(score[g] + j, p);
+                vsum = _mm256_add_ps(vsum, p);
+            }
+            /* rescale what came before to the new max (0 on the first block: m = -inf) */
+            const float rescale = expf(m[g] - mnew);
+            l[g] = l[g] * rescale + iron_hsum8(vsum);
+            for (int d = 0; d < IRON_HEAD_DIM; d++) acc[g][d] *= rescale;
+            m[g] = mnew;
         }
-        /* rescale what came before to the new max, then add this block's p-weighted v rows */
-        const float rescale = expf(m - mnew); /* 0 on the first block (m = -inf) */
-        l = l * rescale + iron_hsum8(vsum);
-        for (int d = 0; d < IRON_HEAD_DIM; d++) acc[d] *= rescale;
-        for (j = 0; j < n; j++)
-            iron_axpy_bf16(acc, score[j], vb + j * IRON_HEAD_DIM, IRON_HEAD_DIM);
-        m = mnew;
+        /* add this block's p-weighted v rows, each row widened once for the group */
+        if (IRON_HEAD_DIM % 8 == 0) {
+            /* the accumulators stay in registers over the block (GROUP * HEAD_DIM / 8 of
+             * them: 24 for SmolLM2's 3 x 64, within AVX-512's 32) */
+            __m256 va[GROUP][IRON_HEAD_DIM / 8];
+            for (int g = 0; g < GROUP; g++)
+                for (int i = 0; i < IRON_HEAD_DIM / 8; i++)
+                    va[g][i] = _mm256_loadu_ps(acc[g] + 8 * i);
+            for (j = 0; j < n; j++) {
+                const uint16_t *vr = vb + j * IRON_HEAD_DIM;
+                __m256 p[GROUP];
+                for (int g = 0; g < GROUP; g++) p[g] = _mm256_set1_ps(score[g][j]);
+                for (int i = 0; i < IRON_HEAD_DIM / 8; i++) {
+                    const __m256 vv = iron_load8_bf16(vr + 8 * i);
+                    for (int g = 0; g < GROUP; g++) va[g][i] = _mm256_fmadd_ps(p[g], vv, va[g][i]);
+                }
+            }
+            for (int g = 0; g < GROUP; g++)
+                for (int i = 0; i < IRON_HEAD_DIM / 8; i++)
+                    _mm256_storeu_ps(acc[g] + 8 * i, va[g][i]);
+        } else {
+            for (j = 0; j < n; j++)
+                for (int g = 0; g < GROUP; g++)
+                    iron_axpy_bf16(acc[g], score[g][j], vb + j * IRON_HEAD_DIM, IRON_HEAD_DIM);
+        }
     }
-    const float inv = len > 0 ? 1.0f / l : 0.0f;
-    for (int d = 0; d < IRON_HEAD_DIM; d++) out[d] = iron_f32_to_bf16(acc[d] * inv);
+    for (int g = 0; g < GROUP; g++) {
+        const float inv = len > 0 ? 1.0f / l[g] : 0.0f;
+        for (int d = 0; d < IRON_HEAD_DIM; d++)
+            out[g * IRON_HEAD_DIM + d] = iron_f32_to_bf16(acc[g][d] * inv);
+    }
 }
 
 void iron_kernel(void *const *args) {
@@ -95,8 +152,8 @@ void iron_kernel(void *const *args) {
 #if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
 #endif
-    for (long rh = 0; rh < (long)IRON_ROWS * IRON_HEADS; rh++) {
-        const long r = rh / IRON_HEADS, h = rh % IRON_HEADS;
+    for (long rk = 0; rk < (long)IRON_ROWS * IRON_KV_HEADS; rk++) {
+        const long r = rk / IRON_KV_HEADS, kvh = rk % IRON_KV_HEADS;
 #ifdef IRON_SLOTTED
         long len = (long)pos[r] + 1;
         const long base = (long)slot[r] * IRON_KV_HEADS * IRON_CTX * IRON_HEAD_DIM;
@@ -105,8 +162,8 @@ void iron_kernel(void *const *args) {
         const long base = 0;
 #endif
         len = len < 0 ? 0 : len > IRON_CTX ? IRON_CTX : len;
-        const long kv = base + (h / GROUP) * (long)IRON_CTX * IRON_HEAD_DIM;
-        const long off = rh * IRON_HEAD_DIM;
-        attend(q + off, k_cache + kv, v_cache + kv, len, out + off);
+        const long kv = base + kvh * (long)IRON_CTX * IRON_HEAD_DIM;
+        const long off = (r * IRON_HEADS + kvh * GROUP) * IRON_HEAD_DIM;
+        attend_group(q + off, k_cache + kv, v_cache + kv, len, out + off);
     }
 }
