@@ -2,13 +2,14 @@
 OpenAI-compatible server next to llama.cpp's server on the same weights, driven the same way.
 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
-                               [--rounds 2] [--no-llamacpp]
+                               [--rounds 2] [--dtype Q4_1] [--no-llamacpp]
     python benchmarks/serve.py --steps [--blocks 300]
 
 Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve BUNDLE
 --slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
-slots, an F16 GGUF of the same SmolLM2 weights, 2 threads, see ``benchmarks/llamacpp.py``),
-never both at once. For each stream count N, N clients post at the same moment a streaming
+slots, 2 threads, on the embedded SmolLM2 GGUF itself by default (``--dtype Q4_1``: Q4_1
+projections and a Q8_0 embedding, the very blocks of iron's default native bundle; F16 / BF16
+are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``), never both at once. For each stream count N, N clients post at the same moment a streaming
 ``/v1/completions`` request each (a different 32-token prompt of the same token ids for both
 engines, greedy, ``ignore_eos``, ``max_tokens`` new tokens) and read the server-sent events.
 Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
@@ -140,10 +141,10 @@ class LlamaCppServer:
 
     name = "llama.cpp"
 
-    def __init__(self, slots: int, ctx_per_slot: int, threads: int):
+    def __init__(self, slots: int, ctx_per_slot: int, threads: int, dtype: str):
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--llamacpp-child", str(slots), str(ctx_per_slot),
-             str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             str(threads), dtype], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         address = self.process.stdout.readline().strip()
         if not address.startswith("http://127.0.0.1:"):
             raise SystemExit(f"llama.cpp's server did not start (said {address!r})")
@@ -156,13 +157,13 @@ class LlamaCppServer:
         self.process.wait(timeout=60)
 
 
-def llamacpp_child(slots: int, ctx_per_slot: int, threads: int) -> None:
+def llamacpp_child(slots: int, ctx_per_slot: int, threads: int, dtype: str) -> None:
     import xllamacpp as xlc
 
     from llamacpp import gguf_for
 
     p = xlc.CommonParams()
-    p.model.path = str(gguf_for("F16"))
+    p.model.path = str(gguf_for(dtype))
     p.n_parallel = slots
     p.n_ctx = slots * ctx_per_slot  # llama.cpp splits the context over its slots
     p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
@@ -261,14 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per stream")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    ap.add_argument("--dtype", default="Q4_1", choices=["Q4_1", "F16", "BF16"],
+                    help="llama.cpp's weights: Q4_1 (the embedded GGUF, the blocks of iron's "
+                         "native bundle; default) or a float GGUF written from it")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--steps", action="store_true",
                     help="time iron's decode steps in this process instead (no servers)")
     ap.add_argument("--blocks", type=int, default=300, help="with --steps: steps per count")
-    ap.add_argument("--llamacpp-child", nargs=3, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--llamacpp-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.llamacpp_child:
-        llamacpp_child(*args.llamacpp_child)
+        slots, ctx, threads, dtype = args.llamacpp_child
+        llamacpp_child(int(slots), int(ctx), int(threads), dtype)
         return 0
     if args.steps:
         steps(args.bundle, args.streams, args.blocks)
@@ -281,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [(base[i:] + base[:i])[:32] for i in range(slots)]  # a different prompt each
     engines = [lambda: IronServer(args.bundle, slots)]
     if not args.no_llamacpp:
-        engines.append(lambda: LlamaCppServer(slots, 32 + args.tokens + 32, args.threads))
+        engines.append(lambda: LlamaCppServer(slots, 32 + args.tokens + 32, args.threads,
+                                              args.dtype))
     best: dict[tuple[str, int], dict] = {}
     print(f"load average before: {os.getloadavg()}", flush=True)
     for r in range(args.rounds):
@@ -301,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                 server.close()
     print(f"load average after: {os.getloadavg()}\n")
     names = sorted({k[0] for k in best}, key=["iron", "llama.cpp"].index)
+    if "llama.cpp" in names:
+        print(f"llama.cpp weights: {args.dtype}; iron bundle: {args.bundle}")
     print("| streams | " + " | ".join(f"{n} tok/s | {n} ttft ms | {n} gap ms" for n in names)
           + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
     print("|---" * (1 + 3 * len(names) + (len(names) == 2)) + "|")
