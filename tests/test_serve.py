@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 
 from iron.lm.chat import ChatTemplate  # noqa: E402
 from iron.lm.generate import Sampler  # noqa: E402
-from iron.lm.serve import Server, create_app  # noqa: E402
+from iron.lm.serve import Outbox, Server, create_app  # noqa: E402
 
 SLOTS = 4
 
@@ -65,6 +65,51 @@ def alone(model, ids, n):
     tok = model.tokenizer()
     out, _ = model.generate(ids, n, Sampler())
     return tok.decode([t for t in out if t not in model.eos])
+
+
+def test_outbox_hands_a_step_over_once_and_waits_until_it_is_taken():
+    """What the engine's thread queued during a step reaches the streams' queues, in order, by
+    the time ``flush`` returns; from the loop's own thread it is delivered at once."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    outbox, got = Outbox(patience=30), []
+
+    async def setup():
+        outbox.bind(asyncio.get_running_loop())
+        queues = [asyncio.Queue(), asyncio.Queue()]
+
+        async def reader(q):
+            while True:
+                got.append(await q.get())
+        return queues, [asyncio.ensure_future(reader(q)) for q in queues]
+
+    queues, readers = asyncio.run_coroutine_threadsafe(setup(), loop).result(10)
+    for step in range(3):
+        for i, q in enumerate(queues):
+            outbox.put(q, (step, i))
+        outbox.flush()  # no sleep: the readers must have their items already
+        assert got == [(s, i) for s in range(step + 1) for i in range(2)]
+    outbox.flush()  # nothing queued: returns at once
+
+    async def from_the_loop():
+        outbox.put(queues[0], ("loop", 0))
+        outbox.flush()
+        return queues[0].qsize()
+
+    assert asyncio.run_coroutine_threadsafe(from_the_loop(), loop).result(10) == 1
+
+    async def stop():
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
 
 
 def test_models_and_health(served, client):
