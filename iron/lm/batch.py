@@ -62,9 +62,10 @@ class SlotModel(LlamaModel):
         """Point the one-sequence programs' cache at ``slot``'s rows."""
         if not 0 <= slot < self.slots:
             raise IronError(f"slot {slot} does not exist: there are {self.slots} slots")
-        view = {name: a[slot] for name, a in self.kv.items()}
+        view = None  # built only when a program moves: a step of one sequence stays put
         for exe in (self.decode_exe, self.prefill_exe, self.tail_exe):
             if self._on_slot.get(id(exe)) != slot:
+                view = view or {name: a[slot] for name, a in self.kv.items()}
                 exe.bind_state(view)
                 self._on_slot[id(exe)] = slot
 
@@ -85,7 +86,7 @@ class SlotModel(LlamaModel):
                 self._use_slot(s)
                 self.position = p
                 out.append(self.decode(t))
-            return np.stack(out)
+            return out[0][None] if n == 1 else np.stack(out)  # one row: a view, no copy
         for p in positions:
             if not 0 <= p < self.context:
                 raise IronError(f"position {p} is outside the context of {self.context}")
