@@ -9,13 +9,16 @@ Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve
 --slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
 slots, 2 threads, on the embedded SmolLM2 GGUF itself by default (``--dtype Q4_1``: Q4_1
 projections and a Q8_0 embedding, the very blocks of iron's default native bundle; F16 / BF16
-are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``), never both at once. For each stream count N, N clients post at the same moment a streaming
-``/v1/completions`` request each (a different 32-token prompt of the same token ids for both
-engines, greedy, ``ignore_eos``, ``max_tokens`` new tokens) and read the server-sent events.
+are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``). Both are started
+first; one is measured at a time while the other idles. For each stream count N, N clients
+post at the same moment a streaming ``/v1/completions`` request each (a different 32-token
+prompt of the same token ids for both engines, greedy, ``ignore_eos``, ``max_tokens`` new
+tokens) and read the server-sent events.
 Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
 posts to the last token), the median time to first token and the median per-stream time
-between tokens. Engines alternate within each round; the best round is kept. The machine is
-shared: the load average is printed with the figures.
+between tokens. Within a round the engines take turns at each N (so both see the same
+moments of a shared machine); the best round is kept. The load average is printed with the
+figures.
 
 ``--steps`` measures iron's decode steps alone, in this process, without HTTP: the time of one
 step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
@@ -290,21 +293,25 @@ def main(argv: list[str] | None = None) -> int:
                                               args.dtype))
     best: dict[tuple[str, int], dict] = {}
     print(f"load average before: {os.getloadavg()}", flush=True)
-    for r in range(args.rounds):
-        for make in (engines if r % 2 == 0 else engines[::-1]):
-            server = make()
-            try:
-                measure(server.port, 1, prompts, 8, server.model)  # warm up
-                for n in args.streams:
+    servers = []
+    try:
+        for make in engines:
+            servers.append(make())
+            measure(servers[-1].port, 1, prompts, 8, servers[-1].model)  # warm up
+        for r in range(args.rounds):
+            for n in args.streams:
+                for server in (servers if (r + n) % 2 == 0 else servers[::-1]):
                     m = measure(server.port, n, prompts, args.tokens, server.model)
                     key = (server.name, n)
                     if key not in best or m["aggregate_tok_s"] > best[key]["aggregate_tok_s"]:
                         best[key] = m
                     print(f"round {r + 1} {server.name:9s} {n} streams: "
                           f"{m['aggregate_tok_s']:7.1f} tok/s  ttft {m['ttft_ms']:6.1f} ms  "
-                          f"gap {m['token_gap_ms']:6.1f} ms", flush=True)
-            finally:
-                server.close()
+                          f"gap {m['token_gap_ms']:6.1f} ms  load {os.getloadavg()[0]:.2f}",
+                          flush=True)
+    finally:
+        for server in servers:
+            server.close()
     print(f"load average after: {os.getloadavg()}\n")
     names = sorted({k[0] for k in best}, key=["iron", "llama.cpp"].index)
     if "llama.cpp" in names:
