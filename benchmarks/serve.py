@@ -15,8 +15,9 @@ post at the same moment a streaming ``/v1/completions`` request each (a differen
 prompt of the same token ids for both engines, greedy, ``ignore_eos``, ``max_tokens`` new
 tokens) and read the server-sent events.
 Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
-posts to the last token), the median time to first token and the median per-stream time
-between tokens. Within a round the engines take turns at each N (so both see the same
+posts to the last token, prefills included), decode tokens/s (the sum over the streams of each
+one's tokens per second after its first), the median time to first token and the median
+per-stream time between tokens. Within a round the engines take turns at each N (so both see the same
 moments of a shared machine); the best round is kept. The load average is printed with the
 figures.
 
@@ -97,6 +98,7 @@ def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model:
     tokens = sum(r["tokens"] for r in results)
     gaps = [(r["last"] - r["first"]) / max(r["chunks"] - 1, 1) for r in results]
     return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / wall,
+            "decode_tok_s": sum(1 / g for g in gaps),
             "ttft_ms": 1000 * statistics.median(r["first"] - r["t0"] for r in results),
             "token_gap_ms": 1000 * statistics.median(gaps)}
 
@@ -306,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     if key not in best or m["aggregate_tok_s"] > best[key]["aggregate_tok_s"]:
                         best[key] = m
                     print(f"round {r + 1} {server.name:9s} {n} streams: "
-                          f"{m['aggregate_tok_s']:7.1f} tok/s  ttft {m['ttft_ms']:6.1f} ms  "
+                          f"{m['aggregate_tok_s']:7.1f} tok/s  decode {m['decode_tok_s']:7.1f} "
+                          f"tok/s  ttft {m['ttft_ms']:6.1f} ms  "
                           f"gap {m['token_gap_ms']:6.1f} ms  load {os.getloadavg()[0]:.2f}",
                           flush=True)
     finally:
@@ -316,14 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     names = sorted({k[0] for k in best}, key=["iron", "llama.cpp"].index)
     if "llama.cpp" in names:
         print(f"llama.cpp weights: {args.dtype}; iron bundle: {args.bundle}")
-    print("| streams | " + " | ".join(f"{n} tok/s | {n} ttft ms | {n} gap ms" for n in names)
+    print("| streams | " + " | ".join(f"{n} tok/s | {n} decode tok/s | {n} ttft ms | {n} gap ms"
+                                      for n in names)
           + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
-    print("|---" * (1 + 3 * len(names) + (len(names) == 2)) + "|")
+    print("|---" * (1 + 4 * len(names) + (len(names) == 2)) + "|")
     for n in args.streams:
         cells = []
         for name in names:
             m = best[(name, n)]
-            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['ttft_ms']:.0f}",
+            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}",
+                      f"{m['ttft_ms']:.0f}",
                       f"{m['token_gap_ms']:.1f}"]
         if len(names) == 2:
             ratio = (best[("iron", n)]["aggregate_tok_s"]
@@ -331,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{ratio:.2f}x")
         print(f"| {n} | " + " | ".join(cells) + " |")
     for name in names:
-        one = best[(name, args.streams[0])]["aggregate_tok_s"]
-        scaling = ", ".join(f"{n}: {best[(name, n)]['aggregate_tok_s'] / one:.2f}x"
-                            for n in args.streams)
-        print(f"{name} aggregate against {args.streams[0]} stream: {scaling}")
+        for what in ("aggregate", "decode"):
+            one = best[(name, args.streams[0])][f"{what}_tok_s"]
+            scaling = ", ".join(f"{n}: {best[(name, n)][f'{what}_tok_s'] / one:.2f}x"
+                                for n in args.streams)
+            print(f"{name} {what} tok/s against {args.streams[0]} stream: {scaling}")
     return 0
 
 
