@@ -3,7 +3,7 @@ OpenAI-compatible server next to llama.cpp's server on the same weights, driven 
 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
                                [--rounds 2] [--dtype Q4_1] [--no-llamacpp]
-    python benchmarks/serve.py --steps [--blocks 300]
+    python benchmarks/serve.py --steps [--blocks 300] [--context 64]
 
 Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve BUNDLE
 --slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
@@ -179,22 +179,22 @@ def llamacpp_child(slots: int, ctx_per_slot: int, threads: int, dtype: str) -> N
     del server
 
 
-def steps(bundle: Path, counts: list[int], blocks: int) -> None:
+def steps(bundle: Path, counts: list[int], blocks: int, context: int) -> None:
     """Decode-step time by number of sequences, in turns, then where a step's time goes (see
     the module docstring)."""
     from iron.lm.batch import SlotModel
 
     model = SlotModel(bundle, slots=max(counts))
     for s in range(model.slots):
-        model.prefill_slot(s, list(range(100, 164)))  # 64 positions of context each
+        model.prefill_slot(s, [100 + i % 1000 for i in range(context)])
     times: dict[int, list[float]] = {n: [] for n in counts}
     print(f"load average before: {os.getloadavg()}", flush=True)
     for i in range(blocks):
         for n in counts:
             t = time.perf_counter()
-            model.decode_rows(list(range(n)), [200] * n, [64 + i % 64] * n)
+            model.decode_rows(list(range(n)), [200] * n, [context + i % 64] * n)
             times[n].append(time.perf_counter() - t)
-    per_op = {n: breakdown(model, n) for n in counts}
+    per_op = {n: breakdown(model, n, context) for n in counts}
     print(f"load average after: {os.getloadavg()}\n")
     one = min(times[counts[0]])
     print("| sequences | step ms (fastest) | step ms (median) | aggregate tok/s | "
@@ -221,7 +221,7 @@ def steps(bundle: Path, counts: list[int], blocks: int) -> None:
 BREAKDOWN_ROUNDS, BREAKDOWN_STEPS = 5, 40
 
 
-def breakdown(model, n: int) -> dict[str, float]:
+def breakdown(model, n: int, context: int) -> dict[str, float]:
     """Seconds per step of ``n`` sequences by operator (GEMVs by shape), from the kernel
     runtime's own per-step clock: the fastest of a few rounds, so that a round disturbed by
     another process weighs least."""
@@ -240,11 +240,11 @@ def breakdown(model, n: int) -> dict[str, float]:
         for i in range(BREAKDOWN_STEPS):
             if n == 1:
                 model._use_slot(0)
-                model.position = 64 + i
+                model.position = context + i
                 model.decode(200, tuple(seconds))
             else:
                 tok, pos, slot = (np.zeros(rows, np.int32) for _ in range(3))
-                tok[:n], pos[:n], slot[:n] = 200, 64 + i, np.arange(n)
+                tok[:n], pos[:n], slot[:n] = 200, context + i, np.arange(n)
                 pos[n:] = -1
                 model.batched[rows].run_timed([tok, pos, slot], seconds[0])
         total = sum(float(s.sum()) for s in seconds)
@@ -274,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", action="store_true",
                     help="time iron's decode steps in this process instead (no servers)")
     ap.add_argument("--blocks", type=int, default=300, help="with --steps: steps per count")
+    ap.add_argument("--context", type=int, default=64,
+                    help="with --steps: positions each sequence holds before the timed steps")
     ap.add_argument("--llamacpp-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.llamacpp_child:
@@ -281,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         llamacpp_child(int(slots), int(ctx), int(threads), dtype)
         return 0
     if args.steps:
-        steps(args.bundle, args.streams, args.blocks)
+        if not 1 <= args.context <= 1024:
+            ap.error(f"--context {args.context}: must be 1 .. 1024 (the steps add up to 64)")
+        steps(args.bundle, args.streams, args.blocks, args.context)
         return 0
     from tokenizers import Tokenizer
 
