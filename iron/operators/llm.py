@@ -319,7 +319,22 @@ def expect_slots(op: Operator, slot: Tensor) -> None:
     expect_dtype(slot, np.int32, op, "slot")
 
 
-class SlotQKVRoPE(QKVRoPE):
+class Slotted:
+    """What the slotted operators share: their kernel is compiled with ``IRON_SLOTTED``, and a
+    timing example puts every row in slot 0 (input ``slot_input``, the slot indices)."""
+
+    slot_input: int
+
+    def kernel_macros(self) -> dict[str, int]:
+        return {**super().kernel_macros(), "IRON_SLOTTED": 1}
+
+    def example_input(self, index, shape, dtype, rng):
+        if index == self.slot_input:
+            return np.zeros(self.rows, np.int32)
+        return super().example_input(index, shape, dtype, rng)
+
+
+class SlotQKVRoPE(Slotted, QKVRoPE):
     """``QKVRoPE`` for batched decode: every row is its own sequence, at position ``pos[r]`` of
     KV-cache slot ``slot[r]``.
 
@@ -333,6 +348,7 @@ class SlotQKVRoPE(QKVRoPE):
                    {"rows": 4, "slots": 6, "heads": 9, "kv_heads": 3, "head_dim": 64,
                     "ctx": 64})
     sweep_shape = -1
+    slot_input = 5
 
     @classmethod
     def shape_params(cls, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
@@ -347,20 +363,12 @@ class SlotQKVRoPE(QKVRoPE):
         (q, _, _) = super().signature(qkv, pos, inv_freq, k_cache, v_cache)
         return [q, (k_cache.shape, bfloat16), (v_cache.shape, bfloat16)]
 
-    def kernel_macros(self) -> dict[str, int]:
-        return {**super().kernel_macros(), "IRON_SLOTTED": 1}
-
     @classmethod
     def example(cls, rng, rows, slots, heads, kv_heads, head_dim, ctx):
         k, v = (normal(rng, slots, kv_heads, ctx, head_dim) for _ in range(2))
         pos, slot = slot_positions(rng, rows, slots, ctx)
         return {}, [normal(rng, rows, (heads + 2 * kv_heads) * head_dim), pos,
                     rope_frequencies(head_dim), k, v, slot]
-
-    def example_input(self, index, shape, dtype, rng):
-        if index == 5:
-            return np.zeros(self.rows, np.int32)  # every row in slot 0
-        return super().example_input(index, shape, dtype, rng)
 
     def reference(self, qkv, pos, inv_freq, k_cache, v_cache, slot):
         k_out, v_out = k_cache.copy(), v_cache.copy()
@@ -374,7 +382,7 @@ class SlotQKVRoPE(QKVRoPE):
         return q, k_out, v_out
 
 
-class SlotAttention(Attention):
+class SlotAttention(Slotted, Attention):
     """``Attention`` for batched decode: row ``r`` is one query of its own sequence, at position
     ``pos[r]``, attending keys ``0 .. pos[r]`` of KV-cache slot ``slot[r]``.
 
@@ -388,6 +396,7 @@ class SlotAttention(Attention):
                    {"rows": 4, "slots": 5, "heads": 9, "kv_heads": 3, "head_dim": 64,
                     "ctx": 300})
     sweep_shape = 1
+    slot_input = 4
 
     @classmethod
     def shape_params(cls, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
@@ -403,19 +412,11 @@ class SlotAttention(Attention):
         flat = Tensor(k_cache.index, k_cache.shape[1:], k_cache.dtype)
         return super().signature(q, flat, flat, pos)
 
-    def kernel_macros(self) -> dict[str, int]:
-        return {**super().kernel_macros(), "IRON_SLOTTED": 1}
-
     @classmethod
     def example(cls, rng, rows, slots, heads, kv_heads, head_dim, ctx):
         k, v = (normal(rng, slots, kv_heads, ctx, head_dim) for _ in range(2))
         pos, slot = slot_positions(rng, rows, slots, ctx)
         return {}, [normal(rng, rows, heads * head_dim), k, v, pos, slot]
-
-    def example_input(self, index, shape, dtype, rng):
-        if index == 4:
-            return np.zeros(self.rows, np.int32)  # every row in slot 0
-        return super().example_input(index, shape, dtype, rng)
 
     def reference(self, q, k_cache, v_cache, pos, slot):
         one = Attention(rows=1, heads=self.heads, kv_heads=self.kv_heads,
