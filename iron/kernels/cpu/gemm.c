@@ -94,8 +94,10 @@ static inline __attribute__((always_inline)) void micro(const int rows, const in
  * per pair of values, every row's two codes widened to float32 in one zmm each, d * u + m,
  * rounded to bf16 by one vcvtne2ps2bf16 and interleaved into pairs by one vpermw */
 static void tile_pairs_bf16(const uint8_t *tile, long k0, long len, uint16_t *out) {
-    _Alignas(64) int16_t order[32];
-    for (int i = 0; i < 16; i++) order[2 * i] = i, order[2 * i + 1] = 16 + i;
+    /* word i of a pair-vector takes value i of the low half and value i of the high half */
+    static const _Alignas(64) int16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                   21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i interleave = _mm512_load_si512(order), nibble = _mm512_set1_epi32(0xf);
     for (long g = k0 / QG; g < (k0 + len) / QG; g++) {
         const uint8_t *gp = tile + g * Q_GROUP_BYTES;
