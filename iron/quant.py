@@ -135,18 +135,18 @@ def dequantize(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     return out.reshape(rows, k).astype(np.float32)
 
 
-def _tile_axes(fmt: str, rows: int, k: int, group: int) -> tuple[int, ...]:
-    """The tiled layout's codes as an array: (tiles, groups, chunks, nibble planes, 4, TILE)."""
+def _tile_axes(fmt: str, rows: int, k: int, group: int) -> tuple[int, int, int, int]:
+    """Tiles, groups, 32-value chunks per group and 4-bit code sets of the tiled layout."""
     if rows % TILE:
         raise FormatError(f"a {fmt} matrix of {rows} rows cannot be tiled: its rows must be a "
                           f"multiple of {TILE}")
-    return rows // TILE, k // group, group // 32, 2 if fmt == "q8_0" else 1, 4, TILE
+    return rows // TILE, k // group, group // 32, 2 if fmt == "q8_0" else 1
 
 
 def tile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     """Row layout -> tiled layout (the bytes the kernels read); rows a multiple of TILE."""
     rows, n, codes, _, _ = _planes(fmt, w, k, group)
-    t, n, chunks, nibbles, _, _ = _tile_axes(fmt, rows, k, group)
+    t, n, chunks, nibbles = _tile_axes(fmt, rows, k, group)
     q = unpack_codes(fmt, codes).astype(np.int32)
     if fmt == "q8_0":  # the unsigned code q + 128 as a low and a high nibble
         q = np.stack([(q + 128) & 0xF, (q + 128) >> 4], axis=-1)
@@ -167,7 +167,7 @@ def untile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != row_bytes(fmt, k, group):
         raise FormatError(f"a {fmt} (group {group}) matrix with K={k} must be uint8 (rows, "
                           f"{row_bytes(fmt, k, group)}), got {w.dtype} {w.shape}")
-    t, n, chunks, nibbles, _, _ = _tile_axes(fmt, w.shape[0], k, group)
+    t, n, chunks, nibbles = _tile_axes(fmt, w.shape[0], k, group)
     g = w.reshape(t, n, row_bytes(fmt, group, group) * TILE)
     c = code_bytes(fmt, group) * TILE
     words = np.ascontiguousarray(g[:, :, :c]).view("<u4").reshape(t, n, chunks, nibbles, 4, TILE)
