@@ -400,7 +400,7 @@ class Checkpoint:
 
     def quantized(self, name: str) -> tuple[str, np.ndarray] | None:
         """The tensor ``name`` as the source file's own blocks: (format, uint8 array in the
-        layout of ``iron.quant``), or None when it was not stored quantized."""
+        row layout of ``iron.quant``; bundles tile it), or None when it was not stored quantized."""
         if name not in self._blocks:
             return None
         fmt, mm, info = self._blocks[name]
