@@ -1,6 +1,6 @@
 """Quantized weight formats: the layout against gguf's own blocks, the uint4 quantizer, the
-operators' format checks, and the kernels' AVX2 build (the fallback for cpus without
-AVX512-BF16), compiled with -march=znver3 and run here against the reference."""
+int8 rounding of x, the operators' format checks, and the kernels' AVX2 build (the fallback for
+cpus without AVX512-VNNI), compiled with -march=znver3 and run here against the reference."""
 
 import ctypes
 import shutil
@@ -169,8 +169,8 @@ def test_profile_entries_match_on_the_weight_format():
 
 @pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("uint4", 128, 256)])
 def test_quantized_gemv_over_work_items_and_vector_counts(fmt, group, k):
-    """The kernel computes a tile of 16 rows for up to 8 vectors per pass (4 without
-    AVX512-BF16), the rest in a last pass: one and nine vectors, work items of one and two
+    """The kernel computes a tile of 16 rows for up to 4 vectors per pass (2 or 1 without
+    AVX512-VNNI), the rest in a last pass: one and nine vectors, work items of one and two
     tiles, an odd count of 32-value chunks for q4_1, against the reference."""
     rng = np.random.default_rng(5)
     for batches, tile in ((1, 16), (9, 32)):
@@ -180,3 +180,42 @@ def test_quantized_gemv_over_work_items_and_vector_counts(fmt, group, k):
                                 "num_aie_columns": 2}).record_like(inputs)
         out = cpu.load(program).run(inputs)[0]
         assert_close("GEMV", out, program.reference(inputs)[0])
+
+
+def test_x_is_rounded_to_int8_codes_per_block():
+    """Each block of 16 becomes codes in -127..127 times max |x| / 127, rounded half to even:
+    the largest magnitude is kept exactly, a half-way value goes to the even code, and a block
+    of zeros or of values so small that 127 / max |x| overflows becomes zeros."""
+    assert quant.ACTIVATION_BLOCK == 16
+    x = np.zeros((4, 16), np.float32)
+    x[0] = np.linspace(-1, 1, 16) ** 3
+    x[1, :2] = 127.0, 2.5  # scale 1: 2.5 is half-way between codes 2 and 3
+    x[2, :2] = 2e-38, -1e-38  # 127 / 2e-38 overflows float32
+    out = quant.activation_values(x.reshape(-1)).reshape(4, 16)
+    assert out[0, 0] == x[0, 0] and out[0, -1] == x[0, -1]
+    scale = np.float32(1) / np.float32(127)
+    codes = out[0] / scale
+    assert np.all(np.abs(codes - np.rint(codes)) < 1e-3) and np.abs(codes).max() <= 127
+    assert np.all(np.abs(out[0] - x[0]) <= scale / 2 * 1.0001)
+    assert out[1, 0] == 127.0 and out[1, 1] == 2.0
+    assert not out[2:].any()
+
+
+def test_quantized_gemv_matches_the_reference_on_blocks_at_the_edges_of_int8():
+    """x blocks of zeros, of values too small to scale, with one outlier, and of half-way
+    values: the kernel rounds x as activation_values does, so it stays within the GEMV
+    tolerance of the reference built on it."""
+    rng = np.random.default_rng(11)
+    cls, fields, inputs = case_inputs(
+        "GEMV", {"M": 32, "K": 128, "batches": 2, "weight_format": "q4_1"}, rng)
+    x = np.zeros((2, 128), np.float32)
+    x[0, 32:48] = 1e-38
+    x[0, 64:96] = rng.standard_normal(32) * 1e-3
+    x[0, 64] = 1000.0
+    x[1] = (rng.integers(-127, 128, 128) + 0.5) * 0.25  # half-way between codes of scale 0.25
+    x[1, ::16] = 127 * 0.25
+    inputs = [inputs[0], x.astype(iron.bfloat16)]
+    program = OneStep(cls, {**fields, "tile_size_output": 16,
+                            "num_aie_columns": 2}).record_like(inputs)
+    out = cpu.load(program).run(inputs)[0]
+    assert_close("GEMV", out, program.reference(inputs)[0])

@@ -10,8 +10,8 @@ from ..devices import Device
 from ..errors import ShapeError
 from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, param,
                         pow2_tiles, rule, tunable)
-from ..quant import (FORMATS, TILE, FormatError, check_format, dequantize, k_of, random_matrix,
-                     row_bytes, tile, untile)
+from ..quant import (FORMATS, TILE, FormatError, activation_values, check_format, dequantize,
+                     k_of, random_matrix, row_bytes, tile, untile)
 from ..tensor import Tensor
 
 
@@ -147,6 +147,8 @@ class GEMV(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, w, x):
+        if self.weight_format != "bf16":  # x rounded to int8 codes per 32 values
+            x = activation_values(x)
         return x @ weight_values(self.weight_format, w, self.K, self.group_size).T
 
 

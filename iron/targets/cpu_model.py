@@ -271,17 +271,19 @@ def _gemv(op, threads: int) -> Work:
 
 
 def _gemv_tiled(op, threads: int) -> Work:
-    """gemv.c on a quantized W, in 16-row tiles, with AVX512-BF16 (a 512-bit op counted as two
-    8-lane ones): per 32-value chunk of a tile and 4-bit code set, 4 loads, 3 shifts and 4
-    ternary-logic ops expand the codes (once per pass of up to 4 vectors), and each
-    vector takes 4 vdpbf16ps; per group and vector 4 ops scale, bias and sum the chains."""
+    """gemv.c on a quantized W, in 16-row tiles, with AVX512-VNNI (a 512-bit op counted as two
+    8-lane ones): per 32-value chunk of a tile and 4-bit code set, 4 loads, 4 shifts and 8
+    masks make the codes into bytes (once per pass of up to 4 vectors), and each vector takes
+    8 vpdpbusd; per chunk and vector 4 ops (6 for q8_0's two sets) scale the integer sums of
+    x's two blocks by their scales, per group and vector 2 FMAs apply the rows' scales and
+    bias. x is rounded to int8 once per call."""
     from ..quant import row_bytes
 
     sets = 2 if op.weight_format == "q8_0" else 1
     tiles, chunks, groups = op.M // 16, op.K // 32, op.K // op.group_size
     passes = math.ceil(op.batches / 4)
-    per_chunk = sets * (2 * 11 * passes + 2 * 16 * op.batches)
-    ops = tiles * (chunks * per_chunk + groups * (4 + 8 * op.batches)) + op.batches * op.K * 3
+    per_chunk = sets * (2 * 16 * passes + 2 * 8 * op.batches) + 2 * (2 + 2 * sets) * op.batches
+    ops = tiles * (chunks * per_chunk + groups * (4 + 4 * op.batches)) + op.batches * op.K * 2
     return Work(op.M * row_bytes(op.weight_format, op.K, op.group_size),
                 op.batches * (op.K + op.M) * 2, ops, op.M // op.tile_size_output, threads)
 

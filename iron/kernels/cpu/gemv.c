@@ -22,14 +22,17 @@
  *
  * Quantized W (iron_quant.h): rows come in tiles of 16, one 32-bit lane per row, so a tile is
  * computed in whole registers without summing across lanes; the expansion of its codes is
- * shared by up to VECTORS x vectors per pass. With AVX512-BF16 one shift and one ternary-logic
- * op turn a plane of codes into every row's pair of values as the bf16 numbers 128 + n, and one
- * vdpbf16ps per vector multiplies them by a pair of x broadcast from memory; per group, the sums
- * are scaled by the 16 rows' d and the term of the minimums and the offsets (a multiple of the
- * group's sum of x) is added. Without it (AVX2) the codes are widened to float32 for FMAs.
+ * shared by up to VECTORS x vectors per pass. x is rounded to int8 codes per 16 values
+ * (quantize_x), so a code times x is an integer product: with AVX512-VNNI one mask (and one
+ * shift) turn a plane of codes into bytes, and one vpdpbusd per vector multiplies 4 of them by
+ * 4 codes of x broadcast from memory, exactly; per block of x the integer sums are scaled by
+ * x's scale, per group by the 16 rows' d, and the term of the minimums and the offsets (a
+ * multiple of the group's sum of x) is added. Without it (AVX2) the codes are widened to
+ * float32 for FMAs with x's rounded values.
  */
 #include "iron_cpu.h"
 #include "iron_quant.h"
+#include <float.h>
 
 #if !defined(IRON_M) || !defined(IRON_K) || !defined(IRON_BATCHES) \
     || !defined(IRON_TILE_SIZE_INPUT) || !defined(IRON_TILE_SIZE_OUTPUT) \
@@ -111,86 +114,131 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
 #else /* quantized W, in tiles of 16 rows (iron_quant.h) */
 
 #define NG (IRON_K / QG) /* groups per row */
+#define NC (IRON_K / 32) /* 32-value chunks per row */
+#define XB (IRON_K / 16) /* blocks of 16 values of x per row, each with its own scale */
 #define KP IRON_K        /* row stride of the float32 copy of x */
-/* CHAINS independent partial sums per vector and code set, so that enough dot products are in
- * flight to hide their latency (6 cycles on Zen 4) even for one vector (4, counting q8_0's two
- * code sets); a fixed count, so that
- * a row's sum is added up in the same order whatever the number of vectors (a batched decode
- * gives each sequence the bits it gets alone). VECTORS x vectors per pass over a tile: their
- * partial sums and accumulators stay in registers (16 partial sums). */
-#if defined(__AVX512BF16__)
-#define CHAINS (4 / Q_NIBBLES)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define VECTORS 4
-#define OFFSET 128 /* a 4-bit code n enters the dot products as the bf16 number 128 + n */
 #else
 #define CHAINS 2
 #define VECTORS (4 / Q_NIBBLES / 2)
-#define OFFSET 0
 #endif
 #define BB (IRON_BATCHES < VECTORS ? IRON_BATCHES : VECTORS)
 #define PREFETCH 4096 /* software prefetch distance in bytes of W (see the bf16 kernel) */
-/* What the dot products of the 4-bit code sets leave out of sum_k w_k x_k over a group, as a
- * multiple of the group's sum of x: each set's codes enter as OFFSET + n (the high set of q8_0
- * weighs 16), and a value is d (u - Q_ZERO) + m: m - d (Q_ZERO + OFFSET (1 + 16 [q8_0])). */
-#define BIAS_D ((float)(Q_ZERO + OFFSET * (Q_NIBBLES == 2 ? 17 : 1)))
 
-/* x as the tile kernels read it, per vector: bf16 pairs (the input itself), float32 values,
- * and the sums over each group */
+/* x as the tile kernels read it, per vector (see quantize_x) */
 typedef struct {
-    const uint16_t *x;
-    const float *xf, *xs;
+    const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
+    const float *dx;    /* per block of 16: the scale of its codes */
+    const float *xf;    /* x as the codes give it back, dx * code */
+    const float *xs;    /* per group: the sum of those */
 } vectors_t;
 
-#if defined(__AVX512BF16__)
+/* A quantized W multiplies x rounded to int8 codes per 16 values (scale = max |x| / 127, round
+ * half to even; iron.quant.activation_values), so that a 4-bit code times x is an integer dot
+ * product, exact in any order. The codes of plane j are stored in the order lo/hi below take
+ * the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
+static void quantize_x(const uint16_t *x, int8_t *x8, float *dx, float *xf, float *xs) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (long b = 0; b < IRON_BATCHES; b++)
+        for (long c = 0; c < NC; c++) {
+            const long k0 = b * (long)IRON_K + 32 * c;
+            __m256i q[4];
+            float sum = 0.0f;
+            for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
+                const __m256 v0 = iron_load8_bf16(x + k0 + 16 * half);
+                const __m256 v1 = iron_load8_bf16(x + k0 + 16 * half + 8);
+                const float amax = iron_hmax8(_mm256_max_ps(_mm256_and_ps(v0, magnitude),
+                                                            _mm256_and_ps(v1, magnitude)));
+                const float scale = amax / 127.0f, over = 127.0f / amax;
+                const float inv = over <= FLT_MAX ? over : 0.0f; /* max |x| 0 or tiny: codes 0 */
+                /* cvtps rounds half to even (the default mode) */
+                q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
+                q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
+                for (int i = 0; i < 2; i++)
+                    _mm256_storeu_ps(xf + b * KP + 32 * c + 16 * half + 8 * i,
+                                     _mm256_mul_ps(_mm256_cvtepi32_ps(q[2 * half + i]),
+                                                   _mm256_set1_ps(scale)));
+                const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
+                sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
+                dx[b * XB + 2 * c + half] = scale;
+            }
+            /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3,
+             * of the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                 _mm256_packs_epi32(q[2], q[3]));
+            const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+            _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32), _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32 + 16), _mm_unpackhi_epi8(lo, hi));
+            const long g = b * NG + 32 * c / QG;
+            xs[g] = (32 * c % QG ? xs[g] : 0.0f) + sum;
+        }
+}
 
-/* *acc += e . the pair of bf16 at x broadcast to every lane. The broadcast is embedded in the
- * instruction's memory operand, which compilers do not fold from _mm512_set1_epi32: a separate
- * broadcast costs a shuffle per vector and pair (19% of the dot products' rate at 4 vectors,
- * measured on Zen 4). */
-static inline __attribute__((always_inline)) void dp_pair(__m512 *acc, const __m512bh e,
-                                                          const uint16_t *x) {
+/* A value is d (u - Q_ZERO) + m: the dot products give sum u x, the rest is a multiple of the
+ * group's sum of x, (m - Q_ZERO d) */
+#define BIAS_D ((float)Q_ZERO)
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+
+/* *acc += the 4 unsigned bytes of every lane of codes . 4 int8 of x broadcast to every lane,
+ * in 32-bit integers (exact). The broadcast is embedded in the instruction's memory operand,
+ * which compilers do not fold from _mm512_set1_epi32: a separate broadcast costs a shuffle per
+ * vector and plane. */
+static inline __attribute__((always_inline)) void dp_codes(__m512i *acc, const __m512i codes,
+                                                           const uint32_t *x4) {
 #if defined(__GNUC__)
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(*acc) : "v"(e), "m"(*(const uint32_t *)x));
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(*acc) : "v"(codes), "m"(*x4));
 #else
-    uint32_t pair;
-    memcpy(&pair, x, sizeof pair);
-    *acc = _mm512_dpbf16_ps(*acc, e, (__m512bh)_mm512_set1_epi32((int)pair));
+    *acc = _mm512_dpbusd_epi32(*acc, codes, _mm512_set1_epi32((int)*x4));
 #endif
 }
 
 /* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, one float32 lane per row.
- * Per plane of 16 words, one shift and one ternary-logic op make each row's pair of codes
- * (v, v + 1) into the bf16 numbers 128 + n (bits 0x4300 | n), and one vdpbf16ps per vector
- * multiplies them by the pair x[v], x[v + 1] broadcast from memory. Per group, the partial
- * sums are scaled by the rows' d (16 scales in one load) and the bias is added. */
+ * Per plane of 16 words, one mask (and one shift) make each row's 8 codes into two words of 4
+ * bytes, and one vpdpbusd per vector and word multiplies them by 4 codes of x: a chunk's sums
+ * are integers, exact, so a row's result does not depend on how many vectors share the pass.
+ * Per block of 16 values they are scaled by x's scale, per group by the rows' d (16 in one
+ * load), and the bias is added. */
 static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
                                                            const vectors_t v, const long b0,
                                                            __m512 *acc) {
-    const int ch = CHAINS;
-    const __m512i mask = _mm512_set1_epi32(0x000f000f), bf16_128 = _mm512_set1_epi32(0x43004300);
+    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f);
     for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
     for (long g = 0; g < NG; g++) {
         const uint8_t *gp = tile + g * Q_GROUP_BYTES;
-        __m512 part[BB][Q_NIBBLES][CHAINS];
-        for (int b = 0; b < nb; b++)
-            for (int h = 0; h < Q_NIBBLES; h++)
-                for (int i = 0; i < ch; i++) part[b][h][i] = _mm512_setzero_ps();
+        __m512 sum[BB]; /* sum over the group's chunks of dx * (codes . x codes) */
         for (int c = 0; c < Q_CHUNKS; c++) {
             const uint8_t *cp = gp + c * Q_CHUNK_BYTES;
-            const long k = g * QG + 32 * c;
+            const long chunk = g * Q_CHUNKS + c;
             for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
                 _mm_prefetch((const char *)cp + PREFETCH + line, _MM_HINT_T0);
+            __m512i part[BB][Q_NIBBLES][2]; /* per vector and code set: x's two blocks */
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < Q_NIBBLES; h++)
+                    part[b][h][0] = part[b][h][1] = _mm512_setzero_si512();
             _Pragma("GCC unroll 2") for (int h = 0; h < Q_NIBBLES; h++)
                 _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
                     const __m512i w = _mm512_loadu_si512(cp + 256 * h + 64 * j);
-                    _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
-                        const __m512bh e = (__m512bh)_mm512_ternarylogic_epi32(
-                            _mm512_srli_epi32(w, 4 * s), mask, bf16_128, 0xea); /* a & b | c */
-                        for (int b = 0; b < nb; b++)
-                            dp_pair(&part[b][h][s % ch], e,
-                                    v.x + (b0 + b) * IRON_K + k + 8 * j + 2 * s);
+                    const __m512i lo = _mm512_and_si512(w, nibbles);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), nibbles);
+                    for (int b = 0; b < nb; b++) {
+                        const uint32_t *x4 = v.x8 + ((b0 + b) * NC + chunk) * 8 + 2 * j;
+                        dp_codes(&part[b][h][j / 2], lo, x4);
+                        dp_codes(&part[b][h][j / 2], hi, x4 + 1);
                     }
                 }
+            for (int b = 0; b < nb; b++) {
+                const float *dx = v.dx + (b0 + b) * XB + 2 * chunk;
+                for (int half = 0; half < 2; half++) {
+                    __m512i s = part[b][0][half];
+                    if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
+                        s = _mm512_add_epi32(s, _mm512_slli_epi32(part[b][Q_NIBBLES - 1][half], 4));
+                    const __m512 f = _mm512_cvtepi32_ps(s), scale = _mm512_set1_ps(dx[half]);
+                    sum[b] = c == 0 && half == 0 ? _mm512_mul_ps(f, scale)
+                                                 : _mm512_fmadd_ps(f, scale, sum[b]);
+                }
+            }
         }
         const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
         const __m512 d = q_load16_params(ds);
@@ -201,13 +249,7 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
         const __m512 bias = _mm512_mul_ps(_mm512_set1_ps(-BIAS_D), d);
 #endif
         for (int b = 0; b < nb; b++) {
-            for (int h = 0; h < Q_NIBBLES; h++)
-                for (int i = 1; i < ch; i++)
-                    part[b][h][0] = _mm512_add_ps(part[b][h][0], part[b][h][i]);
-            if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
-                part[b][0][0] = _mm512_fmadd_ps(_mm512_set1_ps(16.0f), part[b][Q_NIBBLES - 1][0],
-                                                part[b][0][0]);
-            acc[b] = _mm512_fmadd_ps(part[b][0][0], d, acc[b]);
+            acc[b] = _mm512_fmadd_ps(sum[b], d, acc[b]);
             acc[b] = _mm512_fmadd_ps(bias, _mm512_set1_ps(v.xs[(b0 + b) * NG + g]), acc[b]);
         }
     }
@@ -319,17 +361,13 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[1];
     uint16_t *out = args[2];
 
-    /* per vector: x in float32 (KP floats), then the NG group sums of all vectors */
-    float *xf = aligned_alloc(64, sizeof(float) * ((IRON_BATCHES * (KP + NG) + 15) / 16 * 16));
-    float *xs = xf + (long)IRON_BATCHES * KP;
-    for (long b = 0; b < IRON_BATCHES; b++)
-        for (long g = 0; g < NG; g++) {
-            float s = 0.0f;
-            for (long k = g * QG; k < (g + 1) * QG; k++)
-                s += xf[b * KP + k] = iron_bf16_to_f32(x[b * IRON_K + k]);
-            xs[b * NG + g] = s;
-        }
-    const vectors_t v = {x, xf, xs};
+    /* per vector: x's values (KP floats), group sums (NG), block scales (XB), then codes */
+    const long floats = (long)IRON_BATCHES * (KP + NG + XB);
+    float *xf = aligned_alloc(64, (sizeof(float) * floats + IRON_BATCHES * IRON_K + 63) / 64 * 64);
+    float *xs = xf + (long)IRON_BATCHES * KP, *dx = xs + (long)IRON_BATCHES * NG;
+    int8_t *x8 = (int8_t *)(xf + floats);
+    quantize_x(x, x8, dx, xf, xs);
+    const vectors_t v = {(const uint32_t *)x8, dx, xf, xs};
 
 #if IRON_NUM_AIE_COLUMNS > 1
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
