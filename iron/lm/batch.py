@@ -12,7 +12,9 @@ row the same way whatever the other rows hold (see ``apps.llama.model.match_tuna
 sequence's logits, and its greedy tokens, are the same alone and in any batch.
 
 ``Engine`` schedules requests over the slots: a waiting request joins between steps once a slot
-is free (its prompt is prefilled alone), every active sequence then advances one token per
+is free (its prompt is prefilled alone; requests that arrive during a prefill join before the
+next decode step, so clients that start together are prefilled together rather than one
+prefill stalling the others' first steps), every active sequence then advances one token per
 step, and a finished, stopped or cancelled one leaves its slot at once.
 """
 
@@ -196,16 +198,18 @@ class Engine:
                 self.after_step()
 
     def _step(self) -> bool:
-        with self.wake:
-            admitted = []
-            while self.waiting and self.free:
+        admitted = 0
+        while True:  # one at a time: a request that arrives during a prefill joins this step
+            with self.wake:
+                if not (self.waiting and self.free):
+                    break
                 request = self.waiting.popleft()
                 if request.cancelled:
                     request.on_finish("cancelled", request.stats)
                     continue
-                admitted.append((request, self.free.pop(0)))
-        for request, slot in admitted:
+                slot = self.free.pop(0)
             self._admit(request, slot)
+            admitted += 1
         for slot, seq in list(self.active.items()):
             if seq.request.cancelled:
                 self._finish(seq, "cancelled")
