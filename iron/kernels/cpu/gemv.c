@@ -126,7 +126,7 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
 #define BB (IRON_BATCHES < VECTORS ? IRON_BATCHES : VECTORS)
 #define PREFETCH 4096 /* software prefetch distance in bytes of W (see the bf16 kernel) */
 
-/* x as the tile kernels read it, per vector (see quantize_x) */
+/* x as the tile kernels read it, per vector (see quantize_group) */
 typedef struct {
     const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
     const float *dx;    /* per block of 16: the scale of its codes */
@@ -136,43 +136,45 @@ typedef struct {
 
 /* A quantized W multiplies x rounded to int8 codes per 16 values (scale = max |x| / 127, round
  * half to even; iron.quant.activation_values), so that a 4-bit code times x is an integer dot
- * product, exact in any order. The codes of plane j are stored in the order lo/hi below take
- * the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
-static void quantize_x(const uint16_t *x, int8_t *x8, float *dx, float *xf, float *xs) {
+ * product, exact in any order. This rounds group bg % NG of vector bg / NG (the threads share
+ * the groups out) and sums its values. The codes of plane j are stored in the order lo/hi
+ * below take the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
+static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xf,
+                           float *xs) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (long b = 0; b < IRON_BATCHES; b++)
-        for (long c = 0; c < NC; c++) {
-            const long k0 = b * (long)IRON_K + 32 * c;
-            __m256i q[4];
-            float sum = 0.0f;
-            for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
-                const __m256 v0 = iron_load8_bf16(x + k0 + 16 * half);
-                const __m256 v1 = iron_load8_bf16(x + k0 + 16 * half + 8);
-                const float amax = iron_hmax8(_mm256_max_ps(_mm256_and_ps(v0, magnitude),
-                                                            _mm256_and_ps(v1, magnitude)));
-                const float scale = amax / 127.0f, over = 127.0f / amax;
-                const float inv = over <= FLT_MAX ? over : 0.0f; /* max |x| 0 or tiny: codes 0 */
-                /* cvtps rounds half to even (the default mode) */
-                q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
-                q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
-                for (int i = 0; i < 2; i++)
-                    _mm256_storeu_ps(xf + b * KP + 32 * c + 16 * half + 8 * i,
-                                     _mm256_mul_ps(_mm256_cvtepi32_ps(q[2 * half + i]),
-                                                   _mm256_set1_ps(scale)));
-                const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
-                sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
-                dx[b * XB + 2 * c + half] = scale;
-            }
-            /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3,
-             * of the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
-            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                                 _mm256_packs_epi32(q[2], q[3]));
-            const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
-            _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32), _mm_unpacklo_epi8(lo, hi));
-            _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32 + 16), _mm_unpackhi_epi8(lo, hi));
-            const long g = b * NG + 32 * c / QG;
-            xs[g] = (32 * c % QG ? xs[g] : 0.0f) + sum;
+    const long b = bg / NG;
+    xs[bg] = 0.0f;
+    for (long c = bg % NG * Q_CHUNKS; c < (bg % NG + 1) * Q_CHUNKS; c++) {
+        const long k0 = b * (long)IRON_K + 32 * c;
+        __m256i q[4];
+        float sum = 0.0f;
+        for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
+            const __m256 v0 = iron_load8_bf16(x + k0 + 16 * half);
+            const __m256 v1 = iron_load8_bf16(x + k0 + 16 * half + 8);
+            const float amax = iron_hmax8(_mm256_max_ps(_mm256_and_ps(v0, magnitude),
+                                                        _mm256_and_ps(v1, magnitude)));
+            const float scale = amax / 127.0f, over = 127.0f / amax;
+            const float inv = over <= FLT_MAX ? over : 0.0f; /* max |x| 0 or tiny: codes 0 */
+            /* cvtps rounds half to even (the default mode) */
+            q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
+            q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
+            for (int i = 0; i < 2; i++)
+                _mm256_storeu_ps(xf + b * KP + 32 * c + 16 * half + 8 * i,
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(q[2 * half + i]),
+                                               _mm256_set1_ps(scale)));
+            const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
+            sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
+            dx[b * XB + 2 * c + half] = scale;
         }
+        /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3,
+         * of the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+        const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+        _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32), _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32 + 16), _mm_unpackhi_epi8(lo, hi));
+        xs[bg] += sum;
+    }
 }
 
 /* A value is d (u - Q_ZERO) + m: the dot products give sum u x, the rest is a multiple of the
@@ -366,16 +368,25 @@ void iron_kernel(void *const *args) {
     float *xf = aligned_alloc(64, (sizeof(float) * floats + IRON_BATCHES * IRON_K + 63) / 64 * 64);
     float *xs = xf + (long)IRON_BATCHES * KP, *dx = xs + (long)IRON_BATCHES * NG;
     int8_t *x8 = (int8_t *)(xf + floats);
-    quantize_x(x, x8, dx, xf, xs);
     const vectors_t v = {(const uint32_t *)x8, dx, xf, xs};
 
 #if IRON_NUM_AIE_COLUMNS > 1
-    #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
+    #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
 #endif
-    for (long item = 0; item < IRON_M / IRON_TILE_SIZE_OUTPUT; item++)
-        for (long m = item * IRON_TILE_SIZE_OUTPUT; m < (item + 1) * IRON_TILE_SIZE_OUTPUT;
-             m += Q_TILE)
-            tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(IRON_K), v, out + m);
+    {
+#if IRON_NUM_AIE_COLUMNS > 1
+        #pragma omp for schedule(static)
+#endif
+        for (long bg = 0; bg < (long)IRON_BATCHES * NG; bg++)
+            quantize_group(x, bg, x8, dx, xf, xs);
+#if IRON_NUM_AIE_COLUMNS > 1
+        #pragma omp for schedule(static) /* after the barrier that ends the loop above */
+#endif
+        for (long item = 0; item < IRON_M / IRON_TILE_SIZE_OUTPUT; item++)
+            for (long m = item * IRON_TILE_SIZE_OUTPUT; m < (item + 1) * IRON_TILE_SIZE_OUTPUT;
+                 m += Q_TILE)
+                tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(IRON_K), v, out + m);
+    }
     free(xf);
 }
 
