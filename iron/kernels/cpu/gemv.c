@@ -23,7 +23,7 @@
  * Quantized W (iron_quant.h): rows come in tiles of 16, one 32-bit lane per row, so a tile is
  * computed in whole registers without summing across lanes; the expansion of its codes is
  * shared by up to VECTORS x vectors per pass. x is rounded to int8 codes per 16 values
- * (quantize_x), so a code times x is an integer product: with AVX512-VNNI one mask (and one
+ * (quantize_group), so a code times x is an integer product: with AVX512-VNNI one mask (and one
  * shift) turn a plane of codes into bytes, and one vpdpbusd per vector multiplies 4 of them by
  * 4 codes of x broadcast from memory, exactly; per block of x the integer sums are scaled by
  * x's scale, per group by the 16 rows' d, and the term of the minimums and the offsets (a
