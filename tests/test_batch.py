@@ -92,6 +92,35 @@ def test_engine_gives_each_request_its_tokens_alone(smollm2_model, slot_model, p
     assert sorted(engine.free) == [0, 1, 2, 3] and not engine.active
 
 
+def test_a_long_prompt_is_prefilled_over_steps_while_others_decode(smollm2_model, slot_model,
+                                                                   prompts):
+    """A prompt of five chunks joins a decoding request: its prefill takes three steps of at
+    most two chunks (the budget), the running request gets a token at each step on the way,
+    and both get the tokens they get alone."""
+    m = slot_model
+    long_ids = (sum(prompts, []) * 40)[:5 * m.chunk - 3]
+    alone_a = smollm2_model.generate(prompts[2], 12, Sampler(), stop_at_eos=False)[0]
+    alone_b = smollm2_model.generate(long_ids, 4, Sampler(), stop_at_eos=False)[0]
+    engine = Engine(SlotModel(m.bundle, slots=2, weights=m.weights))
+    assert engine.prefill_budget == 2 * m.chunk
+    got_a, got_b, a_when_b_starts = [], [], []
+
+    def on_b(token):
+        if not got_b:
+            a_when_b_starts.append(len(got_a))
+        got_b.append(token)
+
+    engine.submit(Request(prompts[2], 12, Sampler(), got_a.append, lambda *_: None,
+                          stop_at_eos=False))
+    engine.step()  # a's prefill and its first step
+    engine.step()
+    before = len(got_a)
+    engine.submit(Request(long_ids, 4, Sampler(), on_b, lambda *_: None, stop_at_eos=False))
+    engine.run_until_idle()
+    assert got_a == alone_a and got_b == alone_b
+    assert a_when_b_starts == [before + 2]  # two steps of two chunks, each with a's token
+
+
 def test_engine_cancel_frees_the_slot(slot_model, prompts):
     engine = Engine(slot_model)
     seen, reasons = [], []

@@ -11,11 +11,13 @@ The batched programs take their tunables from the one-row programs and every ker
 row the same way whatever the other rows hold (see ``apps.llama.model.match_tunables``), so a
 sequence's logits, and its greedy tokens, are the same alone and in any batch.
 
-``Engine`` schedules requests over the slots: a waiting request joins between steps once a slot
-is free (its prompt is prefilled alone; requests that arrive during a prefill join before the
-next decode step, so clients that start together are prefilled together rather than one
-prefill stalling the others' first steps), every active sequence then advances one token per
-step, and a finished, stopped or cancelled one leaves its slot at once.
+``Engine`` schedules requests over the slots: a waiting request takes a slot as soon as one is
+free; prompts are prefilled a chunk at a time, oldest first, up to a budget of prompt tokens
+per step (two chunks), and every active sequence then advances one token. So a long prompt is
+spread over several steps while the others keep decoding (a 2000-token prompt would otherwise
+stop them for over a second), and prompts that arrive together, short ones, are prefilled in
+the same step and start decoding together. A finished, stopped or cancelled request leaves its
+slot at once.
 """
 
 from __future__ import annotations
@@ -76,6 +78,18 @@ class SlotModel(LlamaModel):
         self._use_slot(slot)
         self.position = 0
         return self.prefill(tokens)
+
+    def prefill_part(self, slot: int, tokens: list[int], start: int
+                     ) -> tuple[int, np.ndarray | None]:
+        """Prefill the next chunk of ``tokens`` from ``start`` (its position in ``slot``; the
+        tokens before it are in the cache): how many are in the cache after it, and once that
+        is all of them, the logits after the last one."""
+        self._use_slot(slot)
+        self.position = start
+        self._check_room(len(tokens) - start)
+        hidden = self._prefill_chunk(tokens[start:])
+        done = start + len(hidden)
+        return done, (self.head(hidden[-1:]) if done == len(tokens) else None)
 
     def decode_rows(self, slots: list[int], tokens: list[int], positions: list[int]
                     ) -> np.ndarray:
@@ -140,7 +154,8 @@ class Request:
 class _Sequence:
     request: Request
     slot: int
-    position: int  # where the next token's keys and values go
+    position: int  # where the next token's keys and values go (while prefilling: the next
+    #                prompt token's)
     token: int  # the last token sampled, fed at the next step
     generated: int = 0
     started: float = 0.0
@@ -157,7 +172,9 @@ class Engine:
         self.model = model
         self.after_step = after_step
         self.waiting: collections.deque[Request] = collections.deque()
-        self.active: dict[int, _Sequence] = {}
+        self.prefilling: collections.deque[_Sequence] = collections.deque()  # oldest first
+        self.active: dict[int, _Sequence] = {}  # slot -> a sequence that decodes
+        self.prefill_budget = 2 * model.chunk  # prompt tokens prefilled per step
         self.free = list(range(model.slots))
         self.wake = threading.Condition()
         self.steps = 0  # decode steps run; ``batch_rows`` sums their sequences
@@ -189,8 +206,8 @@ class Engine:
     # ---- running (the engine's thread) --------------------------------------------------------
 
     def step(self) -> bool:
-        """Admit what fits, then decode one token of every active sequence; whether there was
-        anything to do."""
+        """Give waiting requests free slots, prefill up to the budget, then decode one token of
+        every active sequence; whether there was anything to do."""
         try:
             return self._step()
         finally:
@@ -198,23 +215,13 @@ class Engine:
                 self.after_step()
 
     def _step(self) -> bool:
-        admitted = 0
-        while True:  # one at a time: a request that arrives during a prefill joins this step
-            with self.wake:
-                if not (self.waiting and self.free):
-                    break
-                request = self.waiting.popleft()
-                if request.cancelled:
-                    request.on_finish("cancelled", request.stats)
-                    continue
-                slot = self.free.pop(0)
-            self._admit(request, slot)
-            admitted += 1
-        for slot, seq in list(self.active.items()):
+        self._take_slots()
+        for seq in [*self.prefilling, *self.active.values()]:
             if seq.request.cancelled:
                 self._finish(seq, "cancelled")
+        prefilled = self._prefill()
         if not self.active:
-            return bool(admitted)
+            return prefilled
         seqs = list(self.active.values())
         try:
             logits = self.model.decode_rows([s.slot for s in seqs], [s.token for s in seqs],
@@ -230,20 +237,42 @@ class Engine:
             self._emit(seq, seq.request.sampler(row))
         return True
 
-    def _admit(self, request: Request, slot: int) -> None:
-        seq = _Sequence(request, slot, position=len(request.prompt), token=-1,
-                        started=time.perf_counter())
-        request.stats.prompt_tokens = len(request.prompt)
-        request.sampler.start(request.prompt)
-        try:
-            logits = self.model.prefill_slot(slot, request.prompt)
-        except Exception as e:
-            self.active[slot] = seq
-            self._finish(seq, f"error: {e}")
-            return
-        request.stats.prefill_seconds = time.perf_counter() - seq.started
-        self.active[slot] = seq
-        self._emit(seq, request.sampler(logits))
+    def _take_slots(self) -> None:
+        """Give waiting requests free slots, to be prefilled."""
+        with self.wake:
+            while self.waiting and self.free:
+                request = self.waiting.popleft()
+                if request.cancelled:
+                    request.on_finish("cancelled", request.stats)
+                    continue
+                seq = _Sequence(request, self.free.pop(0), position=0, token=-1,
+                                started=time.perf_counter())
+                request.stats.prompt_tokens = len(request.prompt)
+                request.sampler.start(request.prompt)
+                self.prefilling.append(seq)
+
+    def _prefill(self) -> bool:
+        """Prefill prompts, oldest first, a chunk at a time, until this step's budget of
+        prompt tokens is spent (at least one chunk runs); a prompt whose last chunk is in
+        samples its first token and decodes from the next step. Whether any chunk ran."""
+        spent = 0
+        while self.prefilling and spent < self.prefill_budget:
+            seq = self.prefilling[0]
+            r, t = seq.request, time.perf_counter()
+            try:
+                done, logits = self.model.prefill_part(seq.slot, r.prompt, seq.position)
+            except Exception as e:
+                self._finish(seq, f"error: {e}")
+                continue
+            r.stats.prefill_seconds += time.perf_counter() - t
+            spent += done - seq.position
+            seq.position = done
+            if logits is not None:
+                self.prefilling.popleft()
+                self.active[seq.slot] = seq
+                self._emit(seq, r.sampler(logits))
+            self._take_slots()  # a request that came during the chunk joins this step
+        return spent > 0
 
     def _emit(self, seq: _Sequence, token: int) -> None:
         r, now = seq.request, time.perf_counter()
@@ -267,7 +296,10 @@ class Engine:
             return self._finish(seq, "length")
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
-        del self.active[seq.slot]
+        if self.active.get(seq.slot) is seq:
+            del self.active[seq.slot]
+        else:
+            self.prefilling.remove(seq)
         with self.wake:
             self.free.append(seq.slot)
             self.free.sort()
@@ -286,7 +318,8 @@ class Engine:
         def loop() -> None:
             while True:
                 with self.wake:
-                    while not self._stop and not self.waiting and not self.active:
+                    while not (self._stop or self.waiting or self.prefilling
+                               or self.active):
                         self.wake.wait()
                     if self._stop:
                         break
@@ -303,7 +336,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for seq in list(self.active.values()):
+        for seq in [*self.prefilling, *self.active.values()]:
             self._finish(seq, "cancelled")
         while self.waiting:
             r = self.waiting.popleft()

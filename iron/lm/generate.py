@@ -211,23 +211,28 @@ class LlamaModel:
                             "the bundle with a larger context (doit context=N)")
 
     def _chunks(self, tokens: list[int]) -> Iterator[np.ndarray]:
-        """Run prompt tokens through the prefill programs a chunk at a time (the tail program
-        once no more than its rows are left); yield each chunk's hidden states (a view of the
-        program's output buffer, valid until the next call)."""
+        """Run prompt tokens through the prefill programs a chunk at a time; yield each
+        chunk's hidden states (a view of the program's output buffer, valid until the next
+        call)."""
         self._check_room(len(tokens))
         start = 0
         while start < len(tokens):
-            left = len(tokens) - start
-            rows, exe = ((self.tail_chunk, self.tail_exe) if left <= self.tail_chunk
-                         else (self.chunk, self.prefill_exe))
-            part = tokens[start:start + rows]
-            ids = np.zeros(rows, np.int32)  # the last chunk is padded: its extra rows write
-            ids[: len(part)] = part  # cache rows past the prompt, overwritten later
-            pos = np.arange(self.position, self.position + rows, dtype=np.int32)
-            (out,) = exe.run([ids, pos], copy=False)
-            self.position += len(part)
-            start += len(part)
-            yield out[: len(part)]
+            hidden = self._prefill_chunk(tokens[start:])
+            start += len(hidden)
+            yield hidden
+
+    def _prefill_chunk(self, tokens: list[int]) -> np.ndarray:
+        """Run the first chunk of ``tokens`` at the current position (the tail program once no
+        more than its rows are left); its hidden states, one row per token it took."""
+        rows, exe = ((self.tail_chunk, self.tail_exe) if len(tokens) <= self.tail_chunk
+                     else (self.chunk, self.prefill_exe))
+        part = tokens[:rows]
+        ids = np.zeros(rows, np.int32)  # the last chunk is padded: its extra rows write
+        ids[: len(part)] = part  # cache rows past the prompt, overwritten later
+        pos = np.arange(self.position, self.position + rows, dtype=np.int32)
+        (out,) = exe.run([ids, pos], copy=False)
+        self.position += len(part)
+        return out[: len(part)]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
         """Run prompt tokens through the model; return the logits after the last one."""

@@ -334,7 +334,7 @@ def create_app(server: Server):
     async def health():
         e = server.engine
         return {"status": "ok", "slots": server.model.slots, "active": len(e.active),
-                "waiting": len(e.waiting)}
+                "prefilling": len(e.prefilling), "waiting": len(e.waiting)}
 
     @app.get("/v1/models")
     async def models():
