@@ -27,8 +27,10 @@ chunk of 32 values, then its 16 scales, then its 16 minimums (q4_1, uint4). A ch
 
     4-bit  4 planes j = 0..3 of 16 little-endian uint32, word i of plane j holding row i's
            codes 8j .. 8j+7: code 8j+2s in bits 4s..4s+3, code 8j+2s+1 in bits
-           16+4s..16+4s+3 (s = 0..3), so that one shift and one mask give every row's pair
-           (8j+2s, 8j+2s+1) as two 16-bit lanes
+           16+4s..16+4s+3 (s = 0..3), so that one mask gives every row's codes 8j, 8j+4,
+           8j+1, 8j+5 as the 4 bytes of its word, and one shift and one mask codes 8j+2,
+           8j+6, 8j+3, 8j+7 (the int8 dot products); or one shift and one mask give every
+           row's pair (8j+2s, 8j+2s+1) as two 16-bit lanes (the AVX2 kernel)
     q8_0   the unsigned codes q + 128 as two such 4-bit chunks: their low nibbles, then their
            high nibbles (so that the kernels expand both like 4-bit codes)
 
@@ -204,7 +206,7 @@ def activation_values(x: np.ndarray) -> np.ndarray:
     This makes every product of a 4-bit code with x an integer, so the cpu kernel sums them
     exactly with integer dot products (vpdpbusd), in any order, at twice the rate of bfloat16
     ones. llama.cpp rounds x the same way in blocks of 32 (ggml-quants.c, quantize_row_q8_0 /
-    q8_1); blocks of 16 cost about half as much accuracy (KL from the bf16 bundle, README)
+    q8_1); blocks of 16 cost less than half as much accuracy (KL from the bf16 bundle, README)
     for one more multiply-add per block. The last axis must be a multiple of the block.
     """
     x = np.asarray(x, np.float32)
@@ -218,7 +220,7 @@ def activation_values(x: np.ndarray) -> np.ndarray:
 
 
 def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:
-    """GGUF blocks (rows, K/32 * block bytes) -> the kernels' layout: bytes moved, not changed."""
+    """GGUF blocks (rows, K/32 * block bytes) -> the row layout: bytes moved, not changed."""
     per = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
     if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % per:
         raise FormatError(f"{fmt} GGUF blocks must be uint8 (rows, K/32 * {per}), got "

@@ -118,8 +118,10 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
 #define XB (IRON_K / 16) /* blocks of 16 values of x per row, each with its own scale */
 #define KP IRON_K        /* row stride of the float32 copy of x */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INT8_DOTS 1 /* codes times x's int8 codes with vpdpbusd; else float32 FMAs (AVX2) */
 #define VECTORS 4
 #else
+#define INT8_DOTS 0
 #define CHAINS 2
 #define VECTORS (4 / Q_NIBBLES / 2)
 #endif
@@ -128,9 +130,10 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
 
 /* x as the tile kernels read it, per vector (see quantize_group) */
 typedef struct {
-    const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
+    const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes'
+                         * order (AVX512-VNNI only) */
     const float *dx;    /* per block of 16: the scale of its codes */
-    const float *xf;    /* x as the codes give it back, dx * code */
+    const float *xf;    /* x as the codes give it back, dx * code (AVX2 only) */
     const float *xs;    /* per group: the sum of those */
 } vectors_t;
 
@@ -158,7 +161,7 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
             /* cvtps rounds half to even (the default mode) */
             q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
             q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2 && !INT8_DOTS; i++) /* the AVX2 kernel's float32 x */
                 _mm256_storeu_ps(xf + b * KP + 32 * c + 16 * half + 8 * i,
                                  _mm256_mul_ps(_mm256_cvtepi32_ps(q[2 * half + i]),
                                                _mm256_set1_ps(scale)));
@@ -166,13 +169,16 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
             sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
             dx[b * XB + 2 * c + half] = scale;
         }
-        /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3,
-         * of the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
-        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
-        const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
-        _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32), _mm_unpacklo_epi8(lo, hi));
-        _mm_storeu_si128((__m128i *)(x8 + (b * NC + c) * 32 + 16), _mm_unpackhi_epi8(lo, hi));
+        if (INT8_DOTS) {
+            /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3,
+             * of the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                 _mm256_packs_epi32(q[2], q[3]));
+            const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+            int8_t *codes = x8 + (b * NC + c) * 32;
+            _mm_storeu_si128((__m128i *)codes, _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(codes + 16), _mm_unpackhi_epi8(lo, hi));
+        }
         xs[bg] += sum;
     }
 }
@@ -181,7 +187,7 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
  * group's sum of x, (m - Q_ZERO d) */
 #define BIAS_D ((float)Q_ZERO)
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if INT8_DOTS
 
 /* *acc += the 4 unsigned bytes of every lane of codes . 4 int8 of x broadcast to every lane,
  * in 32-bit integers (exact). The broadcast is embedded in the instruction's memory operand,
