@@ -35,7 +35,7 @@ def _kind(mode: int) -> str:
                        (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "a special file"
 
 
 def open_regular(path: str | os.PathLike) -> BinaryIO:
@@ -54,10 +54,6 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
         raise
 
 
-def _size_text(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
-
-
 def read_bounded(path: str | os.PathLike, what: str, limit: int = MAX_USER_FILE) -> bytes:
     """The bytes of the regular file ``path``, refused (``RefusedFile``, naming ``what`` and
     ``limit``) before reading when it is larger than ``limit``, and cut off there if it grows
@@ -66,8 +62,9 @@ def read_bounded(path: str | os.PathLike, what: str, limit: int = MAX_USER_FILE)
         size = os.fstat(f.fileno()).st_size
         data = f.read(limit + 1) if size <= limit else b""
         if size > limit or len(data) > limit:
-            raise RefusedFile(errno.EFBIG, f"it is {_size_text(max(size, len(data)))}, over the "
-                                           f"{_size_text(limit)} limit for {what}")
+            most = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+            raise RefusedFile(errno.EFBIG, f"it is {max(size, len(data))} bytes, over the "
+                                           f"{most} limit for {what}")
     return data
 
 

@@ -53,7 +53,7 @@ from ..devices import DEVICE_NAMES, device as get_device
 from ..errors import IronError
 from ..paths import PACKAGE_DIR, build_dir, project_root
 from ..remote_cache import from_env as remote_cache_from_env
-from ..util import atomic_write_bytes
+from ..util import atomic_write_bytes, read_bounded
 
 RECORD_VERSION = 2
 
@@ -306,7 +306,13 @@ class BuildGraph:
     # ---- the record of the recorded programs ----------------------------------------------
 
     def _fingerprint(self) -> str:
-        profile = self.profile_file.read_bytes() if self.profile_file.exists() else b""
+        try:  # bounded: a profile linked to /dev/zero must not hang or fill memory here
+            profile = read_bounded(self.profile_file, "a profile")
+        except FileNotFoundError:
+            profile = b""
+        except OSError as e:
+            raise IronError(f"{self.profile_file}: cannot read the profile ({e.strerror})") \
+                from None
         key = {"version": RECORD_VERSION, "vars": {k: v for k, v in self.vars.items()
                                                      if k in ("app", "device", "checkpoint",
                                                               "context", "weights", "group",
