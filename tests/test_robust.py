@@ -733,3 +733,20 @@ def test_threads_variable_sets_the_cpu_columns(monkeypatch):
     assert BuildGraph(lambda *a: None, {"threads": "1"}).device.columns == 1
     with pytest.raises(Exception, match="threads='0': must be an integer from 1"):
         BuildGraph(lambda *a: None, {"threads": "0"})
+
+
+@pytest.mark.parametrize("option", ["--budget", "--max-load"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_tuner_number_options_refuse_nan_and_inf(option, value, monkeypatch, capsys):
+    """nan compares false with every bound, so `--budget nan` once passed `budget <= 0` and
+    tuned with no budget at all."""
+    import iron.tuning.__main__ as tuning
+
+    def tune(*args, **kwargs):
+        raise AssertionError(f"{option} {value} was accepted: a tune started")
+
+    monkeypatch.setattr(tuning, "tune", tune)
+    with pytest.raises(SystemExit) as e:
+        tuning.main(["demo", f"{option}={value}"])
+    assert e.value.code == 2
+    assert f"argument {option}: {value!r} is not a finite number" in capsys.readouterr().err
