@@ -2,7 +2,7 @@
 
 Reads a tuning log (``build/tune/llama-cpu.jsonl``, written by ``python -m iron.lm.tune llama
 --full``), groups its measured candidates by instance, models each with the cpu target's
-roofline (``iron.targets.cpu_model``, priced with this host's calibration) and prints, per
+roofline (``iron.targets.cpu.cost``, priced with this host's calibration) and prints, per
 instance: Spearman's rank correlation between modelled and measured times; whether the measured
 fastest is among the model's K fastest (what ``--prune K`` measures); and the regret, the
 measured time of the best of the model's K over the measured best.  The median correlation is
@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from iron.operator import Operator
 from iron.paths import build_dir
-from iron.targets import cpu_model
+from iron.targets.cpu import cost as cpu_model
 from iron.tuning.log import TuneLog
 from iron.tuning.measure import TargetBenchmark
 from iron.tuning.model import DEFAULT_PRUNE, spearman

@@ -7,7 +7,7 @@ tile has two DMA channels into the array and two out of it.  Every resource an n
 checked against (memories, DMA channels, buffer descriptors, access-pattern limits, MAC shapes)
 is counted in ``iron/targets/npu/resources.py``.  On the host CPU a "column" is a worker
 thread, so its column count is the number of cores this process may use (its
-affinity, see ``iron.host``), and its local memory is a core's L2 cache.
+affinity, see ``iron.targets.cpu.host``), and its local memory is a core's L2 cache.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def host_cache_bytes() -> int:
 
 
 def _cpu() -> Device:
-    from .host import usable_cores
+    from .targets.cpu.host import usable_cores
 
     return Device("cpu", "cpu", columns=usable_cores(), tile_memory=512 * 1024,
                   shim_channels=1 << 30)

@@ -18,7 +18,8 @@ import pytest
 import iron
 from iron.errors import DeviceError
 from iron.operators import GEMM, GEMV, Attention, ElementwiseAdd, SiLU, SwiGLU
-from iron.targets import Target, cpu_model, target_for
+from iron.targets import Target, target_for
+from iron.targets.cpu import cost as cpu_model
 from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMORY, Estimate, estimate
 from iron.tuning import __main__ as tuning_cli
 from iron.tuning.candidates import candidates, instances, unset

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import iron
-from iron import host
+from iron.targets.cpu import host
 from iron.errors import BundleError, CheckpointError, IronError, ProfileError
 from iron.pipeline import bundle as bundles
 from iron.profile import Profile

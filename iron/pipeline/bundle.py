@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
     from ..profile import Profile
     from ..program import Program
 
-from .. import host
+from ..targets.cpu import host
 from ..errors import BundleError, IronError
 from ..util import atomic_write_bytes, sha256_file
 from ..store import Store, locked_temp_folder

@@ -230,7 +230,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
         if pool is not None:
             pool.close()
 
-    from ..host import host_class
+    from ..targets.cpu.host import host_class
 
     # the host it was tuned on, as data: another host falls back where an entry does not fit
     profile = Profile(previous.entries, dev.name, host_class() if dev.kind == "cpu" else None)

@@ -19,7 +19,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .errors import DeviceError
+from ...errors import DeviceError
 
 DEFAULT_MARCH = "native"
 #: A level gcc and clang accept: ``native``, ``x86-64-v3``, ``znver4``, ``sapphirerapids``...

@@ -34,11 +34,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..devices import host_cache_bytes
-from ..operator import Operator
-from ..paths import build_dir
-from ..util import atomic_write_bytes
-from .cost import COMPUTE, LAUNCH, MEMORY, Estimate, estimate
+from ...devices import host_cache_bytes
+from ...operator import Operator
+from ...paths import build_dir
+from ...util import atomic_write_bytes
+from ..cost import COMPUTE, LAUNCH, MEMORY, Estimate, estimate
 
 LANES = 8  # float32 lanes of the kernels' AVX2 vectors
 FMA_PER_CYCLE = 2  # FMA units per core on the x86 cores iron targets (Intel and AMD since 2013)
@@ -82,14 +82,14 @@ class Host:
 
 def _probe_recipe():
     """``calibrate.c`` as a recipe: keyed by its source, the compiler, flags and host."""
-    from . import cpu
+    from . import target as cpu
 
     return cpu.source_recipe("calibrate", cpu.SOURCE_DIR / "calibrate.c")
 
 
 def _probe_library() -> ctypes.CDLL:
     """``calibrate.c`` compiled like a kernel, through the artifact store."""
-    from . import cpu
+    from . import target as cpu
 
     entry = cpu.TARGET.compile(_probe_recipe())
     lib = ctypes.CDLL(str(cpu.TARGET.artifact(entry)))
@@ -122,7 +122,7 @@ def _typical(run: Callable[[int, ctypes.Array], None], reps: int) -> float:
 
 def measure_host(threads: int | None = None) -> Host:
     """Run the probes (a few seconds); see ``calibrate.c``."""
-    from ..memory import huge_page_copy
+    from ...memory import huge_page_copy
 
     threads = threads or os.cpu_count() or 1
     lib = _probe_library()
@@ -223,7 +223,7 @@ def vector_ops(n: int, per8: float, scalar: float | None = None) -> float:
 
 def work(op: Operator, h: Host) -> Work:
     """The ``Work`` of ``op``'s cpu kernel; see each kernel's source for the loops counted."""
-    from ..operators import GEMM, GEMV, Attention, Elementwise, Embedding, RowWise, SwiGLU
+    from ...operators import GEMM, GEMV, Attention, Elementwise, Embedding, RowWise, SwiGLU
 
     threads = getattr(op, "num_aie_columns", 1) or 1
     if isinstance(op, Elementwise):  # iron_elementwise.h: load + widen per input, op, store
@@ -277,7 +277,7 @@ def _gemv_tiled(op, threads: int) -> Work:
     8 vpdpbusd; per chunk and vector 4 ops (6 for q8_0's two sets) scale the integer sums of
     x's two blocks by their scales, per group and vector 2 FMAs apply the rows' scales and
     bias. x is rounded to int8 once per call."""
-    from ..quant import row_bytes
+    from ...quant import row_bytes
 
     sets = 2 if op.weight_format == "q8_0" else 1
     tiles, chunks, groups = op.M // 16, op.K // 32, op.K // op.group_size

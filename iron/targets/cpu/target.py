@@ -2,7 +2,7 @@
 
 Each operator's kernel ``iron/kernels/cpu/<kernel>.c`` is compiled once per resolved instance
 with its params and tunables baked in as ``-DIRON_<FIELD>=<int>`` constants, ``-O3``, the
-build's ``-march`` level (``native`` unless ``$IRON_MARCH`` names another, see ``iron.host``)
+build's ``-march`` level (``native`` unless ``$IRON_MARCH`` names another, see ``iron.targets.cpu.host``)
 and OpenMP threads for ``num_aie_columns``.  Every library exports
 ``void iron_kernel(void *const *args)`` taking its inputs then its outputs.  A program runs
 through ``runtime.c``'s ``iron_exec``: one ctypes call walks the whole list of steps, so the
@@ -23,15 +23,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import host
-from ..errors import CompileError, DeviceError, ShapeError
-from ..memplan import temp_buffers
-from ..operator import Operator
-from ..paths import KERNELS_DIR
-from .base import Recipe, Target
-from .cost import Estimate
-from ..program import Program
-from ..store import Entry, Store
+from . import host
+from ...errors import CompileError, DeviceError, ShapeError
+from ...memplan import temp_buffers
+from ...operator import Operator
+from ...paths import KERNELS_DIR
+from ..base import Recipe, Target
+from ..cost import Estimate
+from ...program import Program
+from ...store import Entry, Store
 
 RECIPE_VERSION = 1
 SOURCE_DIR = KERNELS_DIR / "cpu"
@@ -174,10 +174,10 @@ class CpuTarget(Target):
         return Executable(program, step_files, runtime_file)
 
     def cost(self, op: Operator) -> Estimate:
-        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu_model``)."""
-        from . import cpu_model
+        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu.cost``)."""
+        from .cost import cost
 
-        return cpu_model.cost(op)
+        return cost(op)
 
 
 TARGET = CpuTarget()
