@@ -34,10 +34,10 @@ from typing import Callable
 
 import numpy as np
 
-from ...devices import host_cache_bytes
 from ...operator import Operator
 from ...paths import build_dir
 from ...util import atomic_write_bytes
+from . import host as host_facts
 from ..cost import COMPUTE, LAUNCH, MEMORY, Estimate, estimate
 
 LANES = 8  # float32 lanes of the kernels' AVX2 vectors
@@ -126,7 +126,7 @@ def measure_host(threads: int | None = None) -> Host:
 
     threads = threads or os.cpu_count() or 1
     lib = _probe_library()
-    memory = huge_page_copy(np.ones(min(1 << 30, max(256 << 20, 2 * host_cache_bytes())) // 4,
+    memory = huge_page_copy(np.ones(min(1 << 30, max(256 << 20, 2 * host_facts.cache_bytes())) // 4,
                                     np.float32))
     cache_floats = (1 << 20) // 4  # 1 MiB per thread: in a core's L2 on current x86 cores
     cache = np.ones(cache_floats * threads, np.float32)
@@ -147,7 +147,7 @@ def measure_host(threads: int | None = None) -> Host:
                                                       items.size, 16, r, s), 201)
     whole = _typical(lambda r, s: lib.iron_probe_items(items.ctypes.data, out.ctypes.data,
                                                       items.size, items.size, r, s), 201)
-    flags = _cpu_flags()
+    flags = host_facts.features()
     # A team of t threads can leave one idle, so its aggregate throughput is at least t - 1's:
     # a lower best-of figure means another process held a core through every repetition.
     memory_bw, cache_bw, fma = (_at_least_fewer(v) for v in (memory_bw, cache_bw, fma))
@@ -161,15 +161,6 @@ def measure_host(threads: int | None = None) -> Host:
 def _at_least_fewer(rates: list[float]) -> list[float]:
     """Throughputs by thread count, each raised to the best of fewer threads."""
     return [max(rates[:t]) for t in range(1, len(rates) + 1)]
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    found = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    return set(found.group(1).split()) if found else set()
 
 
 def calibration_path() -> Path:

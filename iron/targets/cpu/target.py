@@ -30,6 +30,7 @@ from ...operator import Operator
 from ...paths import KERNELS_DIR
 from ..base import Recipe, Target
 from ..cost import Estimate
+from .rules import RULES
 from ...program import Program
 from ...store import Entry, Store
 
@@ -54,17 +55,6 @@ def compiler() -> tuple[str, str]:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     machine = subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True).stdout
     return cc, f"{os.path.realpath(cc)} | {version.splitlines()[0]} | {machine.strip()}"
-
-
-@functools.lru_cache(maxsize=None)
-def host_identity() -> str:
-    """What ``-march=native`` depends on: the host CPU's model and feature flags."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    fields = dict(re.findall(r"^(model name|flags)\s*:\s*(.*)$", info, re.M))
-    return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
 
 
 def source_closure(source: Path) -> dict[Path, str]:
@@ -128,7 +118,7 @@ def source_recipe(name: str, source: Path, op: Operator | None = None) -> Recipe
         "fields": None if op is None else op.config(),
         "sources": dict(sorted((p.name, digest) for p, digest in sources.items())),
         # only -march=native depends on the host's CPU; a named level builds the same anywhere
-        "compiler": identity, "host": host_identity() if level == "native" else None,
+        "compiler": identity, "host": host.identity() if level == "native" else None,
         "march": level, "flags": flags(level),
         "macros": dict(macros),
     }
@@ -151,6 +141,11 @@ class CpuTarget(Target):
     """The host CPU: C kernels built by the system compiler, run by ``runtime.c``."""
 
     kind = "cpu"
+    RULES = RULES
+
+    def claims(self, cls: type[Operator]) -> bool:
+        """Operators with a cpu kernel source (``<kernel_root>/cpu/<kernel>.c``)."""
+        return hasattr(cls, "kernel") and (cls.kernel_root / "cpu" / f"{cls.kernel}.c").is_file()
 
     def recipe(self, op: Operator | None) -> Recipe:
         return recipe_for(op)
@@ -167,7 +162,7 @@ class CpuTarget(Target):
     def requirements(self) -> dict[str, Any]:
         level = host.march()
         return {"march": level, "isa": list(host.required_features(compiler()[0], level)),
-                "cpu": host.cpu_model()}
+                "cpu": host.model()}
 
     def executable(self, program: Program, step_files: Sequence[Path],
                    runtime_file: Path | None) -> Executable:
