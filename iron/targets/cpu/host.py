@@ -126,14 +126,14 @@ def required_features(cc: str, level: str) -> tuple[str, ...]:
     """
     added = _isa_macros(cc, level) - _isa_macros(cc, "x86-64")
     by_name = {normalize(f): f for f in features()}
-    features = set()
+    found = set()
     for macro in added:
         name = CPUINFO_ALIASES.get(macro, macro.lower())
         if normalize(name) in by_name:
-            features.add(by_name[normalize(name)])
+            found.add(by_name[normalize(name)])
         elif level != "native":
-            features.add(name)
-    return tuple(sorted(features))
+            found.add(name)
+    return tuple(sorted(found))
 
 
 def missing_features(required, flags=None) -> list[str]:
