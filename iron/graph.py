@@ -2,9 +2,9 @@
 
 Recording runs ``body`` on symbolic tensors.  Each ``Op.step(...)`` inside it takes its shape
 params from the inputs, its semantic params from the call, and each tunable from the call, else
-the graph's profile, else the default ``iron.resolution`` chooses (see ``iron.profile``).  The result, a
-``Program``, lists the resolved operator instances in order; a target compiles and runs it, and
-``Program.reference`` evaluates it with every operator's numpy maths.
+the graph's profile, else the default ``iron.resolution`` chooses (see ``iron.profile``).  The
+result, a ``Program``, lists the resolved operator instances in order; a target compiles and
+runs it, and ``Program.reference`` evaluates it with every operator's numpy maths.
 """
 
 from __future__ import annotations

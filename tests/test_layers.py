@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("import_cycles", ROOT / "scripts" / "import_cycles.py")
+spec = importlib.util.spec_from_file_location("import_cycles",
+                                              ROOT / "scripts" / "import_cycles.py")
 check = importlib.util.module_from_spec(spec)
 sys.modules["import_cycles"] = check
 spec.loader.exec_module(check)

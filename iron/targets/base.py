@@ -3,7 +3,7 @@
 A target turns resolved operator instances into artifacts and programs into executables.  Every
 layer above it (``Graph.__call__``, ``iron.pipeline``'s bundles and doit tasks, the tuner) goes
 through ``target_for(device)`` and these methods, never through a target module directly, so a
-new device kind is one module implementing ``Target``:
+new device kind is one package implementing ``Target`` (``TARGET``) and its ``rules``:
 
 - ``recipe(op)``: everything that goes into one artifact (``op=None``: the program executor,
   if the target has one), hashed into the artifact key, with the source files it reads (the

@@ -1,8 +1,8 @@
 """What the tuner tunes: the distinct operator instances of an application, and their candidates.
 
 An instance is an operator with its tunables cleared (class + params); its tuned setting
-applies to all its uses.  Its candidates are the frozen operators of ``legal_settings(op, dev)``,
-the same legality rules ``resolve`` enforces.
+applies to all its uses.  Its candidates are the frozen operators of
+``legal_settings(op, dev)``, the same legality rules ``resolve`` enforces.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     from ..targets.cpu.host import summary
 
     # the host it was tuned on, as data: another host falls back where an entry does not fit
-    profile = Profile(previous.entries, dev.name, summary() if dev.kind == "cpu" else None)
+    profile = Profile(previous.entries, dev.name, None if dev.fixed else summary())
     for o in outcomes:
         if o.chosen is not None:
             profile.add(type(o.chosen), **{p: getattr(o.chosen, p) for p in o.chosen.params()},

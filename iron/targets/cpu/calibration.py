@@ -153,7 +153,8 @@ def calibration() -> Calibration:
     if path.is_file():
         try:
             doc = json.loads(path.read_text())
-            cached = Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
+            cached = Calibration(**{k: tuple(v) if isinstance(v, list) else v
+                                    for k, v in doc.items()})
         except (ValueError, TypeError):
             cached = None  # a damaged file: measure again
         if cached is not None:
