@@ -42,7 +42,7 @@ class Elementwise(Operator):
     def space(self, dev: Device) -> dict[str, list[int]]:
         return {"num_aie_columns": columns(dev, (self.arity + 1) * self.size * 2),
                 "tile_size": pow2_tiles(self.size, lo=16),
-                "num_channels": list(range(1, min(2, dev.shim_channels) + 1))}
+                "num_channels": list(range(1, dev.shim_channels + 1))}
 
     @classmethod
     def example(cls, rng, shape):
