@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IronError
+from ..util import read_bounded
 
 ROLES = ("system", "user", "assistant")
 
@@ -68,16 +69,27 @@ class ChatTemplate:
         config: dict[str, Any] = {}
         if config_path.is_file():
             try:
-                config = json.loads(config_path.read_text(encoding="utf-8"))
+                config = json.loads(read_bounded(config_path, "a tokenizer config"))
+            except OSError as e:
+                raise ChatError(f"{config_path}: cannot read it ({e.strerror})") from None
             except ValueError as e:
                 raise ChatError(f"{config_path}: not valid JSON ({e})") from None
+            if not isinstance(config, dict):
+                raise ChatError(f"{config_path}: must be a JSON object")
         source, where = config.get("chat_template"), f"{config_path}: chat_template"
         if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source, where = named.get("default"), where + '["default"]'
         jinja_file = directory / "chat_template.jinja"
         if not source and jinja_file.is_file():
-            source, where = jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+            try:
+                source = read_bounded(jinja_file, "a chat template").decode("utf-8")
+            except OSError as e:
+                raise ChatError(f"{jinja_file}: cannot read it ({e.strerror})") from None
+            except UnicodeDecodeError as e:
+                raise ChatError(f"{jinja_file}: not UTF-8 text ({e.reason} at byte "
+                                f"{e.start})") from None
+            where = str(jinja_file)
         if not isinstance(source, str) or not source:
             raise ChatError(f"{directory}: no chat template (neither chat_template in "
                             "tokenizer_config.json nor chat_template.jinja); this checkpoint "

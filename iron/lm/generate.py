@@ -17,6 +17,7 @@ import numpy as np
 
 from ..pipeline.bundle import Bundle
 from ..errors import BundleError, IronError
+from .checkpoint import load_tokenizer
 from .layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, PROGRAMS, LmMeta
 
 
@@ -173,6 +174,8 @@ class LlamaModel:
         the very same memory; ``emulate`` runs an npu bundle in the emulator."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
         self.bundle.check_runnable(emulate)
+        # parsed before the weights are read: a damaged one is a one-line error, not a late crash
+        self._tokenizer = load_tokenizer(self.bundle.file("tokenizer.json"), BundleError)
         self.meta = meta = LmMeta.from_json(self.bundle.meta, str(self.bundle.path))
         self.chunk, self.tail_chunk = meta.chunk, meta.tail_chunk
         self.eos = set(meta.eos_token_ids)
@@ -194,9 +197,8 @@ class LlamaModel:
         self._pos = np.zeros(1, np.int32)
 
     def tokenizer(self):
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(self.bundle.file("tokenizer.json")))
+        """The bundle's tokenizer, parsed and checked when the model was loaded."""
+        return self._tokenizer
 
     def reset(self) -> None:
         """Forget the conversation: later tokens start at position 0 (old cache rows are
