@@ -27,8 +27,11 @@
  * shift) turn a plane of codes into bytes, and one vpdpbusd per vector multiplies 4 of them by
  * 4 codes of x broadcast from memory, exactly; per block of x the integer sums are scaled by
  * x's scale, per group by the 16 rows' d, and the term of the minimums and the offsets (a
- * multiple of the group's sum of x) is added. Without it (AVX2) the codes are widened to
- * float32 for FMAs with x's rounded values.
+ * multiple of the group's sum of x) is added. Without it (AVX2) the same masks feed vpmaddubsw,
+ * whose 16-bit pair sums one vpmaddwd per block of x widens: the same integer sums and the same
+ * float steps, so both builds give the same bits, at about 4x the rate of widening the codes to
+ * float32 for FMAs (which left this kernel compute-bound at about 40% of a Zen 3 core's
+ * bandwidth).
  */
 #include "iron_cpu.h"
 #include "iron_quant.h"
@@ -116,25 +119,21 @@ static inline void gemv_block(const uint16_t *w, const float *xp, uint16_t *out)
 #define NG (IRON_K / QG) /* groups per row */
 #define NC (IRON_K / 32) /* 32-value chunks per row */
 #define XB (IRON_K / 16) /* blocks of 16 values of x per row, each with its own scale */
-#define KP IRON_K        /* row stride of the float32 copy of x */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define INT8_DOTS 1 /* codes times x's int8 codes with vpdpbusd; else float32 FMAs (AVX2) */
+#define VNNI 1 /* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2) */
 #define VECTORS 4
 #else
-#define INT8_DOTS 0
-#define CHAINS 2
-#define VECTORS (4 / Q_NIBBLES / 2)
+#define VNNI 0
+#define VECTORS 2
 #endif
 #define BB (IRON_BATCHES < VECTORS ? IRON_BATCHES : VECTORS)
 #define PREFETCH 4096 /* software prefetch distance in bytes of W (see the bf16 kernel) */
 
 /* x as the tile kernels read it, per vector (see quantize_group) */
 typedef struct {
-    const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes'
-                         * order (AVX512-VNNI only) */
+    const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
     const float *dx;    /* per block of 16: the scale of its codes */
-    const float *xf;    /* x as the codes give it back, dx * code (AVX2 only) */
-    const float *xs;    /* per group: the sum of those */
+    const float *xs;    /* per group: the sum of the values the codes give back, dx * code */
 } vectors_t;
 
 /* A quantized W multiplies x rounded to int8 codes per 16 values (scale = max |x| / 127, round
@@ -142,8 +141,7 @@ typedef struct {
  * product, exact in any order. This rounds group bg % NG of vector bg / NG (the threads share
  * the groups out) and sums its values. The codes of plane j are stored in the order lo/hi
  * below take the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
-static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xf,
-                           float *xs) {
+static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xs) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const long b = bg / NG;
     xs[bg] = 0.0f;
@@ -161,24 +159,18 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
             /* cvtps rounds half to even (the default mode) */
             q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
             q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
-            for (int i = 0; i < 2 && !INT8_DOTS; i++) /* the AVX2 kernel's float32 x */
-                _mm256_storeu_ps(xf + b * KP + 32 * c + 16 * half + 8 * i,
-                                 _mm256_mul_ps(_mm256_cvtepi32_ps(q[2 * half + i]),
-                                               _mm256_set1_ps(scale)));
             const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
             sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
             dx[b * XB + 2 * c + half] = scale;
         }
-        if (INT8_DOTS) {
-            /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3,
-             * of the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
-            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                                 _mm256_packs_epi32(q[2], q[3]));
-            const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
-            int8_t *codes = x8 + (b * NC + c) * 32;
-            _mm_storeu_si128((__m128i *)codes, _mm_unpacklo_epi8(lo, hi));
-            _mm_storeu_si128((__m128i *)(codes + 16), _mm_unpackhi_epi8(lo, hi));
-        }
+        /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3, of
+         * the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+        const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+        int8_t *codes = x8 + (b * NC + c) * 32;
+        _mm_storeu_si128((__m128i *)codes, _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128((__m128i *)(codes + 16), _mm_unpackhi_epi8(lo, hi));
         xs[bg] += sum;
     }
 }
@@ -187,7 +179,7 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
  * group's sum of x, (m - Q_ZERO d) */
 #define BIAS_D ((float)Q_ZERO)
 
-#if INT8_DOTS
+#if VNNI
 
 /* *acc += the 4 unsigned bytes of every lane of codes . 4 int8 of x broadcast to every lane,
  * in 32-bit integers (exact). The broadcast is embedded in the instruction's memory operand,
@@ -265,52 +257,80 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
 
 static inline __attribute__((always_inline)) void store_rows(const __m512 *acc, const int nb,
                                                              uint16_t *out) {
-    for (int b = 0; b < nb; b++)
+    for (int b = 0; b < nb; b++) {
+#if defined(__AVX512BF16__)
         _mm256_storeu_si256((__m256i *)(out + b * (long)IRON_M),
                             (__m256i)_mm512_cvtneps_pbh(acc[b]));
+#else /* VNNI without BF16 (Ice Lake): the same rounding, 8 lanes at a time */
+        iron_store8_bf16(out + b * (long)IRON_M, _mm512_castps512_ps256(acc[b]));
+        iron_store8_bf16(out + b * (long)IRON_M + 8, _mm512_extractf32x8_ps(acc[b], 1));
+#endif
+    }
 }
 typedef __m512 acc_t;
 
-#else /* AVX2 + FMA: a tile's 16 rows as two halves of 8 lanes, codes widened to float32 */
+#else /* AVX2: a tile's 16 rows as two halves of 8 lanes, int8 products with vpmaddubsw */
 
 typedef struct {
     __m256 h[2];
 } acc_t;
 
+/* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, the same arithmetic as
+ * the AVX512-VNNI kernel: per block of 16 values of x, every row's integer sum of code times
+ * x code, exact, then the same float steps in the same order. AVX2 has no 4-byte dot product:
+ * vpmaddubsw multiplies the unsigned code bytes by x's int8 codes and adds pairs into 16-bit
+ * lanes (at most 2 * 15 * 127 per pair, 4 such sums per block: no saturation), and one
+ * vpmaddwd per block adds the 16-bit pairs into 32-bit lanes. Each 64-byte plane holds the
+ * rows 0-7 in its first 32 bytes, 8-15 in the others. */
 static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
                                                            const vectors_t v, const long b0,
                                                            acc_t *acc) {
-    const int ch = CHAINS;
-    const __m256i nibble = _mm256_set1_epi32(0xf);
+    const __m256i nibbles = _mm256_set1_epi8(0x0f);
+    const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
     for (int b = 0; b < nb; b++) acc[b].h[0] = acc[b].h[1] = _mm256_setzero_ps();
     for (long g = 0; g < NG; g++) {
         const uint8_t *gp = tile + g * Q_GROUP_BYTES;
         const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+        for (int c = 0; c < Q_CHUNKS; c++)
+            for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
+                _mm_prefetch((const char *)gp + c * Q_CHUNK_BYTES + PREFETCH + line,
+                             _MM_HINT_T0);
         for (int half = 0; half < 2; half++) {
-            __m256 part[BB][Q_NIBBLES][CHAINS];
-            for (int b = 0; b < nb; b++)
-                for (int h = 0; h < Q_NIBBLES; h++)
-                    for (int i = 0; i < ch; i++) part[b][h][i] = _mm256_setzero_ps();
+            __m256 sum[BB]; /* sum over the group's blocks of dx * (codes . x codes) */
             for (int c = 0; c < Q_CHUNKS; c++) {
                 const uint8_t *cp = gp + c * Q_CHUNK_BYTES + 32 * half;
-                const long k = g * QG + 32 * c;
-                for (int h = 0; h < Q_NIBBLES; h++)
-                    for (int j = 0; j < 4; j++) {
-                        const __m256i w = _mm256_loadu_si256((const __m256i *)(cp + 256 * h
-                                                                               + 64 * j));
-                        for (int s = 0; s < 4; s++) {
-                            const __m256i e = _mm256_srli_epi32(w, 4 * s);
-                            const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(e, nibble));
-                            const __m256 hi = _mm256_cvtepi32_ps(
-                                _mm256_and_si256(_mm256_srli_epi32(e, 16), nibble));
+                const long chunk = g * Q_CHUNKS + c;
+                for (int blk = 0; blk < 2; blk++) { /* planes 2 blk, 2 blk + 1 */
+                    __m256i part[BB][Q_NIBBLES];
+                    for (int h = 0; h < Q_NIBBLES; h++)
+                        for (int p = 0; p < 2; p++) {
+                            const int j = 2 * blk + p;
+                            const __m256i w = _mm256_loadu_si256(
+                                (const __m256i *)(cp + 256 * h + 64 * j));
+                            const __m256i lo = _mm256_and_si256(w, nibbles);
+                            const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(w, 4),
+                                                                nibbles);
                             for (int b = 0; b < nb; b++) {
-                                const float *xk = v.xf + (b0 + b) * KP + k + 8 * j + 2 * s;
-                                __m256 *p = &part[b][h][s % ch];
-                                *p = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(xk), *p);
-                                *p = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(xk + 1), *p);
+                                const int32_t *x4 = (const int32_t *)v.x8
+                                                    + ((b0 + b) * NC + chunk) * 8 + 2 * j;
+                                const __m256i s = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[0])),
+                                    _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])));
+                                part[b][h] = p == 0 ? s : _mm256_add_epi16(part[b][h], s);
                             }
                         }
+                    for (int b = 0; b < nb; b++) {
+                        __m256i s = _mm256_madd_epi16(part[b][0], ones);
+                        if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(part[b][Q_NIBBLES - 1],
+                                                                      sixteens));
+                        const __m256 f = _mm256_cvtepi32_ps(s);
+                        const __m256 scale = _mm256_broadcast_ss(v.dx + (b0 + b) * XB
+                                                                 + 2 * chunk + blk);
+                        sum[b] = c == 0 && blk == 0 ? _mm256_mul_ps(f, scale)
+                                                    : _mm256_fmadd_ps(f, scale, sum[b]);
                     }
+                }
             }
             const __m256 d = q_load8_params(ds + 16 * half);
 #if Q_HAS_MIN
@@ -320,13 +340,7 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
             const __m256 bias = _mm256_mul_ps(_mm256_set1_ps(-BIAS_D), d);
 #endif
             for (int b = 0; b < nb; b++) {
-                for (int h = 0; h < Q_NIBBLES; h++)
-                    for (int i = 1; i < ch; i++)
-                        part[b][h][0] = _mm256_add_ps(part[b][h][0], part[b][h][i]);
-                if (Q_NIBBLES == 2)
-                    part[b][0][0] = _mm256_fmadd_ps(_mm256_set1_ps(16.0f),
-                                                    part[b][Q_NIBBLES - 1][0], part[b][0][0]);
-                acc[b].h[half] = _mm256_fmadd_ps(part[b][0][0], d, acc[b].h[half]);
+                acc[b].h[half] = _mm256_fmadd_ps(sum[b], d, acc[b].h[half]);
                 acc[b].h[half] = _mm256_fmadd_ps(
                     bias, _mm256_broadcast_ss(v.xs + (b0 + b) * NG + g), acc[b].h[half]);
             }
@@ -369,12 +383,12 @@ void iron_kernel(void *const *args) {
     const uint16_t *x = args[1];
     uint16_t *out = args[2];
 
-    /* per vector: x's values (KP floats), group sums (NG), block scales (XB), then codes */
-    const long floats = (long)IRON_BATCHES * (KP + NG + XB);
-    float *xf = aligned_alloc(64, (sizeof(float) * floats + IRON_BATCHES * IRON_K + 63) / 64 * 64);
-    float *xs = xf + (long)IRON_BATCHES * KP, *dx = xs + (long)IRON_BATCHES * NG;
-    int8_t *x8 = (int8_t *)(xf + floats);
-    const vectors_t v = {(const uint32_t *)x8, dx, xf, xs};
+    /* per vector: group sums (NG floats), block scales (XB), then the codes (K bytes) */
+    const long floats = (long)IRON_BATCHES * (NG + XB);
+    float *xs = aligned_alloc(64, (sizeof(float) * floats + IRON_BATCHES * IRON_K + 63) / 64 * 64);
+    float *dx = xs + (long)IRON_BATCHES * NG;
+    int8_t *x8 = (int8_t *)(xs + floats);
+    const vectors_t v = {(const uint32_t *)x8, dx, xs};
 
 #if IRON_NUM_AIE_COLUMNS > 1
     #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
@@ -384,7 +398,7 @@ void iron_kernel(void *const *args) {
         #pragma omp for schedule(static)
 #endif
         for (long bg = 0; bg < (long)IRON_BATCHES * NG; bg++)
-            quantize_group(x, bg, x8, dx, xf, xs);
+            quantize_group(x, bg, x8, dx, xs);
 #if IRON_NUM_AIE_COLUMNS > 1
         #pragma omp for schedule(static) /* after the barrier that ends the loop above */
 #endif
@@ -393,7 +407,7 @@ void iron_kernel(void *const *args) {
                  m += Q_TILE)
                 tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(IRON_K), v, out + m);
     }
-    free(xf);
+    free(xs);
 }
 
 #endif /* quantized W */
