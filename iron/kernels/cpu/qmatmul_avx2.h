@@ -1,8 +1,9 @@
-/* gemv_avx2.h: the quantized GEMV's tile kernel with AVX2: 16 rows of a tile as two halves of
- * 8 lanes, 4-byte dot products as vpmaddubsw + vpmaddwd. Included by gemv.c, which defines
- * vectors_t, NG, NC, XB, BB, BIAS_D and PREFETCH; defines acc_t, tile_dot and store_rows. */
-#ifndef GEMV_TILE_KERNEL
-#define GEMV_TILE_KERNEL
+/* qmatmul_avx2.h: the tile kernel of the quantized GEMV and GEMM with AVX2: the 16 rows of a
+ * tile as two halves of 8 lanes, 4-byte dot products as vpmaddubsw + vpmaddwd. Included by
+ * qmatmul.h, which defines vectors_t, NG, NC, XB, BB, BIAS_D and PREFETCH; defines acc_t,
+ * tile_dot and store_rows. */
+#ifndef IRON_QMATMUL_TILE_KERNEL
+#define IRON_QMATMUL_TILE_KERNEL
 
 typedef struct {
     __m256 h[2];
@@ -84,9 +85,9 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
 static inline __attribute__((always_inline)) void store_rows(const acc_t *acc, const int nb,
                                                              uint16_t *out) {
     for (int b = 0; b < nb; b++) {
-        iron_store8_bf16(out + b * (long)IRON_M, acc[b].h[0]);
-        iron_store8_bf16(out + b * (long)IRON_M + 8, acc[b].h[1]);
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE, acc[b].h[0]);
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE + 8, acc[b].h[1]);
     }
 }
 
-#endif /* GEMV_TILE_KERNEL */
+#endif /* IRON_QMATMUL_TILE_KERNEL */

@@ -1,8 +1,9 @@
-/* gemv_vnni.h: the quantized GEMV's tile kernel with AVX512-VNNI: 16 rows of a tile in the 16
- * lanes of a zmm, 4-byte dot products with vpdpbusd. Included by gemv.c, which defines
- * vectors_t, NG, NC, XB, BB, BIAS_D and PREFETCH; defines acc_t, tile_dot and store_rows. */
-#ifndef GEMV_TILE_KERNEL
-#define GEMV_TILE_KERNEL
+/* qmatmul_vnni.h: the tile kernel of the quantized GEMV and GEMM with AVX512-VNNI: the 16 rows
+ * of a tile in the 16 lanes of a zmm, 4-byte dot products with vpdpbusd. Included by
+ * qmatmul.h, which defines vectors_t, NG, NC, XB, BB, BIAS_D and PREFETCH; defines acc_t,
+ * tile_dot and store_rows. */
+#ifndef IRON_QMATMUL_TILE_KERNEL
+#define IRON_QMATMUL_TILE_KERNEL
 
 /* *acc += the 4 unsigned bytes of every lane of codes . 4 int8 of x broadcast to every lane,
  * in 32-bit integers (exact). The broadcast is embedded in the instruction's memory operand,
@@ -82,14 +83,14 @@ static inline __attribute__((always_inline)) void store_rows(const __m512 *acc, 
                                                              uint16_t *out) {
     for (int b = 0; b < nb; b++) {
 #if defined(__AVX512BF16__)
-        _mm256_storeu_si256((__m256i *)(out + b * (long)IRON_M),
+        _mm256_storeu_si256((__m256i *)(out + b * (long)Q_OUT_STRIDE),
                             (__m256i)_mm512_cvtneps_pbh(acc[b]));
 #else /* VNNI without BF16 (Ice Lake): the same rounding, 8 lanes at a time */
-        iron_store8_bf16(out + b * (long)IRON_M, _mm512_castps512_ps256(acc[b]));
-        iron_store8_bf16(out + b * (long)IRON_M + 8, _mm512_extractf32x8_ps(acc[b], 1));
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE, _mm512_castps512_ps256(acc[b]));
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE + 8, _mm512_extractf32x8_ps(acc[b], 1));
 #endif
     }
 }
 typedef __m512 acc_t;
 
-#endif /* GEMV_TILE_KERNEL */
+#endif /* IRON_QMATMUL_TILE_KERNEL */
