@@ -379,7 +379,7 @@ def write_result(name: str, lines: list[str], bandwidth: float, data: dict) -> P
     head = [f"# {name}", "", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
             f"- host: {facts['cpu']}, {facts['cores']} cores, ISA {' '.join(facts['isa'])}, "
             f"streaming bandwidth {bandwidth:.1f} GB/s",
-            f"- load average before the run: {os.getloadavg()[0]:.1f} (a shared machine when "
+            f"- load average as the run ended: {os.getloadavg()[0]:.1f} (a shared machine when "
             "well above 0)",
             f"- command: `python {' '.join(sys.argv)}`", ""]
     out = RESULTS / f"{stamp}-{name}.md"
