@@ -121,9 +121,8 @@ class ChatTemplate:
         text = self.render(messages, add_generation_prompt)
         specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()
                     if t.special and t.content]
-        found = [(i, next((s for s in specials if s in m["content"]), None))
-                 for i, m in enumerate(messages)]
-        found = [(i, s) for i, s in found if s is not None]
+        found = [(i, min((m["content"].find(s), s) for s in specials if s in m["content"])[1])
+                 for i, m in enumerate(messages) if any(s in m["content"] for s in specials)]
         if not found:
             return tokenizer.encode(text, add_special_tokens=False).ids
         pieces = self._split(messages, text, add_generation_prompt)
