@@ -317,7 +317,8 @@ class Server:
             raise BadRequest(f"unrecognized request argument supplied: {', '.join(unknown)}",
                              unknown[0], "unknown_parameter")
         for name in UNSUPPORTED:
-            if body.get(name) not in (None, False, [], {}):
+            if body.get(name) not in (None, False, [], {}) and not (
+                    name == "tool_choice" and body[name] == "none"):
                 raise BadRequest(f"{name} is not supported by this server", name,
                                  "unsupported")
         model = body.get("model")
@@ -861,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"serving {server.name} from {args.bundle} on http://{args.host}:{args.port}/v1 "
-          f"({args.slots} slots, {args.queue} queued)", file=sys.stderr)
+          f"({args.slots} slots, up to {args.queue} waiting)", file=sys.stderr)
     uvicorn.Server(uvicorn_config(server, args.host, args.port)).run()
     return 0
 
