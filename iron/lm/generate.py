@@ -56,10 +56,10 @@ class Sampler:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    min_p: float = 0.0
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    min_p: float = 0.0  # last: callers pass the others by position
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self):
