@@ -7,7 +7,6 @@ freed)."""
 
 import http.client
 import json
-import re
 import socket
 import threading
 import time
@@ -24,7 +23,7 @@ openai = pytest.importorskip("openai")
 from iron.lm.chat import ChatTemplate  # noqa: E402
 from iron.lm.generate import Sampler  # noqa: E402
 from iron.lm.serve import (LLAMA_SERVER_SAMPLING, Limits, Outbox, Server,  # noqa: E402
-                           create_app, main, sampling_defaults, uvicorn_config)
+                           main, sampling_defaults, uvicorn_config)
 
 SLOTS = 4
 #: the server's defaults but short timeouts and queue, so that the tests of slow clients and of
