@@ -8,6 +8,8 @@ freed)."""
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -552,28 +554,61 @@ def test_host_header_is_the_bound_address(served):
         assert call(url + "/v1/models", headers={"Host": host})[0] == 200, host
 
 
-def test_cors_is_off_unless_asked_for(served, smollm2_bundle):
-    server, url = served
-    preflight = {"Origin": "http://site.example", "Access-Control-Request-Method": "POST"}
+def preflight_origin(port: int) -> str | None:
+    """The ``Access-Control-Allow-Origin`` a browser's preflight from a page gets."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("OPTIONS", "/v1/chat/completions",
+                       headers={"Origin": "http://site.example",
+                                "Access-Control-Request-Method": "POST"})
+    r = connection.getresponse()
+    r.read()
+    connection.close()
+    return r.getheader("access-control-allow-origin")
 
-    def options(port):
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        connection.request("OPTIONS", "/v1/chat/completions", headers=preflight)
-        r = connection.getresponse()
-        r.read()
-        connection.close()
-        return r.getheader("access-control-allow-origin")
 
-    assert options(int(url.rsplit(":", 1)[1])) is None
-    # the same model behind a server started with --cors http://site.example
-    other = Server.__new__(Server)
-    other.__dict__.update(server.__dict__, limits=Limits(cors=("http://site.example",)))
-    http_, thread, port = serve(other, lifespan="off")
+def test_cors_is_off_by_default(served):
+    assert preflight_origin(int(served[1].rsplit(":", 1)[1])) is None
+
+
+def test_the_command_answers_a_json_schema_request_and_takes_its_limits(smollm2_bundle):
+    """``python -m iron.lm.serve BUNDLE`` with limit flags, driven by the openai client."""
+    jsonschema = pytest.importorskip("jsonschema")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "iron.lm.serve", str(smollm2_bundle), "--port", str(port),
+         "--slots", "2", "--max-body", "4000", "--cors", "http://site.example"],
+        stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
     try:
-        assert options(port) == "http://site.example"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if call(url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+        r = client.chat.completions.create(
+            model="smollm2-135m-instruct", response_format=fmt, max_tokens=80, seed=1,
+            messages=[{"role": "user", "content": "Name the capital of France, as JSON."}])
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
+        with pytest.raises(openai.BadRequestError, match="mirostat"):
+            client.chat.completions.create(model="smollm2-135m-instruct",
+                                           messages=[{"role": "user", "content": "hi"}],
+                                           extra_body={"mirostat": 2})
+        status, reply = call(url + "/v1/completions", {"prompt": "x" * 5000})
+        assert status == 413 and "4000" in reply["error"]["message"]
+        assert preflight_origin(port) == "http://site.example"
     finally:
-        http_.should_exit = True
-        thread.join(10)
+        process.terminate()
+        process.communicate(timeout=60)
 
 
 def rss_mb() -> float:
