@@ -25,7 +25,7 @@ openai = pytest.importorskip("openai")
 from iron.lm.chat import ChatTemplate  # noqa: E402
 from iron.lm.generate import Sampler  # noqa: E402
 from iron.lm.serve import (LLAMA_SERVER_SAMPLING, Limits, Outbox, Server,  # noqa: E402
-                           main, sampling_defaults, uvicorn_config)
+                           allowed_host, main, sampling_defaults, uvicorn_config)
 
 SLOTS = 4
 #: the server's defaults but short timeouts and queue, so that the tests of slow clients and of
@@ -564,6 +564,17 @@ def preflight_origin(port: int) -> str | None:
     r.read()
     connection.close()
     return r.getheader("access-control-allow-origin")
+
+
+def test_allow_host_and_wildcard_addresses():
+    loopback = allowed_host("127.0.0.1", ())
+    assert loopback("localhost:8000") and loopback("[::1]:8000") and not loopback("myhost")
+    named = allowed_host("127.0.0.1", ("MyHost",))
+    assert named("myhost:8000") and named("myhost") and not named("other:8000")
+    anywhere = allowed_host("0.0.0.0", ())  # any address of the machine, no name
+    assert anywhere("10.1.2.3:8000") and anywhere("[fe80::1]:80") and not anywhere("evil.test")
+    assert allowed_host("10.0.0.5", ("*",))("anything.example:1")
+    assert not allowed_host("10.0.0.5", ())("10.0.0.6") and not loopback("")
 
 
 def test_cors_is_off_by_default(served):
