@@ -21,6 +21,8 @@ from iron.targets import target_for
 from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMTILE, SHIM_DMA
 from iron.targets.npu import design_of
 from iron.targets.npu.cost import design_cost
+from iron.targets.npu.mlir import render
+from iron.targets.npu.verify import check_text
 from iron.targets.npu.resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS,
                                         TRANSFER_ISSUE_SECONDS, resources)
 from iron.resolution import legal, legal_settings
@@ -190,8 +192,9 @@ def test_committed_npu_profiles_are_what_the_model_tune_writes_now(apps, tmp_pat
 @pytest.mark.parametrize("dev", DEVICES)
 def test_every_entry_is_legal_applied_and_emulates_correctly(apps, dev):
     """Each entry of the committed profile is the setting the decoder resolves (what ``doit
-    device=D`` builds), legal by the resource rules, and its design emulated at the decoder's
-    shapes matches the reference maths; each npu-placed instance with a choice has one."""
+    device=D`` builds), legal by the resource rules, its design emulated at the decoder's
+    shapes matches the reference maths, and its MLIR verifies against mlir-aie's op
+    definitions; each npu-placed instance with a choice has one."""
     profile = app_profile("llama", dev)
     device, target = iron.device(dev), target_for(iron.device(dev))
     entries = {(e.operator, tuple(sorted(e.match))): dict(e.sets) for e in profile.entries}
@@ -213,4 +216,5 @@ def test_every_entry_is_legal_applied_and_emulates_correctly(apps, dev):
             out = target.emulated().load(program).run(arrays)
             problem = mismatch(type(op).__name__, out[0], program.reference(arrays)[0])
             assert problem is None, f"{op.describe(True)} on {dev}: {problem}"
+            check_text(render(design_of(op, dev), generic=True), op.describe(True))
     assert covered == set(entries)  # no entry for a host-placed or absent instance
