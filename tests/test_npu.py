@@ -322,11 +322,14 @@ def test_custom_and_generic_forms_hold_the_same_design():
     assert "link_with" not in custom.split("aie.core", 1)[1].split("func.call", 1)[0]
 
 
-def test_every_core_loops_until_reconfiguration(designs):
+def test_every_core_loops_until_reconfiguration_and_every_bd_id_fits_its_tile(designs):
     """Each core's region is one loop to the largest index around its per-dispatch program,
-    as mlir-aie's tests and IRON's range_(sys.maxsize) write it."""
+    as mlir-aie's tests and IRON's range_(sys.maxsize) write it; every descriptor id is below
+    the 16 of a shim tile."""
     for d in designs:
         custom = render(d)
+        ids = [int(i) for i in re.findall(r"\{id = (\d+) : i64", custom)]
+        assert len(ids) == sum(map(len, d.sequence)) and max(ids) < 16
         cores = custom.split("aie.core(")[1:]
         assert len(cores) == len(d.cores)
         for text in cores:

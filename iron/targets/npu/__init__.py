@@ -6,11 +6,13 @@ measured against the device's resources (``check``, numbers in ``resources``) as
 operator's legality (``NpuTarget.rules``), so a profile entry whose FIFOs overflow a tile is
 refused at graph set-up with the figures.  Compiling an instance writes its design artifacts
 into the artifact store: the design as JSON, its MLIR-AIE module in custom and generic form
-(``mlir``), the core kernels' sources, and ``step.json`` (design and both modules in one
-file: what a bundle carries); where ``aiecc.py`` is on PATH, aiecc turns the custom form into
-an xclbin and an instruction stream (``aiecc``).  Operators without a design are placed on the
+(``mlir``, in the syntax of the pinned mlir-aie; ``verify`` checks the generic form against
+its op definitions, ``ods``), the core kernels' sources (AIE API C++), and ``step.json``
+(design and both modules in one file: what a bundle carries); where ``aiecc.py`` is on PATH,
+aiecc turns the custom form into an xclbin and an instruction stream (``aiecc``).  Operators without a design are placed on the
 host: they run with their numpy maths between NPU calls.  The program "executor" of the target
-is the core kernels built for the host, which the emulator (``emulator``, ``runner``) calls.
+is the core kernels built for the host through the host AIE API header, which the emulator
+(``emulator``, ``runner``) calls.
 
 Running on the NPU itself needs XRT's ``pyxrt`` and a runner iron does not have, so the target
 is unavailable for running unless emulated: ``target.emulated()`` (``Graph.emulate``,
