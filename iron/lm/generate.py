@@ -32,6 +32,7 @@ SAMPLING_RULES = (
     ("top_k", lambda v: isinstance(v, int) and v >= 0,
      "top_k is an integer >= 0 (0 keeps every token)"),
     ("top_p", lambda v: 0 < v <= 1, "0 < top_p <= 1"),
+    ("min_p", lambda v: 0 <= v <= 1, "0 <= min_p <= 1 (0 is off)"),
     ("repetition_penalty", lambda v: 0 < v <= 10, "0 < repetition_penalty <= 10 (1 is off)"),
     ("frequency_penalty", lambda v: -2 <= v <= 2, "-2 <= frequency_penalty <= 2"),
     ("presence_penalty", lambda v: -2 <= v <= 2, "-2 <= presence_penalty <= 2"),
@@ -40,8 +41,9 @@ SAMPLING_RULES = (
 
 @dataclass
 class Sampler:
-    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p sampling; penalties
-    first.
+    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p / min-p sampling;
+    penalties first. ``min_p`` keeps the tokens at least that fraction as likely as the
+    likeliest one (after the temperature, as transformers and vLLM apply it).
 
     Penalties, as vLLM applies them: ``repetition_penalty`` (Keskar et al. 2019, as in
     transformers and llama.cpp) divides a positive logit, or multiplies a negative one, of every
@@ -58,6 +60,7 @@ class Sampler:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    min_p: float = 0.0  # last: callers pass the others by position
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self):
@@ -115,6 +118,9 @@ class Sampler:
         p /= p.sum()
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p)) + 1
+            order, p = order[:keep], p[:keep] / p[:keep].sum()
+        if self.min_p > 0.0:  # p is sorted: p[0] is the likeliest
+            keep = int(np.count_nonzero(p >= self.min_p * p[0]))
             order, p = order[:keep], p[:keep] / p[:keep].sum()
         return int(self.rng.choice(order, p=p))
 
