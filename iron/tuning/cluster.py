@@ -182,12 +182,14 @@ class Cluster:
 
     def _fetch(self, future, get):
         """``get()`` (a done future's result or exception), which asks the cluster for it: if
-        the cluster went away since the task ended, ``ClusterError``."""
+        the worker holding it or the scheduler went away since the task ended,
+        ``ClusterError``."""
         try:
             return get()
         except Exception as e:
-            raise self._lost(f"lost the Dask scheduler at {self.address} before the result of "
-                             f"{future.key} came back ({type(e).__name__})") from None
+            raise self._lost(f"the Dask cluster at {self.address} lost the result of "
+                             f"{future.key} (its worker or the scheduler went away: "
+                             f"{type(e).__name__})") from None
 
     def _wait(self, futures, timeout: float | None):
         """``distributed.wait`` for the first of ``futures`` to finish, for at most
