@@ -187,10 +187,14 @@ class DaskProcesses:
         env = {**os.environ, "PYTHONPATH": pythonpath}
         common = dict(cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                       start_new_session=True)
+        self.common = common
         self.scheduler = subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port",
                                            str(self.port), "--no-dashboard"], **common)
-        self.worker = subprocess.Popen([DASK, "worker", self.address, "--nthreads", "1",
-                                        "--resources", "cpu=1", "--no-dashboard"], **common)
+        self.worker = self.start_worker()
+
+    def start_worker(self):
+        return subprocess.Popen([DASK, "worker", self.address, "--nthreads", "1",
+                                 "--resources", "cpu=1", "--no-dashboard"], **self.common)
 
     def kill(self, proc) -> None:
         try:
@@ -267,18 +271,9 @@ def test_a_lost_scheduler_or_worker_set_stops_the_tune_in_one_line(tmp_path, das
     assert not any("on the cluster" in line for line in log.read_text().splitlines())
 
     if lose == "worker":  # a worker back, the same command finishes what is left
-        back = DaskProcesses(f"{TESTS}{os.pathsep}{TESTS.parent}", tmp_path)
-        back.kill(back.scheduler)
-        back.worker = subprocess.Popen(
-            [DASK, "worker", dask_processes.address, "--nthreads", "1", "--resources",
-             "cpu=1", "--no-dashboard"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{TESTS.parent}"})
-        try:
-            resumed, text = run(tmp_path, "cut", StandInBench(), scheduler=dask_processes.address,
-                                log=log)
-        finally:
-            back.close()
+        dask_processes.worker = dask_processes.start_worker()  # the fixture stops it
+        resumed, text = run(tmp_path, "cut", StandInBench(), scheduler=dask_processes.address,
+                            log=log)
         assert f"({len(cut)} already in" in text
         assert (tmp_path / "cut/cpu.json").read_bytes() == \
             (tmp_path / "serial/cpu.json").read_bytes()
