@@ -535,7 +535,8 @@ def test_unparsable_bundle_tokenizer_fails_in_one_line_before_the_weights_load(t
 
 # ---- files iron writes follow the umask ------------------------------------------------------
 
-@pytest.mark.parametrize("mask, file_mode", [(0o022, 0o644), (0o027, 0o640)])
+@pytest.mark.parametrize("mask, file_mode", [(0o022, 0o644), (0o027, 0o640)],
+                         ids=["022", "027"])
 def test_saved_profile_follows_the_umask(tmp_path, mask, file_mode):
     from iron.operators import AXPY
 

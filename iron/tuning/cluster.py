@@ -180,6 +180,17 @@ class Cluster:
                 f"{self.resource} for {LOST_TIMEOUT:g} s ({len(info)} workers left); start one "
                 f"with `dask worker {self.address} --nthreads 1 --resources {self.resource}=1`")
 
+    def _fetch(self, future, get):
+        """``get()`` (a done future's result or exception), which asks the cluster for it: if
+        the worker holding it or the scheduler went away since the task ended,
+        ``ClusterError``."""
+        try:
+            return get()
+        except Exception as e:
+            raise self._lost(f"the Dask cluster at {self.address} lost the result of "
+                             f"{future.key} (its worker or the scheduler went away: "
+                             f"{type(e).__name__})") from None
+
     def _wait(self, futures, timeout: float | None):
         """``distributed.wait`` for the first of ``futures`` to finish, for at most
         ``timeout`` seconds, checking every ``POLL`` seconds that the cluster is still there:
@@ -231,10 +242,12 @@ class Cluster:
         future = self.client.submit(_compare, self.token, self.bench, instance, new, old,
                                     resources={self.resource: 1}, key=self._key("compare"))
         self._wait([future], None)
-        if future.status not in ("finished", "error"):
+        if future.status == "finished":
+            return self._fetch(future, future.result)
+        if future.status != "error":
             raise self._lost(f"the head-to-head was {future.status} by the Dask scheduler at "
                              f"{self.address}")
-        return future.result()
+        return future.result()  # raises what the head-to-head raised
 
     def _as_completed(self, futures: dict, deadline: float | None) -> Iterator[tuple[Any, Any]]:
         """(future, result or error text) as each finishes; cancels the rest at ``deadline``."""
@@ -247,9 +260,9 @@ class Cluster:
                 done, pending = self._wait(pending, timeout)
                 for f in done:
                     if f.status == "finished":
-                        yield f, f.result()
+                        yield f, self._fetch(f, f.result)
                     elif f.status == "error":  # the task failed: its worker died too often
-                        error = f.exception()
+                        error = self._fetch(f, f.exception)
                         yield f, f"{type(error).__name__} on the cluster: {error}"
                     else:  # cancelled or lost by the cluster: not the candidate's doing
                         raise self._lost(f"a task was {f.status} by the Dask scheduler at "
