@@ -173,8 +173,9 @@ class CpuTarget(Target):
                    runtime_file: Path | None) -> Executable:
         return Executable(program, step_files, runtime_file)
 
-    def cost(self, op: Operator) -> Estimate:
-        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu_model``)."""
+    def cost(self, op: Operator) -> Estimate | None:
+        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu_model``); None
+        where its family's hook gives no estimate."""
         from . import cpu_model
 
         return cpu_model.cost(op)
