@@ -258,6 +258,10 @@ def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, de
         assert r["bottleneck"] == model(op).bottleneck
     text = out.read_text()
     assert text.count("source: model") == 2  # when it starts, and in the report
+    # nothing ran: no line may speak of a head-to-head, rounds, or a measured gain
+    for word in ("head-to-head", "rounds", "measured this run", "whole model"):
+        assert word not in text, word
+    assert "modelled against the setting in use" in text
     saved = iron.Profile.load(profile)
     assert saved.device == dev and len(saved) > 0
     assert "Embedding" not in profile.read_text()  # placed on the host: not an npu entry
