@@ -286,7 +286,9 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     written = verdict is None or verdict.profile is not None
     if written:
         profile.save(path)
-    check_applied(app, dev, profile, [o for o in outcomes if written], out)
+    if written:  # what the A/B dropped is not applied on purpose
+        check_applied(app, dev, profile, [o for o in outcomes if verdict is None
+                                          or o.instance.op not in verdict.dropped], out)
     final = {i.op: i.current for i in instances(tuned_programs(app, dev, profile))}
     moved = [Move(o.instance.describe(), o.instance.setting(), o.chosen.tunable_values(),
                   o.old_time, o.best_time, o.gain, o.program)

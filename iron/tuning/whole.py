@@ -94,6 +94,7 @@ class Verdict:
     phases: dict[str, tuple[tuple[str, ...], int]]
     rounds: int
     lines: list[str] = field(default_factory=list)
+    dropped: set = field(default_factory=set)  # instances not given this tune's setting
 
 
 def settings(programs: Mapping[str, Program]) -> dict[Operator, Operator]:
@@ -144,9 +145,11 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
     kept = decide(times)
     found = [i for i in instances(versions[NEW]) if placed(i.current)]
     by_version = {v: settings(p) for v, p in versions.items()}
-    chosen = {}
+    chosen, dropped = {}, set()
     for inst in found:
         version = kept[home(inst.op, versions[NEW])]
+        if version != NEW:
+            dropped.add(inst.op)
         if version != DEFAULTS:
             chosen[inst.op] = by_version[version][inst.op]
     final = compose(previous, found, chosen, device, host)
@@ -165,7 +168,7 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
         else:
             times[name] = {**times[name], "final": times[name][match]}
     verdict = Verdict(final, kept, times, {k: (tuple(v[0]), v[1]) for k, v in
-                                           (phases or {}).items()}, rounds)
+                                           (phases or {}).items()}, rounds, dropped=dropped)
     slower = [what for what, (old, fin) in totals(verdict, OLD).items()
               if spread(old, fin).median < 1.0]
     if slower:
