@@ -171,6 +171,8 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
                                            (phases or {}).items()}, rounds, dropped=dropped)
     slower = [what for what, (old, fin) in totals(verdict, OLD).items()
               if spread(old, fin).median < 1.0]
+    slower += [f"the {name} program" for name in names
+               if spread(times[name][OLD], times[name]["final"]).median < 1.0]
     if slower:
         verdict.profile = None
     verdict.lines = lines(verdict, slower)
