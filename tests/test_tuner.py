@@ -627,9 +627,7 @@ def test_head_to_heads_run_in_the_program_and_the_report_ends_with_the_whole_mod
 
 def test_a_program_the_new_entries_make_slower_gets_no_entries(tmp_path):
     """Each move won its own head-to-head, but together (the whole-model A/B, which times the
-    programs in three versions) the decode program runs 10% slower than with the defaults."""
-    from iron.tuning.candidates import unset
-
+    programs in three versions) every program runs 10% slower than with the defaults."""
     class Together(FakeRunner):
         def rounds(self, versions, rounds=10, seconds=None):
             out = super().rounds(versions, rounds, seconds)
