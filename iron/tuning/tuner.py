@@ -278,7 +278,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     verdict = None
     if runner is not None:
         print(f"whole-model A/B: every program with the new profile, the previous one and "
-              f"resolve() defaults, {AB_ROUNDS} interleaved rounds", file=out, flush=True)
+              f"resolve() defaults, up to {AB_ROUNDS} interleaved rounds", file=out, flush=True)
         verdict = validate(lambda p: tuned_programs(app, dev, p), previous, profile, runner,
                            dev.name, host, lambda op: target.placement(op) == target.kind,
                            app.phases() if hasattr(app, "phases") else None)

@@ -35,8 +35,9 @@ from .candidates import Instance, instances
 from .program import home, signature
 
 NEW, OLD, DEFAULTS = "new", "old", "defaults"
-#: Interleaved rounds of the whole-model A/B.
-AB_ROUNDS = 10
+#: Interleaved rounds of the whole-model A/B, and about how long one program's may take (long
+#: programs get fewer rounds, never under 6).
+AB_ROUNDS, SECONDS = 10, 60.0
 TEXT = {NEW: "this tune's entries", OLD: "the previous profile's entries",
         DEFAULTS: "resolve() defaults"}
 
@@ -140,18 +141,19 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
     empty = Profile(device=device)
     versions = {NEW: record(candidate), OLD: record(previous), DEFAULTS: record(empty)}
     names = list(versions[NEW])
-    times = {name: runner.rounds({v: versions[v][name] for v in versions}, rounds, None)
+    times = {name: runner.rounds({v: versions[v][name] for v in versions}, rounds, SECONDS)
              for name in names}
     kept = decide(times)
-    found = [i for i in instances(versions[NEW]) if placed(i.current)]
+    found = [i for i in instances(versions[NEW]) if placed(i.current) and i.op.tunables()]
     by_version = {v: settings(p) for v, p in versions.items()}
     chosen, dropped = {}, set()
     for inst in found:
         version = kept[home(inst.op, versions[NEW])]
         if version != NEW:
             dropped.add(inst.op)
-        if version != DEFAULTS:
-            chosen[inst.op] = by_version[version][inst.op]
+        setting = by_version[version][inst.op]
+        if setting != by_version[DEFAULTS][inst.op]:  # a default needs no entry
+            chosen[inst.op] = setting
     final = compose(previous, found, chosen, device, host)
     # a program whose instances follow homes elsewhere may now be a version not timed yet
     programs = record(final)
@@ -162,7 +164,7 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
                       if signature(versions[v][name], target) == sig), None)
         if match is None:
             again = runner.rounds({"final": programs[name], OLD: versions[OLD][name],
-                                   DEFAULTS: versions[DEFAULTS][name]}, rounds, None)
+                                   DEFAULTS: versions[DEFAULTS][name]}, rounds, SECONDS)
             times[name] = {**times[name], "final": again["final"], OLD: again[OLD],
                            DEFAULTS: again[DEFAULTS]}
         else:
@@ -193,8 +195,10 @@ def totals(verdict: Verdict, against: str) -> dict[str, tuple[list[float], list[
 
 def lines(verdict: Verdict, slower: Sequence[str]) -> list[str]:
     """The closing lines of the tune report."""
-    out = [f"whole model: the programs with the profile written ({verdict.rounds} interleaved "
-           "rounds; median of the per-round speed ratios, their range, rounds ahead)"]
+    counts = sorted({len(t["final"]) for t in verdict.times.values()})
+    rounds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    out = [f"whole model: the programs with the profile written ({rounds} interleaved rounds; "
+           "median of the per-round speed ratios, their range, rounds ahead)"]
     if verdict.profile is None:
         out[0] = ("whole model: NOTHING WRITTEN, the composed profile ran slower than the "
                   f"previous one ({', '.join(slower)}); the previous profile stays")
