@@ -2,8 +2,8 @@
 
 Builds two SmolLM2 bundles that differ only in their profile (the committed profile of this
 host class, ``profiles/llama/cpu-<class>.json`` — ``IRON_THREADS=1`` and
-``IRON_MARCH=x86-64-v3`` select another class, see ``iron.host.class_name`` — or ``--profile
-FILE``, and an empty one so that every tunable comes from ``Operator.resolve``).  Each round is a fresh process that loads both and runs them alternately
+``IRON_MARCH=x86-64-v3`` select another class, see ``iron.targets.cpu.host.class_name`` — or ``--profile
+FILE``, and an empty one so that every tunable comes from ``iron.resolve``).  Each round is a fresh process that loads both and runs them alternately
 (ABBA) on the same prompt, measuring as ``benchmarks/llm.py`` does.  Both models read one copy
 of the weights in memory: when each mapped its own file, the two copies landed on different
 physical pages, and that alone moved a kernel by 17% between identical bundles on this machine —
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 import iron
-from iron import host
+from iron.targets.cpu import host
 from iron.paths import build_dir
 from iron.pipeline.app import app_profile, load_app, profile_path
 from iron.pipeline.bundle import write_bundle
@@ -118,7 +118,7 @@ def save(folder: Path, klass: str, path: Path, args, text: str, loads) -> None:
     command = (command + " " if command else "") + "python benchmarks/profile_gain.py " + \
         " ".join(a for a in sys.argv[1:])
     doc = (f"# Tuned profile against resolve() defaults, host class {klass}\n\n"
-           f"Date: {today}. Host: {host.cpu_model()}, {host.usable_cores()} usable cores, "
+           f"Date: {today}. Host: {host.model()}, {host.usable_cores()} usable cores, "
            f"-march={host.march()} (class {klass}); load average {min(loads):.1f}-"
            f"{max(loads):.1f} during the rounds." + (f" {args.note}." if args.note else "")
            + f"\nProfile: `{path.name}`. Command: `{command.strip()}`\n\n```\n{text}```\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from iron.host import class_name
+from iron.targets.cpu.host import class_name
 from conftest import copy_project
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,6 +20,7 @@ from iron.errors import CompileError, DeviceError, IronError
 from iron.operator import Operator
 from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
 from iron.profile import diff as profile_diff
+from iron.resolution import legal, legal_settings, resolve
 from iron.targets import cpu
 from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
@@ -125,16 +126,16 @@ def test_candidates_are_exactly_the_settings_the_rules_allow(dev):
         device = iron.device(dev)
         space = op.space(device)
         names = op.tunables()
-        legal = []
+        allowed = []
         for values in itertools.product(*(space[n] for n in names)):
             cand = op.__class__(**{**op.config(), **dict(zip(names, values))})
-            if all(r.ok for r in cand.all_rules(device)):
-                legal.append(cand)
+            if legal(cand, device):
+                allowed.append(cand)
         got = candidates(op, device)
-        assert got == legal and got, op.describe()
-        assert [c.tunable_values() for c in got] == op.legal_settings(device)
+        assert got == allowed and got, op.describe()
+        assert [c.tunable_values() for c in got] == legal_settings(op, device)
         for c in got:
-            assert c.resolve(device) == c  # resolve accepts every candidate as it is
+            assert resolve(c, device) == c  # resolve accepts every candidate as it is
 
 
 def test_instances_are_deduplicated_and_single_setting_ones_skipped(tmp_path):
@@ -516,7 +517,7 @@ def test_real_benchmark_checks_and_times_quantized_instances():
 
 
 def test_a_host_class_names_the_kernel_paths_its_build_compiles_and_its_cores():
-    from iron import host
+    from iron.targets.cpu import host
 
     assert host.isa_class({"avx2", "fma", "sse4_2"}) == "avx2"  # Zen 3, or x86-64-v3 anywhere
     zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
@@ -532,7 +533,7 @@ def test_a_host_class_names_the_kernel_paths_its_build_compiles_and_its_cores():
 def test_every_isa_macro_the_kernels_branch_on_belongs_to_a_named_kernel_path():
     import re
 
-    from iron import host
+    from iron.targets.cpu import host
     from iron.paths import KERNELS_DIR
 
     named = {host.normalize(f) for _, needs in host.KERNEL_PATHS for f in needs}
@@ -544,7 +545,7 @@ def test_every_isa_macro_the_kernels_branch_on_belongs_to_a_named_kernel_path():
     assert found, "the kernels branch on no ISA macro: this check reads the wrong files"
     missing = {m for m in found
                if host.normalize(host.CPUINFO_ALIASES.get(m, m)) not in named}
-    assert not missing, f"kernel paths not in iron.host.KERNEL_PATHS: {sorted(missing)}"
+    assert not missing, f"kernel paths not in iron.targets.cpu.host.KERNEL_PATHS: {sorted(missing)}"
 
 
 def test_threads_and_march_select_their_own_cpu_profile(monkeypatch):

@@ -37,9 +37,9 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
     from ..profile import Profile
     from ..program import Program
 
-from .. import host
+from ..targets.cpu import host
 from ..errors import BundleError, IronError
-from ..util import atomic_write_bytes, sha256_file
+from ..util import atomic_write_bytes, read_bounded, sha256_file, umask
 from ..store import Store, locked_temp_folder
 
 FORMAT = 2
@@ -71,7 +71,7 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
     with locked_temp_folder(out.parent, f".tmp-{out.name}-") as tmp:
         (tmp / "kernels").mkdir()
         for key, artifact in artifacts.items():
-            shutil.copy2(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
+            shutil.copyfile(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
         names = iter(f"kernels/{e.key}{artifacts[e.key].suffix}" for e in entries)
         manifest_programs = {}
         for name, program in programs.items():
@@ -81,8 +81,9 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
             manifest_programs[name] = doc
         runtime = next(names)
         save_file(dict(app.weights()), str(tmp / WEIGHTS))
+        os.chmod(tmp / WEIGHTS, 0o666 & ~umask())  # safetensors writes it 0600
         for name, src in app.files().items():
-            shutil.copy2(src, tmp / name)
+            shutil.copyfile(src, tmp / name)  # as the umask allows, not as src is
         (tmp / "profile.json").write_text(profile.dumps())
         files = {str(p.relative_to(tmp)): sha256_file(p)
                  for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -149,7 +150,7 @@ class Bundle:
             raise BundleError(
                 f"{path}: built with -march={manifest['march']} on {manifest['cpu']}, it needs "
                 f"CPU feature{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which this "
-                f"host ({host.cpu_model()}) lacks; rebuild it here, or build with "
+                f"host ({host.model()}) lacks; rebuild it here, or build with "
                 "march=x86-64-v3 for a bundle most x86-64 hosts run")
         bundle = cls(path, manifest)
         for name, digest in manifest["files"].items():
@@ -257,7 +258,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for kernel paths and counts; any problem is a ``BundleError`` naming the field."""
     where = path / MANIFEST
     try:
-        manifest = json.loads(where.read_bytes())
+        manifest = json.loads(read_bounded(where, "a bundle manifest"))
     except FileNotFoundError:
         raise BundleError(f"{path}: not a bundle (no {MANIFEST}); build one with `doit`") from None
     except (ValueError, OSError) as e:

@@ -5,7 +5,7 @@ cost model's ``--prune`` fastest of each and the setting in use; ``--full`` time
 alone, then the sweep's fastest against the setting in use inside the program it runs in, and
 writes what the whole model gains from into ``profiles/<APP>/<device>.json`` (on the cpu
 ``cpu-<host class>.json``: ``$IRON_THREADS`` and ``$IRON_MARCH`` select another class, see
-``iron.host.class_name``); on a device this machine cannot run, ranks them by the target's cost
+``iron.targets.cpu.host.class_name``); on a device this machine cannot run, ranks them by the target's cost
 model instead and says so; review it with ``git diff`` or ``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
 interrupted run picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
 measurements on a Dask cluster (``iron.tuning.cluster``).  ``python -m iron.lm.tune`` is the
@@ -23,6 +23,7 @@ from ..errors import IronError
 from ..paths import build_dir
 from ..pipeline.app import load_app, profile_path
 from ..targets import target_for
+from ..util import finite_float
 from .measure import TargetBenchmark
 from .quiet import QUIET
 from .model import DEFAULT_PRUNE
@@ -42,11 +43,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         "formats are kept")
     parser.add_argument("--only", help="tune only these operators, comma-separated "
                         "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
-    parser.add_argument("--budget", type=float, help="stop after this many seconds, keeping "
+    parser.add_argument("--budget", type=finite_float, help="stop after this many seconds, keeping "
                         "the best setting found so far for each instance")
     parser.add_argument("--fresh", action="store_true", help="discard the tuning log and "
                         "measure everything again")
-    parser.add_argument("--max-load", type=float, default=QUIET,
+    parser.add_argument("--max-load", type=finite_float, default=QUIET,
                         help="cores' worth of CPU other processes may use while a timing is "
                              f"taken; above it the tuner pauses (default {QUIET:g}). Each "
                              "timing's load is logged, and a head-to-head taken above the "
