@@ -473,7 +473,7 @@ def test_profile_that_is_a_device_a_fifo_or_huge_is_refused_unread(tmp_path, kin
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_doit_refuses_a_profile_that_is_a_device_a_fifo_or_huge_in_one_line(project, kind):
     """The build's fingerprint of the profile reads it too: bounded there as well."""
-    profile = project / "profiles" / "demo" / "cpu.json"
+    profile = project / "profiles" / "demo" / f"cpu-{host.class_name()}.json"
     make_hostile(profile, kind)
     env = {**os.environ, "PYTHONPATH": str(project)}
     result = run_capped([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env)
