@@ -1,14 +1,14 @@
 """How well the cpu cost model ranks the candidates the tuner measured, instance by instance.
 
-Reads a tuning log (``build/tune/llama-cpu.jsonl``, written by ``python -m iron.lm.tune llama
---full``), groups its measured candidates by instance, models each with the cpu target's
+Reads a tuning log (``build/tune/llama-cpu-<host class>.jsonl``, written by ``python -m
+iron.lm.tune llama --full``), groups its measured candidates by instance, models each with the cpu target's
 roofline (``iron.targets.cpu.cost``, priced with this host's calibration) and prints, per
 instance: Spearman's rank correlation between modelled and measured times; whether the measured
 fastest is among the model's K fastest (what ``--prune K`` measures); and the regret, the
 measured time of the best of the model's K over the measured best.  The median correlation is
 the figure the model is judged by.
 
-    python benchmarks/cost_model.py [--log build/tune/llama-cpu.jsonl] [--k 8] [--markdown]
+    python benchmarks/cost_model.py [--log build/tune/llama-cpu-avx2-2t.jsonl] [--k 8] [--markdown]
                                     [--recalibrate]
 """
 
@@ -18,13 +18,14 @@ import statistics
 import sys
 from collections import defaultdict
 
+import iron
 from iron.operator import Operator
-from iron.paths import build_dir
 from iron.targets.cpu import calibration
 from iron.targets.cpu import cost as cpu_model
 from iron.tuning.log import TuneLog
 from iron.tuning.measure import TargetBenchmark
 from iron.tuning.model import DEFAULT_PRUNE, spearman
+from iron.tuning.tuner import default_log_path
 
 
 def instances(log: TuneLog) -> dict[str, list[tuple[Operator, float]]]:
@@ -40,7 +41,7 @@ def instances(log: TuneLog) -> dict[str, list[tuple[Operator, float]]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log", default=str(build_dir() / "tune" / "llama-cpu.jsonl"))
+    parser.add_argument("--log", default=str(default_log_path("llama", iron.device("cpu"))))
     parser.add_argument("--k", type=int, default=DEFAULT_PRUNE,
                         help=f"the pruning depth to check (default {DEFAULT_PRUNE})")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
@@ -60,6 +61,8 @@ def main() -> int:
     for name, measured in instances(log).items():
         if len(measured) < 3:
             continue
+        if cpu_model.cost(measured[0][0], host) is None:
+            continue  # a family whose cost hook gives no estimate: nothing to rank
         modelled = [cpu_model.cost(op, host).seconds for op, _ in measured]
         times = [t for _, t in measured]
         rho = spearman(modelled, times)

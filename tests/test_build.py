@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from iron.targets.cpu.host import class_name
 from conftest import copy_project
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +46,7 @@ def compile_tasks(result):
 
 def set_profile(project, entries):
     lines = ",\n  ".join(json.dumps(e) for e in entries)
-    (project / "profiles" / "demo" / "cpu.json").write_text(
+    (project / "profiles" / "demo" / f"cpu-{class_name()}.json").write_text(
         '{"device": "cpu", "entries": [\n  ' + lines + "\n]}\n")
 
 
@@ -139,7 +141,7 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
     tuned = doit(project, "tune", "only=AXPY,SiLU", "budget=300", "max_load=99")
     assert "tuning demo on cpu: 2 instances" in tuned.stdout, tuned.stdout
     assert "tuning complete" in tuned.stdout
-    profile = json.loads((project / "profiles" / "demo" / "cpu.json").read_text())
+    profile = json.loads((project / "profiles" / "demo" / f"cpu-{class_name()}.json").read_text())
     assert sorted(e["operator"] for e in profile["entries"]) == ["AXPY", "SiLU"]
     rebuilt = executed(doit(project))
     assert all(t.startswith(("compile:AXPY", "compile:SiLU")) for t in rebuilt), rebuilt

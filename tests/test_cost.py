@@ -260,6 +260,10 @@ def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, de
         assert r["bottleneck"] == model(op).bottleneck
     text = out.read_text()
     assert text.count("source: model") == 2  # when it starts, and in the report
+    # nothing ran: no line may speak of a head-to-head, rounds, or a measured gain
+    for word in ("head-to-head", "rounds", "measured this run", "whole model"):
+        assert word not in text, word
+    assert "modelled against the setting in use" in text
     saved = iron.Profile.load(profile)
     assert saved.device == dev and len(saved) > 0
     assert "Embedding" not in profile.read_text()  # placed on the host: not an npu entry
@@ -287,3 +291,45 @@ def test_a_contended_calibration_never_rates_a_bigger_team_slower():
     """Best-of probes taken while another process held a core can rate two threads below one;
     a team can leave a thread idle, so each figure is raised to the best of fewer threads."""
     assert calibration._at_least_fewer([29e9, 21e9, 40e9]) == [29e9, 29e9, 40e9]
+
+
+def test_every_operator_has_a_cost_hook_on_every_target_that_runs_it():
+    """A family added without a hook is a failure here, not a constant estimate that would make
+    --prune K measure the first K candidates in order; a hook may say "no estimate"."""
+    from iron.operator import Operator
+
+    on_cpu = [c for c in Operator.registry.values() if isinstance(getattr(c, "kernel", None), str)
+              and (c.kernel_root / "cpu" / f"{c.kernel}.c").is_file()]
+    assert len(on_cpu) > 10
+    for cls in on_cpu:
+        assert cpu_model.hook_for(cls) is not None, cls.__name__
+    cpu_ops = list(every_tunable_case())
+    for dev in ("npu1", "npu2"):  # every instance the npu runs (has a design for) is priced
+        target = target_for(iron.device(dev))
+        priced = 0
+        for op in {unset(op) for op in cpu_ops}:
+            for cand in candidates(op, dev):
+                if target.placement(cand) == "npu":
+                    assert target.cost(cand) is not None, (dev, cand)
+                    priced += 1
+        assert priced > 50, dev
+
+
+def test_a_family_without_an_estimate_is_measured_in_full_when_pruning(tmp_path, fixed_host,
+                                                                        monkeypatch):
+    table = dict(cpu_model.hooks())
+    table[GEMV] = cpu_model.no_estimate
+    monkeypatch.setattr(cpu_model, "hooks", lambda: table)
+    bench = FakeBench()
+    out = tmp_path / "o"
+    tune(FakeApp(), "cpu", benchmark=bench, prune=1, out=open(out, "w"),
+         profile_path=tmp_path / "p.json", log_path=tmp_path / "l.jsonl")
+    found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
+    for inst in found:
+        cands = candidates(inst.op, "cpu")
+        measured = [op for op in bench.measured if unset(op) == inst.op]
+        if isinstance(inst.op, GEMV):
+            assert set(measured) == set(cands)  # all of them: the model cannot rank them
+        elif len(cands) > 1:
+            assert len(set(measured)) <= 2  # the model's fastest and the setting in use
+    assert "instances without a cost estimate measured in full" in out.read_text()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from iron.targets.cpu.host import class_name
+
 distributed = pytest.importorskip("distributed")
 
 from conftest import copy_project  # noqa: E402
@@ -161,10 +163,10 @@ def test_doit_tune_through_a_scheduler_measures_for_real_and_writes_log_and_prof
     tuned = doit(project, "tune", "only=SiLU", f"scheduler={address}")
     assert f"cluster {address}: 2 workers offer cpu" in tuned.stdout, tuned.stdout
     assert "tuning complete" in tuned.stdout, tuned.stdout
-    profile = json.loads((project / "profiles/demo/cpu.json").read_text())
+    profile = json.loads((project / f"profiles/demo/cpu-{class_name()}.json").read_text())
     assert [e["operator"] for e in profile["entries"]] == ["SiLU"]
     log = [json.loads(line) for line in
-           (project / "build/tune/demo-cpu.jsonl").read_text().splitlines()]
+           (project / f"build/tune/demo-cpu-{class_name()}.jsonl").read_text().splitlines()]
     measured = [r for r in log if r["status"] == "ok"]
     assert measured and all(r["median"] > 0 and r["method"].startswith("cpu-") for r in measured)
     assert not any(r["status"] == "started" for r in log)  # only results reach the client's log

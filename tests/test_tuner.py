@@ -511,3 +511,175 @@ def test_real_benchmark_checks_and_times_quantized_instances():
     for op in cands[:3]:
         m = bench.measure(inst, op, None)
         assert m.error is None and m.median > 0, m
+
+
+# ---- host classes: which cpu profile a host picks ------------------------------------------
+
+
+def test_a_host_class_names_the_kernel_paths_its_build_compiles_and_its_cores():
+    from iron.targets.cpu import host
+
+    assert host.isa_class({"avx2", "fma", "sse4_2"}) == "avx2"  # Zen 3, or x86-64-v3 anywhere
+    zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
+    assert host.isa_class(zen4) == "avx2-avx512-vnni-bf16"
+    assert host.isa_class(zen4 | {"amx_tile", "amx_bf16"}) == "avx2-avx512-vnni-bf16-amx"
+    assert host.isa_class({"sse2"}) == "x86-64"
+    # a named level's class does not depend on the host that builds it
+    assert host.class_name(2, "x86-64-v3") == "avx2-2t"
+    assert host.class_name(1, "x86-64-v4") == "avx2-avx512-1t"
+    assert host.class_name(2, "sapphirerapids") == "avx2-avx512-vnni-bf16-amx-2t"
+
+
+def test_every_isa_macro_the_kernels_branch_on_belongs_to_a_named_kernel_path():
+    import re
+
+    from iron.targets.cpu import host
+    from iron.paths import KERNELS_DIR
+
+    named = {host.normalize(f) for _, needs in host.KERNEL_PATHS for f in needs}
+    found = set()
+    for path in (KERNELS_DIR / "cpu").glob("*.[ch]"):
+        for line in path.read_text().splitlines():
+            if re.match(r"\s*#\s*(el)?if", line):
+                found |= set(re.findall(r"__([A-Z][A-Z0-9_]*)__", line)) - {"GNUC"}
+    assert found, "the kernels branch on no ISA macro: this check reads the wrong files"
+    missing = {m for m in found
+               if host.normalize(host.CPUINFO_ALIASES.get(m, m)) not in named}
+    assert not missing, f"kernel paths not in iron.targets.cpu.host.KERNEL_PATHS: {sorted(missing)}"
+
+
+def test_threads_and_march_select_their_own_cpu_profile(monkeypatch):
+    from iron.pipeline.app import profile_path
+
+    monkeypatch.setenv("IRON_MARCH", "x86-64-v3")
+    monkeypatch.setenv("IRON_THREADS", "1")
+    assert profile_path("llama", "cpu").name == "cpu-avx2-1t.json"
+    assert profile_path("llama", "npu2").name == "npu2.json"
+    monkeypatch.delenv("IRON_THREADS")
+    assert profile_path("llama", "cpu", "avx2-avx512-vnni-bf16-2t").name == \
+        "cpu-avx2-avx512-vnni-bf16-2t.json"
+
+
+def test_a_profile_tuned_on_another_class_is_refused_and_a_missing_one_means_defaults(
+        tmp_path, monkeypatch):
+    from iron.errors import ProfileError
+    from iron.pipeline import app as app_module
+
+    monkeypatch.setattr(app_module, "profiles_dir", lambda: tmp_path)
+    assert len(app_module.app_profile("demo", "cpu")) == 0  # no file: resolve() defaults
+    path = app_module.profile_path("demo", "cpu")
+    path.parent.mkdir(parents=True)
+    iron.Profile(device="cpu", host={"class": "avx2-avx512-vnni-bf16-9t"}).add(
+        AXPY, tile_size=64).save(path)
+    with pytest.raises(ProfileError, match="tuned on host class 'avx2-avx512-vnni-bf16-9t'"):
+        app_module.app_profile("demo", "cpu")
+
+
+def test_committed_cpu_profiles_record_the_class_their_name_gives():
+    from iron.paths import project_root
+
+    files = sorted((project_root() / "profiles").glob("*/cpu-*.json"))
+    assert files
+    for path in files:
+        profile = iron.Profile.load(path)
+        assert profile.host["class"] == path.stem.partition("-")[2], path
+
+
+# ---- in-program head-to-heads and the whole-model A/B ---------------------------------------
+
+
+class FakeRunner:
+    """Program times from ``fake_time`` summed over the steps, scaled by ``factor(program)``,
+    with a small repeatable wobble per round; versions that run the same code share times."""
+
+    def __init__(self, factor=lambda program: 1.0):
+        self.target = cpu.TARGET
+        self.factor, self.load, self.calls = factor, 0.0, []
+
+    def rounds(self, versions, rounds=10, seconds=None):
+        from iron.tuning.program import signature
+
+        self.calls.append(sorted(versions))
+        out = {}
+        for label, program in versions.items():
+            base = sum(fake_time(op) for op in program.ops) * self.factor(program)
+            wobble = int(signature(program, self.target), 16) % 7
+            out[label] = [base * (1 + 0.002 * ((r + wobble) % 3)) for r in range(rounds)]
+        return out
+
+
+def test_head_to_heads_run_in_the_program_and_the_report_ends_with_the_whole_model_lines(
+        tmp_path):
+    runner = FakeRunner()
+    result = run(tmp_path, FakeBench(), runner=runner)
+    assert result.verdict is not None and result.written
+    text = (tmp_path / "out.txt").read_text().rstrip().splitlines()
+    assert text[-1].startswith("  programs: ")
+    assert any(line.startswith("whole model: ") for line in text[-8:])
+    assert "against resolve() defaults" in "\n".join(text[-8:])
+    compared = [line for line in text if "head-to-head in the" in line]
+    assert compared and all("program" in line for line in compared)
+    # every program whose new version runs faster than its default keeps its entries
+    for name, kept in result.verdict.kept.items():
+        t = result.verdict.times[name]
+        faster = [d / n for d, n in zip(t["defaults"], t["new"])]
+        assert (kept == "new") == (np.percentile(faster, 25) > 1.0), name
+
+
+def test_a_program_the_new_entries_make_slower_gets_no_entries(tmp_path):
+    """Each move won its own head-to-head, but together (the whole-model A/B, which times the
+    programs in three versions) every program runs 10% slower than with the defaults."""
+    class Together(FakeRunner):
+        def rounds(self, versions, rounds=10, seconds=None):
+            out = super().rounds(versions, rounds, seconds)
+            if len(versions) == 3:  # the A/B: every program, new entries together
+                out["new"] = [t * 1.1 * out["defaults"][0] / out["new"][0] for t in out["new"]]
+            return out
+
+    result = run(tmp_path, FakeBench(), runner=Together())
+    times = result.verdict.times["decode"]
+    assert any(o.chosen != o.instance.current for o in result.outcomes)  # moves were proposed
+    assert result.verdict.kept["decode"] == "defaults"
+    decode = FakeApp().programs(iron.device("cpu"), iron.Profile())["decode"]
+    assert not [e for e in result.profile.entries if any(e.applies_to(s.op)
+                                                        for s in decode.steps)]
+    assert all(final == default for final, default in zip(times["final"], times["defaults"]))
+    text = (tmp_path / "out.txt").read_text()
+    assert "no entries (no measurable gain over the defaults) for decode" in text
+
+
+def test_spread_says_beyond_only_when_three_rounds_of_four_are_ahead():
+    from iron.tuning.whole import Spread, spread
+
+    assert spread([1.1] * 8, [1.0] * 8).beyond()
+    assert not Spread((1.2, 1.2, 0.9, 0.9, 1.2, 0.9, 1.2, 0.9)).beyond()
+    assert Spread((1.0,) * 6).exact and not Spread((1.0,) * 6).beyond()
+    assert "ahead in 3 of 4" in Spread((1.1, 1.2, 0.9, 1.05)).text()
+
+
+class WeightedApp(FakeApp):
+    """``FakeApp`` with real weights: its programs run on the cpu target."""
+
+    def weights(self):
+        rng = np.random.default_rng(1)
+        yield "w", (rng.standard_normal((16, 64)) * 0.1).astype(iron.bfloat16)
+        yield "table", rng.standard_normal((10, 64)).astype(iron.bfloat16)
+
+
+def test_real_program_head_to_head_of_a_setting_with_itself_is_exactly_even(tmp_path):
+    from iron.tuning.program import InProgram, ProgramRunner, program_inputs
+
+    dev = iron.device("cpu")
+    app = WeightedApp()
+    programs = app.programs(dev, iron.Profile())
+    runner = ProgramRunner(dev, dict(app.weights()), quiet=None)
+    inst = next(i for i in instances(programs) if isinstance(i.op, GEMV))
+    bench = InProgram(TargetBenchmark(quiet=None), runner, programs, rounds=6)
+    same = bench.compare(inst, inst.current, inst.current)
+    assert same.program == "decode" and same.gain == same.low == same.high == 1.0
+    other = next(op for op in candidates(inst.op, dev) if op != inst.current)
+    c = bench.compare(inst, other, inst.current)
+    assert c.program == "decode" and c.rounds >= 6 and c.gain > 0 and c.against.endswith(
+        bench.context(inst))
+    tokens = program_inputs(programs["decode"], np.random.default_rng(0))[2]
+    assert tokens.dtype == np.int32 and 0 <= tokens.min() and tokens.max() < 10

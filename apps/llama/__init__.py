@@ -57,6 +57,11 @@ class App:
         the one-row decode and head programs, so they have nothing of their own to tune."""
         return record(self.config, self.context, self.chunk, device, profile, self.formats)
 
+    def phases(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """What the tuner's whole-model A/B reports per phase: a decode token runs the decode
+        and head programs; prefill runs ``chunk`` tokens per call of the prefill program."""
+        return {"decode": (("decode", "head"), 1), "prefill": (("prefill",), self.chunk)}
+
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
         return kernel_weights(self.checkpoint, self.config, self.formats)
 

@@ -15,7 +15,8 @@ provides:
 - optionally ``tuned_programs(device, profile)``: the programs whose tunables the tuner
   chooses, when some of ``programs`` derive theirs from others.
 
-Profiles live in ``profiles/<app>/<device>.json``; a missing file means "defaults only".
+Profiles live in ``profiles/<app>/<device>.json`` (on the cpu ``cpu-<host class>.json``, see
+``profile_path``); a missing file means "defaults only".
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from ..errors import IronError
+from ..errors import IronError, ProfileError
 from ..paths import project_root
-from ..profile import Profile
 
 
 def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
@@ -45,11 +45,30 @@ def profiles_dir() -> Path:
     return (root if root else Path.cwd()) / "profiles"
 
 
-def profile_path(app: str, device: str) -> Path:
+def profile_path(app: str, device: str, host_class: str | None = None) -> Path:
+    """``profiles/<app>/<device>.json``; on the cpu one file per host class
+    (``profiles/<app>/cpu-avx2-2t.json``, see ``iron.targets.cpu.host.class_name``): a setting
+    tuned for one instruction set or team size is not the setting for another."""
+    if device == "cpu":
+        from ..targets.cpu.host import class_name
+
+        device = f"cpu-{host_class or class_name()}"
     return profiles_dir() / app / f"{device}.json"
 
 
-def app_profile(app: str, device: str) -> Profile:
-    """The committed profile of ``app`` on ``device``; an empty one if there is none yet."""
+def app_profile(app: str, device: str):
+    """The committed profile of ``app`` on ``device`` (on the cpu, this host class's); an empty
+    one, every tunable from ``resolve()``, if there is none.  A cpu profile whose recorded
+    class is not this host's is refused: it was copied under the wrong name."""
+    from ..profile import Profile  # not at import: a no-op doit reads only profile_path
+
     path = profile_path(app, device)
-    return Profile.load(path) if path.exists() else Profile(device=device)
+    if not path.exists():
+        return Profile(device=device)
+    profile = Profile.load(path)
+    recorded = (profile.host or {}).get("class")
+    wanted = path.stem.partition("-")[2]
+    if device == "cpu" and recorded is not None and recorded != wanted:
+        raise ProfileError(f"{path}: tuned on host class {recorded!r}, but the file is the "
+                           f"profile of class {wanted!r}; rename it to cpu-{recorded}.json")
+    return profile

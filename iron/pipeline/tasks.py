@@ -263,9 +263,9 @@ class BuildGraph:
 
         self.store = default_store()
         self.bundle_dir = build_dir() / self.app_name / self.bundle_name()
-        root = project_root()
-        self.profile_file = (root if root else Path.cwd()) / "profiles" / self.app_name / \
-            f"{self.device.name}.json"
+        from .app import profile_path
+
+        self.profile_file = profile_path(self.app_name, self.device.name)
         self._app = None
         self._record = None
 

@@ -1,10 +1,12 @@
 """``python -m iron.tuning APP --checkpoint DIR``: tune an application and rewrite its profile.
 
 Times the legal settings of every operator instance the application builds (by default only the
-cost model's ``--prune`` fastest of each and the setting in use; ``--full`` times all) and writes
-the fastest into ``profiles/<APP>/<device>.json``; on a device this machine cannot run, ranks
-them by the target's cost model instead and says so; review it with ``git diff`` or
-``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
+cost model's ``--prune`` fastest of each and the setting in use; ``--full`` times all), each
+alone, then the sweep's fastest against the setting in use inside the program it runs in, and
+writes what the whole model gains from into ``profiles/<APP>/<device>.json`` (on the cpu
+``cpu-<host class>.json``: ``$IRON_THREADS`` and ``$IRON_MARCH`` select another class, see
+``iron.targets.cpu.host.class_name``); on a device this machine cannot run, ranks them by the target's cost
+model instead and says so; review it with ``git diff`` or ``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
 interrupted run picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
 measurements on a Dask cluster (``iron.tuning.cluster``).  ``python -m iron.lm.tune`` is the
 same command.
@@ -18,7 +20,8 @@ from typing import Sequence
 
 from ..devices import device as get_device
 from ..errors import IronError
-from ..pipeline.app import load_app
+from ..paths import build_dir
+from ..pipeline.app import load_app, profile_path
 from ..targets import target_for
 from ..util import finite_float
 from .measure import TargetBenchmark
@@ -31,13 +34,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Tune an application's operators and rewrite profiles/<APP>/<device>.json.")
-    parser.add_argument("app", help="the application, a package apps/<APP> (e.g. llama)")
+    parser.add_argument("app", help="the application, a package apps/<APP>")
     parser.add_argument("--checkpoint", help="the checkpoint directory (default: the "
                         "application's own)")
     parser.add_argument("--device", default="cpu", help="the device to tune for (default cpu)")
-    parser.add_argument("--weights", help="the application's weights option (llama: native, "
-                        "the default, bf16 or uint4): the instances of that bundle are tuned; "
-                        "entries for other weight formats are kept")
+    parser.add_argument("--weights", help="the application's weights option, if it has one: "
+                        "the instances of that bundle are tuned; entries for other weight "
+                        "formats are kept")
     parser.add_argument("--only", help="tune only these operators, comma-separated "
                         "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
     parser.add_argument("--budget", type=finite_float, help="stop after this many seconds, keeping "
@@ -59,6 +62,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         "every legal setting)")
     parser.add_argument("--full", action="store_true", help="measure every legal setting "
                         "(the same as --prune 0)")
+    parser.add_argument("--out", metavar="FILE", help="write the profile here instead of "
+                        "the application's profile for this device and host class (which is "
+                        "still where the previous settings are read from)")
+    parser.add_argument("--plots", metavar="DIR", help="one chart per tuned instance (needs "
+                        "the plots extra, matplotlib); default build/tune/plots/<APP>-<profile>")
+    parser.add_argument("--no-plots", action="store_true", help="draw no charts")
     args = parser.parse_args(argv)
     if args.max_load < 0:
         parser.error(f"--max-load must be a non-negative number, got {args.max_load:g}")
@@ -74,8 +83,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
         # a device that cannot run here is ranked by its target's cost model (tune says so)
         bench = (None if target_for(dev).unavailable(dev)
                  else TargetBenchmark(dev, quiet=args.max_load))
+        plots = None if args.no_plots else (
+            args.plots or build_dir() / "tune" / "plots" /
+            f"{args.app}-{profile_path(args.app, dev.name).stem}")
         tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench,
-             scheduler=args.scheduler, prune=0 if args.full else args.prune)
+             scheduler=args.scheduler, prune=0 if args.full else args.prune, plots=plots,
+             profile_path=args.out,
+             previous_path=profile_path(args.app, dev.name) if args.out else None)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

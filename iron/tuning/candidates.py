@@ -56,8 +56,8 @@ def unset(op: Operator) -> Operator:
 
 def tuned_programs(app, dev: Device, profile) -> Mapping[str, Program]:
     """The application's programs whose tunables come from the profile: an application may
-    derive some programs' tunables from others' (the Llama batched decode copies the one-row
-    decode's, so that both compute a row the same way) and list only the rest in
+    derive some programs' tunables from others' (a batched program may copy a one-row
+    program's, so that both compute a row the same way) and list only the rest in
     ``tuned_programs``."""
     if hasattr(app, "tuned_programs"):
         return app.tuned_programs(dev, profile)

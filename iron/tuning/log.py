@@ -13,7 +13,10 @@ Records::
     {"key": ..., "status": "rejected", "reason": ...}      failed to compile, check or finish
     {"key": ..., "status": "interrupted"}                  the user stopped it mid-measurement
     {"key": new, "against": old, "status": "compared",     a head-to-head of two candidates:
-     "gain": old/new, ...}                                 how much faster ``new`` ran
+     "gain": old/new, ...}                                 how much faster ``new`` ran (with
+                                                           "program": the program both ran
+                                                           in; ``against`` then ends with
+                                                           "@program:digest" of its steps)
 
 A candidate that was ``started`` twice without a result crashed or hung the tuner twice (a
 kernel that never returns cannot be stopped in-process): the next run rejects it instead of
@@ -85,11 +88,16 @@ class Comparison:
     rounds: int
     method: str = ""
     load: float | None = None  # cores' worth other processes used while it ran
+    program: str = ""  # the program both ran in; "" for the kernels alone
+    won: int | None = None  # rounds the new setting was faster in
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "against": self.against, "status": "compared",
-                "gain": self.gain, "low": self.low, "high": self.high, "rounds": self.rounds,
-                "method": self.method, "load": self.load}
+        doc = {"key": self.key, "against": self.against, "status": "compared",
+               "gain": self.gain, "low": self.low, "high": self.high, "rounds": self.rounds,
+               "method": self.method, "load": self.load}
+        if self.program:
+            doc.update(program=self.program, won=self.won)
+        return doc
 
 
 STATUSES = ("started", "ok", "rejected", "interrupted", "compared")
@@ -165,10 +173,12 @@ class TuneLog:
                 key, status = doc["key"], doc["status"]
                 if status == "compared":
                     if doc.get("method") == self.method:
+                        won = doc.get("won")
                         c = Comparison(key, _str(doc["against"]), _number(doc["gain"]),
                                        _number(doc["low"]), _number(doc["high"]),
                                        _count(doc["rounds"]), self.method,
-                                       _load(doc.get("load")))
+                                       _load(doc.get("load")), _str(doc.get("program", "")),
+                                       None if won is None else _count(won))
                         self.comparisons[c.key, c.against] = c
                     continue
                 if status == "ok" and doc.get("method") == self.method:

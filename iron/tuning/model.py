@@ -5,7 +5,8 @@ with its bottleneck named).  The tuner uses the model two ways:
 
 - pruning (``--prune K``): where candidates can be measured, only the model's ``K`` fastest of
   each instance are, plus the setting in use; the sweep, the head-to-head and the log are as
-  without it.  ``--prune 0`` (``--full``) measures every legal setting;
+  without it.  ``--prune 0`` (``--full``) measures every legal setting, and so does an
+  instance whose family's cost hook gives no estimate;
 - ranking (``ModelBenchmark``): on a device this machine cannot run (an NPU without XRT) the
   model's times stand in for measurements.  Their log records and the report say
   ``"source": "model"``; the profile they produce has the usual format.
@@ -43,11 +44,18 @@ def ranked(target: Target, ops: Sequence[Operator]) -> list[tuple[Operator, Esti
     return sorted(estimates, key=lambda pair: pair[1].seconds)
 
 
+def estimable(target: Target, ops: Sequence[Operator]) -> bool:
+    """Whether the target's model prices every one of ``ops`` (a family's cost hook may say
+    "no estimate", and then its instances are measured in full)."""
+    return all(target.cost(op) is not None for op in ops)
+
+
 def prune(target: Target, ops: Sequence[Operator], current: Operator, k: int
           ) -> list[Operator]:
     """The model's ``k`` fastest of ``ops``, plus ``current`` if it is not among them, in the
-    order given; all of them when ``k`` is 0 or at least their number."""
-    if k <= 0 or len(ops) <= k:
+    order given; all of them when ``k`` is 0 or at least their number, or when the model has
+    no estimate for them."""
+    if k <= 0 or len(ops) <= k or not estimable(target, ops):
         return list(ops)
     keep = {op for op, _ in ranked(target, ops)[:k]} | {current}
     return [op for op in ops if op in keep]

@@ -56,8 +56,10 @@ from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
 from .quiet import QUIET, BusyError
 from .model import ModelBenchmark
+from .model import estimable
 from .model import prune as prune_candidates
 from .report import report, setting_text
+from .whole import AB_ROUNDS, Verdict, validate
 
 #: How much faster, head-to-head (median round), a setting must run to replace the one in use.
 MIN_GAIN = 1.03
@@ -82,6 +84,8 @@ class Outcome:
     chosen: Operator | None = None  # what the profile gets: best if it won the head-to-head
     gain: float | None = None  # best against the old setting, head-to-head
     decided: bool = True  # False when the budget ran out before the head-to-head
+    program: str = ""  # the program the head-to-head ran in ("": the kernels alone)
+    tried: tuple[Operator, ...] = ()  # the candidates, in the order measured
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class Move:
     old_time: float | None
     new_time: float
     gain: float | None  # head-to-head; None when the old setting was rejected
+    program: str = ""  # the program the head-to-head ran in ("": the kernels alone)
 
 
 @dataclass
@@ -110,6 +115,10 @@ class TuneResult:
     source: str = "measured"  # or "model": the times are the target's cost model's
     pruned: int = 0  # candidates per instance the model let through (0: all were measured)
     legal: int = 0  # legal candidates of the tuned instances, before pruning
+    verdict: Verdict | None = None  # the whole-model A/B, when the programs were run
+    written: bool = True  # False: the A/B found the model slower, the profile is unchanged
+    unpriced: int = 0  # instances measured in full: their family's cost hook has no estimate
+    plots: str = ""  # where the per-instance charts went, or why there are none
 
 
 def choose_benchmark(dev: Device, probe: Operator | None, out: TextIO,
@@ -151,31 +160,43 @@ def select(found: list[Instance], only: Sequence[str] | None) -> list[Instance]:
 
 
 def default_log_path(app_name: str, dev: Device) -> Path:
-    return build_dir() / "tune" / f"{app_name}-{dev.name}.jsonl"
+    """``build/tune/<app>-<profile>.jsonl``: one log per device and, on the cpu, host class."""
+    return build_dir() / "tune" / f"{app_name}-{app_profile_path(app_name, dev.name).stem}.jsonl"
 
 
 def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None,
          budget: float | None = None, fresh: bool = False, out: TextIO = sys.stdout,
          benchmark: Benchmark | None = None, profile_path: str | os.PathLike | None = None,
          log_path: str | os.PathLike | None = None, scheduler: Any = None,
-         prune: int = 0) -> TuneResult:
+         prune: int = 0, runner: Any = None, in_program: bool = True,
+         plots: str | os.PathLike | None = None,
+         previous_path: str | os.PathLike | None = None) -> TuneResult:
     """Tune ``app`` on ``device`` and rewrite its profile; see the module docstring.
 
     ``budget`` is wall-clock seconds for the whole run: when it runs out, each instance keeps
     the best found so far and instances never measured keep their previous entry or default.
     ``fresh`` discards the log.  ``profile_path`` and ``log_path`` default to
-    ``profiles/<app>/<device>.json`` and ``build/tune/<app>-<device>.jsonl``.  ``scheduler``
+    ``profiles/<app>/<device>.json`` (on the cpu, this host class's file) and
+    ``build/tune/<app>-<device>.jsonl``; ``previous_path`` (default: ``profile_path``) is the
+    profile whose settings are in use.  ``scheduler``
     (``tcp://HOST:PORT`` or a ``distributed.Client``) runs the benchmark on a Dask cluster.
     ``prune``: when
     the target has a cost model, measure only its ``prune`` fastest candidates per instance,
     plus the setting in use (0, the default here: every candidate; the command line's default
-    is ``DEFAULT_PRUNE``; see ``iron.tuning.model``).
+    is ``DEFAULT_PRUNE``; see ``iron.tuning.model``).  ``runner`` (an
+    ``iron.tuning.program.ProgramRunner``; made from the application's weights when the
+    benchmark is a ``TargetBenchmark``, no scheduler is given and ``in_program`` is true) runs
+    the head-to-heads inside the programs and the whole-model A/B that decides what is
+    written (``iron.tuning.whole``).  ``plots``: a folder for one chart per tuned instance
+    (needs matplotlib, the ``plots`` extra).
     """
     started = time.monotonic()
     deadline = None if budget is None else started + budget
     dev = get_device(device)
     path = Path(profile_path or app_profile_path(app.name, dev.name))
-    previous = Profile.load(path) if path.exists() else Profile(device=dev.name)
+    source_path = Path(previous_path or path)  # where the settings in use come from
+    previous = (Profile.load(source_path) if source_path.exists()
+                else Profile(device=dev.name))
 
     target = target_for(dev)
     found = instances(tuned_programs(app, dev, previous))
@@ -193,9 +214,10 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     legal = sum(len(c) for _, c in work)
     # the cpu model is calibrated on the machine it runs on: with a cluster the devices are
     # the workers, so a distributed tune measures every candidate
-    pruned = (prune > 0 and source == "measured" and scheduler is None and bool(work)
-              and target.cost(work[0][0].current) is not None)
+    pruned = prune > 0 and source == "measured" and scheduler is None and bool(work)
+    unpriced = 0
     if pruned:
+        unpriced = sum(not estimable(target, c) for _, c in work)
         work = [(i, prune_candidates(target, c, i.current, prune)) for i, c in work]
     total = sum(len(c) for _, c in work)
     log = TuneLog(log_path or default_log_path(app.name, dev), bench.method, fresh,
@@ -209,12 +231,26 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
           + (f"; {len(elsewhere)} instances placed on the {target.placement(elsewhere[0].current)}"
              f" skipped (no {target.kind} design: their tunables change nothing there)"
              if elsewhere else "")
-          + (f"; budget {budget:g} s" if budget is not None else ""),
+          + (f"; budget {budget:g} s" if budget is not None else "")
+          + (f"; {unpriced} instances without a cost estimate measured in full"
+             if unpriced else ""),
           file=out, flush=True)
     if log.skipped:
         print(f"warning: {log.skipped} line(s) of {log.path} are not valid records and were "
               "skipped; their candidates are measured again", file=out, flush=True)
 
+    if (runner is None and in_program and scheduler is None and work
+            and isinstance(bench, TargetBenchmark) and hasattr(app, "weights")):
+        from .program import ProgramRunner
+
+        print("loading the application's weights: head-to-heads run inside its programs",
+              file=out, flush=True)
+        runner = ProgramRunner(dev, dict(app.weights()), bench.store, bench.quiet,
+                               bench.patience)
+    if runner is not None:
+        from .program import InProgram
+
+        bench = InProgram(bench, runner, tuned_programs(app, dev, previous))
     pool = None
     try:
         if scheduler is not None:
@@ -232,27 +268,52 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
 
     from ..targets.cpu.host import summary
 
-    # the host it was tuned on, as data: another host falls back where an entry does not fit
-    profile = Profile(previous.entries, dev.name, None if dev.fixed else summary())
+    # the host it was tuned on, as data: the file's name selects it by class (cpu host.class_name)
+    host = None if dev.fixed else summary()
+    profile = Profile(previous.entries, dev.name, host)
     for o in outcomes:
         if o.chosen is not None:
             profile.add(type(o.chosen), **{p: getattr(o.chosen, p) for p in o.chosen.params()},
                         **o.chosen.tunable_values())
-    profile.save(path)
-    check_applied(app, dev, profile, outcomes, out)
+    verdict = None
+    if runner is not None:
+        print(f"whole-model A/B: every program with the new profile, the previous one and "
+              f"resolve() defaults, up to {AB_ROUNDS} interleaved rounds", file=out, flush=True)
+        verdict = validate(lambda p: tuned_programs(app, dev, p), previous, profile, runner,
+                           dev.name, host, lambda op: target.placement(op) == target.kind,
+                           app.phases() if hasattr(app, "phases") else None)
+        profile = verdict.profile if verdict.profile is not None else previous
+    written = verdict is None or verdict.profile is not None
+    if written:
+        profile.save(path)
+    if written:  # what the A/B dropped is not applied on purpose
+        check_applied(app, dev, profile, [o for o in outcomes if verdict is None
+                                          or o.instance.op not in verdict.dropped], out)
+    final = {i.op: i.current for i in instances(tuned_programs(app, dev, profile))}
     moved = [Move(o.instance.describe(), o.instance.setting(), o.chosen.tunable_values(),
-                  o.old_time, o.best_time, o.gain)
+                  o.old_time, o.best_time, o.gain, o.program)
              for o in outcomes if o.chosen is not None
-             and o.chosen.tunable_values() != o.instance.setting()]
+             and o.chosen.tunable_values() != o.instance.setting()
+             and final.get(o.instance.op) == o.chosen]
     complete = all(o.measured == o.total and o.decided for o in outcomes)
+    drawn = ""
+    if plots is not None and outcomes:
+        from .plots import draw
+
+        drawn = draw(outcomes, log.path, bench.method, bench.key, Path(plots), source)
     result = TuneResult(profile, path, moved, outcomes, complete, run.measured_now,
-                        time.monotonic() - started, source, prune if pruned else 0, legal)
+                        time.monotonic() - started, source, prune if pruned else 0, legal,
+                        verdict, written, unpriced, drawn)
     report(result, out)
     return result
 
 
 def wins(c: Comparison) -> bool:
-    """A move pays: ``MIN_GAIN`` faster in the median round, and faster in 3 rounds of 4."""
+    """A move pays.  Kernels alone: ``MIN_GAIN`` faster in the median round, and faster in 3
+    rounds of 4.  In a program (where one instance is a small part of the time): faster beyond
+    the measured spread, the middle half of the rounds above 1."""
+    if c.program:
+        return c.gain > 1.0 and c.low > 1.0
     return c.gain >= MIN_GAIN and c.low > 1.0
 
 
@@ -313,14 +374,16 @@ class _Run:
         return self._confirm(self._outcome(inst, order, keys, cands))
 
     def _confirm(self, o: Outcome) -> Outcome:
-        """Choose the sweep's winner over the setting in use only if it wins head-to-head."""
+        """Choose the sweep's winner over the setting in use only if it wins head-to-head
+        (inside its program when the benchmark runs programs, see ``iron.tuning.program``)."""
         current = o.instance.current
         if o.best is None or o.best == current or o.old_problem:
             # nothing measured, nothing to move, or the setting in use was rejected
-            return dataclasses.replace(o, chosen=o.best)
+            return self._settle(dataclasses.replace(o, chosen=o.best))
         if o.old_time is None:  # the budget cut the setting in use off: nothing to compare
             return dataclasses.replace(o, chosen=current, decided=False)
-        new, old = self.bench.key(o.best), self.bench.key(current)
+        context = getattr(self.bench, "context", lambda instance: "")(o.instance)
+        new, old = self.bench.key(o.best), self.bench.key(current) + context
         comparison = self.log.comparison(new, old)
         if comparison is not None and comparison.load is not None and comparison.load > QUIET:
             print(f"    the logged head-to-head ran beside {comparison.load:.2f} busy cores: "
@@ -340,14 +403,33 @@ class _Run:
                   file=self.out, flush=True)
             return dataclasses.replace(o, chosen=current, decided=False)
         moves = wins(comparison)
-        spread = ("modelled" if self.source == "model" else f"middle half of "
-                  f"{comparison.rounds} rounds {comparison.low:.3f}-{comparison.high:.3f}x")
-        print(f"    head-to-head against the setting in use ({setting_text(o.instance.setting())})"
-              f": {comparison.gain:.3f}x, {spread} -> "
-              + ("moves" if moves else f"keeps the setting in use (needs {MIN_GAIN:g}x, and "
-                 "faster in three rounds of four)"), file=self.out, flush=True)
-        return dataclasses.replace(o, chosen=o.best if moves else current,
-                                   gain=comparison.gain)
+        if self.source == "model":
+            print(f"    modelled against the setting in use ({setting_text(o.instance.setting())})"
+                  f": {comparison.gain:.3f}x -> " + ("moves" if moves else
+                  f"keeps the setting in use (the model predicts less than {MIN_GAIN:g}x)"),
+                  file=self.out, flush=True)
+        else:
+            where = (f"in the {comparison.program} program" if comparison.program
+                     else "the kernels alone")
+            rule = ("a move needs the program faster beyond the spread: the middle half of "
+                    "the rounds above 1" if comparison.program else
+                    f"a move needs {MIN_GAIN:g}x, and faster in three rounds of four")
+            won = (f", ahead in {comparison.won} of {comparison.rounds}"
+                   if comparison.won is not None else "")
+            print(f"    head-to-head {where} against the setting in use "
+                  f"({setting_text(o.instance.setting())}): {comparison.gain:.3f}x, middle half "
+                  f"of {comparison.rounds} rounds {comparison.low:.3f}-{comparison.high:.3f}x"
+                  f"{won} -> " + ("moves" if moves else f"keeps the setting in use ({rule})"),
+                  file=self.out, flush=True)
+        return self._settle(dataclasses.replace(o, chosen=o.best if moves else current,
+                                                gain=comparison.gain,
+                                                program=comparison.program))
+
+    def _settle(self, o: Outcome) -> Outcome:
+        """Later head-to-heads in programs run this instance with its chosen setting."""
+        if o.chosen is not None and hasattr(self.bench, "settle"):
+            self.bench.settle(o.instance, o.chosen)
+        return o
 
     def baseline(self, work: list[tuple[Instance, list[Operator]]]
                  ) -> list[tuple[Instance, list[Operator]]]:
@@ -454,7 +536,8 @@ class _Run:
                           sum(r is not None and not r.ok for r in records.values()),
                           best[2] if best else None, best[0] if best else None,
                           old.median if old is not None and old.ok else None,
-                          old.reason if old is not None and not old.ok else "")
+                          old.reason if old is not None and not old.ok else "",
+                          tried=tuple(order))
         if best:
             print(f"    best {setting_text(best[2].tunable_values())} {best[0] * 1e6:.1f} us"
                   f" ({outcome.measured}/{outcome.total} "

@@ -15,8 +15,10 @@ next to each formula, so a kernel change that moves them is a one-line edit here
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ...operator import Operator
 from ..cost import COMPUTE, LAUNCH, MEMORY, Estimate, estimate
@@ -49,38 +51,72 @@ def vector_ops(n: int, per8: float, scalar: float | None = None) -> float:
     return n // LANES * per8 + n % LANES * (per8 if scalar is None else scalar)
 
 
-def work(op: Operator, h: Calibration) -> Work:
-    """The ``Work`` of ``op``'s cpu kernel; see each kernel's source for the loops counted."""
-    from ...operators import GEMM, GEMV, Attention, Elementwise, Embedding, RowWise, SwiGLU
+def _elementwise(op, threads: int, h: Calibration) -> Work:
+    """iron_elementwise.h: load + widen per input, op, store."""
+    per8 = 2 * op.arity + (EXP8 + 2 if op.kernel == "silu" else 1) + BF16_STORE8
+    tiles = op.size // op.tile_size
+    return Work(0, (op.arity + 1) * op.size * 2,
+                tiles * vector_ops(op.tile_size, per8, scalar=4 * op.arity + 8), tiles, threads)
 
-    threads = getattr(op, "num_aie_columns", 1) or 1
-    if isinstance(op, Elementwise):  # iron_elementwise.h: load + widen per input, op, store
-        per8 = 2 * op.arity + (EXP8 + 2 if op.kernel == "silu" else 1) + BF16_STORE8
-        tiles = op.size // op.tile_size
-        return Work(0, (op.arity + 1) * op.size * 2,
-                    tiles * vector_ops(op.tile_size, per8, scalar=4 * op.arity + 8),
-                    tiles, threads)
-    if isinstance(op, SwiGLU):  # swiglu.c: gate and up widened, silu, multiply, store
-        tiles = op.size // op.tile_size
-        per_row = tiles * vector_ops(op.tile_size, 4 + EXP8 + 2 + 1 + BF16_STORE8, 30)
-        return Work(0, 3 * op.rows * op.size * 2, op.rows * per_row, tiles, threads)
-    if isinstance(op, RowWise):  # rmsnorm.c / softmax.c: a reduction pass, then a scaling pass
-        passes = 3 + (2 + 2 * getattr(op, "weighted", 0) + 1 + BF16_STORE8)
-        if op.kernel == "softmax":
-            passes += EXP8 + 4
-        tiles = op.rows // op.tile_size
-        return Work(0, (op.streams * op.rows + 1) * op.size * 2,
-                    op.rows * vector_ops(op.size, passes, 2 * passes), tiles, threads)
-    if isinstance(op, Embedding):  # embedding.c: one row copy per token
-        return Work(op.rows * op.dim * 2, op.rows * op.dim * 2, op.rows * op.dim / 16,
-                    op.rows, threads if op.rows > 1 else 1)
-    if isinstance(op, GEMV):
-        return _gemv(op, threads)
-    if isinstance(op, GEMM):
-        return _gemm(op, threads, h)
-    if isinstance(op, Attention):
-        return _attention(op, threads)
-    return Work(0, 0, 1, 1, 1)  # an operator without tunables: nothing to rank
+
+def _swiglu(op, threads: int, h: Calibration) -> Work:
+    """swiglu.c: gate and up widened, silu, multiply, store."""
+    tiles = op.size // op.tile_size
+    per_row = tiles * vector_ops(op.tile_size, 4 + EXP8 + 2 + 1 + BF16_STORE8, 30)
+    return Work(0, 3 * op.rows * op.size * 2, op.rows * per_row, tiles, threads)
+
+
+def _rowwise(op, threads: int, h: Calibration) -> Work:
+    """rmsnorm.c / softmax.c: a reduction pass, then a scaling pass."""
+    passes = 3 + (2 + 2 * getattr(op, "weighted", 0) + 1 + BF16_STORE8)
+    if op.kernel == "softmax":
+        passes += EXP8 + 4
+    tiles = op.rows // op.tile_size
+    return Work(0, (op.streams * op.rows + 1) * op.size * 2,
+                op.rows * vector_ops(op.size, passes, 2 * passes), tiles, threads)
+
+
+def _embedding(op, threads: int, h: Calibration) -> Work:
+    """embedding.c: one row copy per token."""
+    return Work(op.rows * op.dim * 2, op.rows * op.dim * 2, op.rows * op.dim / 16,
+                op.rows, threads if op.rows > 1 else 1)
+
+
+def no_estimate(op, threads: int, h: Calibration) -> None:
+    """The hook of a family the model does not price: the tuner measures every candidate of
+    its instances (and an operator without tunables has nothing to rank)."""
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def hooks() -> dict[type, Callable[[Operator, int, Calibration], "Work | None"]]:
+    """Each operator family's cost hook, by class: the ``Work`` of a setting, or None for "no
+    estimate".  Every operator with a cpu kernel must find one along its class's bases (a test
+    checks it), so a new family is a decision — a formula, or ``no_estimate`` — never a
+    silent constant that would make ``--prune K`` measure the first K candidates in order."""
+    from ...operators import (GEMM, GEMV, Attention, CacheWrite, Elementwise, Embedding,
+                             QKVRoPE, RowWise, SwiGLU)
+
+    return {Elementwise: _elementwise, SwiGLU: _swiglu, RowWise: _rowwise,
+            Embedding: _embedding, GEMV: lambda op, t, h: _gemv(op, t),
+            GEMM: _gemm, Attention: lambda op, t, h: _attention(op, t),
+            CacheWrite: no_estimate, QKVRoPE: no_estimate}
+
+
+def hook_for(cls: type) -> Callable[[Operator, int, Calibration], "Work | None"] | None:
+    """The cost hook of operator class ``cls``: its own or its nearest base's; None if none."""
+    table = hooks()
+    return next((table[c] for c in cls.__mro__ if c in table), None)
+
+
+def work(op: Operator, h: Calibration) -> Work | None:
+    """The ``Work`` of ``op``'s cpu kernel (see each hook for the loops counted); None when its
+    family's hook gives no estimate.  A family without a hook is an error naming it."""
+    hook = hook_for(type(op))
+    if hook is None:
+        raise LookupError(f"the cpu cost model has no hook for {type(op).__name__}: add one to "
+                          "iron.targets.cpu.cost.hooks (a formula, or no_estimate)")
+    return hook(op, getattr(op, "num_aie_columns", 1) or 1, h)
 
 
 def _gemv(op, threads: int) -> Work:
@@ -173,10 +209,13 @@ def _attention(op, threads: int) -> Work:
                 keys * per_key + blocks * per_block, op.rows * op.heads, threads)
 
 
-def cost(op: Operator, h: Calibration | None = None) -> Estimate:
-    """The modelled time of ``op``'s kernel on this host (see the module docstring)."""
+def cost(op: Operator, h: Calibration | None = None) -> Estimate | None:
+    """The modelled time of ``op``'s kernel on this host (see the module docstring); None when
+    its family's hook says "no estimate"."""
     h = h or calibration()
     w = work(op, h)
+    if w is None:
+        return None
     team = max(1, min(w.threads, h.threads))
     per_thread = math.ceil(w.items / team)
     busy = w.items / per_thread  # threads' worth of work: fewer than team when unbalanced

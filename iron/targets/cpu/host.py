@@ -153,6 +153,42 @@ def compiler_stamp() -> list:
     return [real, st.st_size, st.st_mtime_ns]
 
 
+#: The kernel code paths a build can take, each with the features it needs (as /proc/cpuinfo
+#: names them): the ``#if defined(__X__)`` branches of ``iron/kernels/cpu``.  A test checks that
+#: every ISA macro the kernels branch on is named here.
+KERNEL_PATHS = (
+    ("avx2", ("avx2", "fma")),
+    ("avx512", ("avx512f",)),
+    ("vnni", ("avx512_vnni", "avx512bw")),
+    ("bf16", ("avx512_bf16",)),
+    ("amx", ("amx_tile", "amx_bf16", "avx512_bf16")),
+)
+
+
+def isa_class(features) -> str:
+    """The kernel paths ``features`` enable, joined: ``avx2`` on a Zen 3 or with
+    ``-march=x86-64-v3``, ``avx2-avx512-vnni-bf16`` on a Zen 4, ``...-amx`` on a Sapphire
+    Rapids; ``x86-64`` when not even AVX2 is there."""
+    have = {normalize(f) for f in features}
+    paths = [name for name, needs in KERNEL_PATHS
+             if all(normalize(f) in have for f in needs)]
+    return "-".join(paths) or "x86-64"
+
+
+def class_name(cores: int | None = None, level: str | None = None) -> str:
+    """The host class a cpu profile is tuned for and chosen by: the kernel paths the build's
+    -march level compiles (read from the compiler, see ``required_features``) and the usable
+    cores, e.g. ``avx2-2t``.  Two hosts of one class run the same code with the same team, so
+    a setting tuned on one applies to the other; a setting tuned for another class never
+    does (its profile is another file)."""
+    import shutil
+
+    level = level or march()
+    cc = shutil.which(os.environ.get("CC", "cc")) or "cc"
+    return f"{isa_class(required_features(cc, level))}-{cores or usable_cores()}t"
+
+
 def summary() -> dict:
-    """What a profile records about the host it was tuned on."""
-    return {"cpu": model(), "cores": usable_cores(), "march": march()}
+    """What a profile records about the host it was tuned on: its class (which the profile's
+    file name gives too), and the CPU model and -march level as information."""
+    return {"class": class_name(), "cpu": model(), "cores": usable_cores(), "march": march()}

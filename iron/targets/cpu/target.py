@@ -51,8 +51,9 @@ class CpuTarget(Target):
                    runtime_file: Path | None) -> Executable:
         return Executable(program, step_files, runtime_file)
 
-    def cost(self, op: Operator) -> Estimate:
-        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu.cost``)."""
+    def cost(self, op: Operator) -> Estimate | None:
+        """The roofline of ``op``'s kernel on this host (``iron.targets.cpu.cost``); None
+        where its family's hook gives no estimate."""
         from .cost import cost
 
         return cost(op)
