@@ -211,3 +211,17 @@ def test_npu_profile_entry_overflowing_l1_stops_before_any_compile(project):
             ) in said
     assert not (project / "build" / "ops").exists() or not list(
         (project / "build" / "ops").iterdir())
+
+
+def test_npu_build_after_a_tune_in_the_readme_order_and_after_losing_a_cache_entry(project):
+    """`doit tune device=npu2`, `doit device=npu2`, `doit device=npu2 weights=bf16`, in that
+    order, then again once a cache entry is gone: the builds that reuse the programs recorded
+    by an earlier process (under build/.programs/) compile npu instances too."""
+    doit(project, "tune", "device=npu2")
+    doit(project, "tune", "device=npu2")  # the profile is now stable: its record is reused
+    doit(project, "device=npu2")
+    doit(project, "device=npu2", "weights=bf16")
+    entries = [p for p in (project / "build/ops").iterdir() if (p / "design.mlir").exists()]
+    shutil.rmtree(entries[0])
+    rebuilt = doit(project, "device=npu2")
+    assert len(executed(rebuilt)) == 1 and (entries[0] / "design.mlir").exists()
