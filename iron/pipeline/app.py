@@ -15,6 +15,11 @@ provides:
 - optionally ``tuned_programs(device, profile)``: the programs whose tunables the tuner
   chooses, when some of ``programs`` derive theirs from others.
 
+The package's module-level ``VARIABLES`` (name -> ``iron.pipeline.variables.Variable``)
+declares the options ``App`` takes, with their defaults and checks: ``doit NAME=VALUE``
+accepts them, and the tuner and ``iron run`` pass them through ``open_app``.  An application
+without options declares none.
+
 Profiles live in ``profiles/<app>/<device>.json``; a missing file means "defaults only".
 """
 
@@ -27,17 +32,36 @@ from typing import Any
 from ..errors import IronError
 from ..paths import project_root
 from ..profile import Profile
+from .variables import Variable, check_all
 
 
-def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
-    """The application ``apps.<name>``, opened on ``checkpoint`` (its default when None)."""
+def app_module(name: str):
     try:
-        module = importlib.import_module(f"apps.{name}")
+        return importlib.import_module(f"apps.{name}")
     except ModuleNotFoundError as e:
         if e.name not in ("apps", f"apps.{name}"):
             raise
         raise IronError(f"unknown application {name!r}: no package apps/{name}") from None
-    return module.App(checkpoint, **options)
+
+
+def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
+    """The application ``apps.<name>``, opened on ``checkpoint`` (its default when None), with
+    ``options`` already checked (see ``open_app``)."""
+    return app_module(name).App(checkpoint, **options)
+
+
+def app_variables(name: str) -> dict[str, Variable]:
+    """The build variables application ``name`` declares (``VARIABLES`` in its package)."""
+    return dict(getattr(app_module(name), "VARIABLES", {}))
+
+
+def open_app(name: str, checkpoint: str | Path | None = None,
+             variables: dict[str, str] | None = None):
+    """The application opened with ``variables`` (name -> text, as on a command line), each
+    checked against what it declares: an unknown name or a bad value is one ``IronError``."""
+    declared = app_variables(name)
+    options = check_all(dict(variables or {}), declared, f"variable of application {name!r}")
+    return load_app(name, checkpoint, **options)
 
 
 def profiles_dir() -> Path:
