@@ -34,13 +34,15 @@ SAMPLING_RULES = (
     ("repetition_penalty", lambda v: 0 < v <= 10, "0 < repetition_penalty <= 10 (1 is off)"),
     ("frequency_penalty", lambda v: -2 <= v <= 2, "-2 <= frequency_penalty <= 2"),
     ("presence_penalty", lambda v: -2 <= v <= 2, "-2 <= presence_penalty <= 2"),
+    ("min_p", lambda v: 0 <= v <= 1, "0 <= min_p <= 1 (0 is off)"),
 )
 
 
 @dataclass
 class Sampler:
-    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p sampling; penalties
-    first.
+    """Greedy when ``temperature`` is 0, else temperature / top-k / top-p / min-p sampling;
+    penalties first.  ``min_p`` keeps the tokens at least that fraction as likely as the most
+    likely one (after temperature, as transformers and vLLM apply it).
 
     Penalties, as vLLM applies them: ``repetition_penalty`` (Keskar et al. 2019, as in
     transformers and llama.cpp) divides a positive logit, or multiplies a negative one, of every
@@ -57,6 +59,7 @@ class Sampler:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    min_p: float = 0.0
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self):
@@ -110,7 +113,10 @@ class Sampler:
         order = np.argsort(-logits)
         if self.top_k > 0:
             order = order[: self.top_k]
-        p = np.exp(logits[order] - logits[order[0]])
+        p = np.exp(logits[order] - logits[order[0]])  # p[0] = 1 is the most likely
+        if self.min_p > 0:
+            keep = int(np.count_nonzero(p >= self.min_p))  # sorted: a prefix
+            order, p = order[:keep], p[:keep]
         p /= p.sum()
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p)) + 1
@@ -207,8 +213,13 @@ class LlamaModel:
     def _check_room(self, n: int, what: str = "") -> None:
         if self.position + n > self.context:
             raise IronError(f"{what or f'{self.position + n} tokens'} do not fit the bundle's "
-                            f"context of {self.context} positions; shorten the prompt or rebuild "
-                            "the bundle with a larger context (doit context=N)")
+                            f"context of {self.context} positions; shorten the prompt or choose "
+                            "a larger context (iron run -c N, doit context=N)")
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, before any work, a prompt and answer the context cannot hold."""
+        self._check_room(prompt_tokens + max(max_new_tokens - 1, 0),
+                         f"a prompt of {prompt_tokens} tokens and {max_new_tokens} new tokens")
 
     def _chunks(self, tokens: list[int]) -> Iterator[np.ndarray]:
         """Run prompt tokens through the prefill programs a chunk at a time; yield each

@@ -64,6 +64,10 @@ RECORD_VERSION = 2
 VERBOSE = False
 #: set once Ctrl-C was pressed: the run ends with the one line already printed
 INTERRUPTED = False
+#: whether a run that built nothing says so (``iron run`` uses a current bundle silently)
+REPORT_CURRENT = True
+#: the bundle folder of the selection (the progress line names it)
+BUNDLE = ""
 
 
 class Reporter(ConsoleReporter):
@@ -78,13 +82,18 @@ class Reporter(ConsoleReporter):
         self.verbose = VERBOSE or options.get("verbosity") == 2
         self.compiled, self.instances = 0, 0
         self.bundle: str | None = None
-        self.bundle_written = self.said = False
+        self.bundle_written = self.said = self.started = False
 
     def execute_task(self, task):
         if self.verbose:
             return super().execute_task(task)
         if task.name in ("generate", "tune", "gc"):
             self.summary()
+        elif task.name.startswith("compile:") or task.name == "bundle":
+            if not self.started:
+                self.started = True
+                self.write(f"building {BUNDLE} (once: later runs reuse it) ...\n")
+                self.outstream.flush()
 
     def skip_uptodate(self, task):
         if self.verbose:
@@ -118,7 +127,7 @@ class Reporter(ConsoleReporter):
                     if self.compiled < self.instances else
                     f"compiled {self.instances} instances")
             self.write(f"built {self.bundle}: {what}; -v 2 or verbose=1 lists every task\n")
-        else:
+        elif REPORT_CURRENT:
             self.write(f"{self.bundle} is up to date ({self.instances} instances)\n")
         self.outstream.flush()
 
@@ -191,7 +200,7 @@ VARIABLES: dict[str, Variable] = {
                         shown="the usable cores"),
     "verbose": Variable(0, v.choice("0", "1", as_int=True), "1: every task and compile line"),
     "prompt": Variable(None, v.text, "generate's prompt", shown="the bundle's"),
-    **{name: Variable(None, v.text, "a flag of python -m iron.lm.run", shown="its default")
+    **{name: Variable(None, v.text, "a flag of the application's run command")
        for name in GENERATE_OPTIONS},
     "only": Variable(None, v.operators, "tune: only these operators"),
     "budget": Variable(None, v.number, "tune: seconds"),
@@ -302,6 +311,8 @@ class BuildGraph:
 
         self.store = Store()
         self.bundle_dir = build_dir() / self.app_name / self.bundle_name()
+        global BUNDLE
+        BUNDLE = str(self.bundle_dir)
         root = project_root()
         self.profile_file = (root if root else Path.cwd()) / "profiles" / self.app_name / \
             f"{self.device.name}.json"
@@ -327,10 +338,14 @@ class BuildGraph:
 
     def variables_doc(self, task: str) -> str:
         """``; variables: name=default ...`` of what ``task`` reads (the application's too)."""
-        names = [*_TASK_VARIABLES[task], *(n for n in self.declared if n not in VARIABLES)]
-        if task in ("gc", "tune"):
-            names = list(_TASK_VARIABLES[task])
-        return "; variables: " + v.defaults_line({n: self.declared[n] for n in names})
+        names = [n for n in _TASK_VARIABLES[task] if n not in GENERATE_OPTIONS]
+        if task in ("bundle", "generate"):
+            names += [n for n in self.declared if n not in VARIABLES]
+        line = "; variables: " + v.defaults_line({n: self.declared[n] for n in names}, self.vars)
+        if task == "generate":
+            line += (f", and the run command's flags {', '.join(GENERATE_OPTIONS)} (its "
+                     "defaults)")
+        return line
 
     # the application is opened lazily: only when the record of its programs is stale
     @property

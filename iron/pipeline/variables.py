@@ -34,7 +34,9 @@ class Variable:
     shown: str | None = None
 
     def describe(self) -> str:
-        return self.shown if self.default is None and self.shown else str(self.default)
+        if self.default is None:
+            return f"({self.shown or 'none'})"
+        return str(self.default)
 
 
 def positive(limit: int) -> Check:
@@ -106,6 +108,9 @@ def check_all(given: dict[str, str], declared: dict[str, Variable], what: str) -
     return checked
 
 
-def defaults_line(declared: dict[str, Variable]) -> str:
-    """``name=default`` of every variable, for a task's one-line doc."""
-    return " ".join(f"{n}={v.describe()}" for n, v in declared.items())
+def defaults_line(declared: dict[str, Variable], given: dict[str, Any] | None = None) -> str:
+    """``name=default`` of every variable (``name=value`` for those ``given``), for a task's
+    one-line doc."""
+    given = given or {}
+    return " ".join(f"{n}={given[n] if n in given else v.describe()}"
+                    for n, v in declared.items())
