@@ -184,8 +184,10 @@ def cmd_list() -> int:
         folder = manifest.parent
         try:
             doc = json.loads(manifest.read_text())
+            if not isinstance(doc, dict) or "programs" not in doc:
+                continue  # an artifact cache entry, not a bundle
             meta = doc.get("meta", {})
-            what = (f"{doc.get('device')}, {meta.get('model_name', '')} "
+            what = (f"{doc.get('app')} on {doc.get('device')}: {meta.get('model_name', '')}, "
                     f"context {meta.get('context', '?')}, weights {meta.get('weights', '?')}")
         except (OSError, ValueError, AttributeError):
             what = "damaged manifest"

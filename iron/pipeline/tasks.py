@@ -112,7 +112,7 @@ class Reporter(ConsoleReporter):
     def count(self, task, ran: bool) -> None:
         if task.name.startswith("compile:"):
             self.instances += 1
-            self.compiled += ran
+            self.compiled += ran and not task.values.get("cached")
         elif task.name == "bundle":
             self.bundle = str(Path(task.targets[0]).parent)
             self.bundle_written = ran
@@ -126,6 +126,8 @@ class Reporter(ConsoleReporter):
             what = (f"compiled {self.compiled} of {self.instances} instances (the rest cached)"
                     if self.compiled < self.instances else
                     f"compiled {self.instances} instances")
+            if not self.compiled:
+                what = f"every one of its {self.instances} instances was cached"
             self.write(f"built {self.bundle}: {what}; -v 2 or verbose=1 lists every task\n")
         elif REPORT_CURRENT:
             self.write(f"{self.bundle} is up to date ({self.instances} instances)\n")
@@ -172,7 +174,6 @@ except OSError as e:
 DOIT_CONFIG = {
     "reporter": Reporter,
     "backend": "sqlite3",
-    "dep_file": str(build_dir() / ".doit.db"),
     "default_tasks": ["bundle"],
 }
 
@@ -565,6 +566,7 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
     try:
         target = target_for(device(device_name))
         store = Store()
+        cached = store.lookup(key) is not None  # compiled for another selection, or remotely
         entry = target.compile(target.recipe_from(description, sources), store)
     except IronError as e:
         return TaskFailed(str(e))
@@ -572,8 +574,8 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
         return TaskFailed(f"the recipe of {description.get('operator')} hashes to {entry.key}, "
                           f"its task expects {key}: iron's sources changed during the build")
     print(f"[{counter}] {description.get('operator') or description.get('kernel')} -> "
-          f"{entry.path}")
-    return remote_values(store)
+          f"{entry.path}{' (cached)' if cached else ''}")
+    return {**remote_values(store), "cached": cached}
 
 
 def write_bundle_action(app_name, checkpoint, options, device_name, out, build):
@@ -646,6 +648,11 @@ def dodo_namespace(variables: dict[str, str]) -> dict[str, Any]:
 
     graph = BuildGraph(None, variables)
     signal.signal(signal.SIGINT, on_interrupt)
+    # one state file per selection: building one bundle does not make another's tasks stale
+    states = build_dir() / ".doit"
+    states.mkdir(exist_ok=True)
+    config = {**DOIT_CONFIG,
+              "dep_file": str(states / f"{graph.app_name}-{graph.bundle_dir.name}.db")}
 
     def task_checkpoint():
         return graph.task_checkpoint()
@@ -669,6 +676,6 @@ def dodo_namespace(variables: dict[str, str]) -> dict[str, Any]:
     def task_gc():
         return graph.task_gc()
 
-    return {"DOIT_CONFIG": DOIT_CONFIG, "graph": graph, "task_checkpoint": task_checkpoint,
+    return {"DOIT_CONFIG": config, "graph": graph, "task_checkpoint": task_checkpoint,
             "task_compile": task_compile, "task_bundle": task_bundle,
             "task_generate": task_generate, "task_tune": task_tune, "task_gc": task_gc}
