@@ -3,7 +3,7 @@
 An application is a package ``apps.<name>`` whose ``App(checkpoint=None, **options)`` class
 provides:
 
-- ``name``: the application's name (``llama``);
+- ``name``: the application's name (its package's);
 - ``programs(device, profile) -> dict[str, Program]``: its graphs, recorded and resolved;
 - ``weights() -> Iterator[(name, array)]``: every weight the programs bind, in the layout the
   kernels read (this is where e.g. gate and up projections are stacked);

@@ -1,32 +1,38 @@
 """The doit task graph behind ``dodo.py``: checkpoint, compile, bundle, generate, tune, gc
 (the task that runs the bundle is ``generate``: doit reserves ``run`` for its own command).
 
-At set-up the command-line variables are checked against ``VARIABLES`` (an unknown name or a
-bad value is a one-line error naming it).  The application's programs are recorded under the
-device's profile and every operator instance resolved; each distinct instance becomes one
-``compile:<name>`` subtask whose name carries the operator, its shape and a short artifact key.
-Because the key hashes the resolved tunables, a profile edit creates new compile tasks only
-for the instances whose tunables moved, and reverting the edit brings back tasks doit already
-knows to be done.  ``bundle`` depends on every compile target, the checkpoint's files and the
-profile, and is out of date whenever the bundle on disk no longer checks out (a kernel deleted
-or edited, weights changed).
+At set-up the command-line variables are checked against ``VARIABLES`` and the variables the
+chosen application declares (``apps/<app>/__init__.py``'s ``VARIABLES``, see ``app.py``): an
+unknown name or a bad value is a one-line error naming it.  The application's programs are
+recorded under the device's profile and every operator instance resolved; each distinct
+instance becomes one ``compile:<name>`` subtask whose name carries the operator, its shape and
+a short artifact key.  Because the key hashes the resolved tunables, a profile edit creates new
+compile tasks only for the instances whose tunables moved, and reverting the edit brings back
+tasks doit already knows to be done.  ``bundle`` depends on every compile target, the
+checkpoint's files and the profile, and is out of date whenever the bundle on disk no longer
+checks out (a kernel deleted or edited, weights changed).
 
 Recording is the slow part of loading, so its result (task names, recipes, the bundle's
 configuration) is kept in ``build/.programs/``, keyed by everything it depends on: the
 variables, the profile's bytes, the host's usable cores and -march level, the sizes and times of
 iron's and the application's sources and of the checkpoint's files.  A no-op ``doit`` reads that
-record and imports neither numpy nor the application.
+record and imports neither numpy nor the application's code (only its declared variables).
+Each selection keeps its own doit state file (``build/.doit/``), so building one bundle leaves
+another's tasks current.
 
-Variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint`` (the
-application's default), ``context``, ``weights`` (``native``: the checkpoint's own formats,
-``bf16`` or ``uint4``), ``group`` (uint4's group size), ``batch`` (most sequences one batched
-decode step runs), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable
-cores), ``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of
-``python -m iron.lm.run``, e.g. ``top_k=40 stop=. chat=1``, which it validates), the tuner's
-``only``, ``budget``, ``prune`` (``0``: measure every candidate), ``fresh``,
-``max_load``, ``scheduler``, and gc's ``days``.
-The default bundle is ``build/<app>/<device>/``; another checkpoint, context, weights, batch or
--march level gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
+The pipeline's variables: ``app`` (``apps.DEFAULT_APP`` unless given), ``device``
+(``$IRON_DEVICE`` or cpu), ``checkpoint`` (the application's default; a folder or a file),
+``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable cores), ``verbose``,
+``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of the
+application's run command, which it validates), the tuner's ``only``, ``budget``, ``prune``
+(``0``: measure every candidate), ``fresh``, ``max_load``, ``scheduler``, and gc's ``days``;
+``doit list`` shows each with its default.  The default bundle is ``build/<app>/<device>/``;
+another checkpoint, application variable or -march level gets its own folder beside it,
+``build/<app>/<device>-<what differs>/``, tagged as the application's variables say.
+
+Output is quiet: one line says what was built (``verbose=1`` or ``doit -v 2`` shows every task
+and compile line); Ctrl-C ends with one line, the previous bundle and every finished compile
+kept.
 
 With a remote cache (``IRON_REMOTE_CACHE``), each action that touched the store returns its
 share of the remote tier's counts as a doit value; ``Reporter`` adds them up (with ``-n N`` too,
@@ -190,7 +196,8 @@ def _march(name: str, text: str) -> str:
 
 #: The pipeline's own variables; an application adds the ones it declares (see ``app.py``).
 VARIABLES: dict[str, Variable] = {
-    "app": Variable("llama", v.identifier, "the application, a package apps/<app>"),
+    "app": Variable(None, v.identifier, "the application, a package apps/<app>",
+                    shown="apps.DEFAULT_APP"),
     "device": Variable(None, v.choice(*DEVICE_NAMES), "the device built for",
                        shown="$IRON_DEVICE or cpu"),
     "checkpoint": Variable(None, v.text, "a checkpoint folder or a .gguf file",
@@ -223,6 +230,13 @@ _TASK_VARIABLES = {"bundle": _BUILD, "generate": (*_BUILD, "prompt", *GENERATE_O
                    "gc": ("days",)}
 
 
+def default_app() -> str:
+    """The application built when none is named (``apps.DEFAULT_APP``)."""
+    import apps
+
+    return apps.DEFAULT_APP
+
+
 def declared_variables(app_name: str) -> dict[str, Variable]:
     """The pipeline's variables and those application ``app_name`` declares."""
     from .app import app_variables
@@ -238,7 +252,7 @@ def declared_variables(app_name: str) -> dict[str, Variable]:
 def check_variables(variables: dict[str, str]) -> tuple[dict[str, Any], dict[str, Variable]]:
     """The command line's variables, each checked (an unknown name is an error naming it), and
     every variable declared for the chosen application."""
-    app = v.identifier("app", str(variables.get("app", VARIABLES["app"].default)))
+    app = v.identifier("app", str(variables.get("app") or default_app()))
     declared = declared_variables(app)
     return v.check_all(variables, declared, "doit variable"), declared
 
@@ -297,7 +311,7 @@ class BuildGraph:
             if "threads" in self.vars:
                 os.environ["IRON_THREADS"] = str(self.vars["threads"])
             self.level = host.march()
-            self.app_name = self.vars.get("app", "llama")
+            self.app_name = self.vars.get("app") or default_app()
             self.device = get_device(self.vars.get("device"))
         except IronError as e:
             raise BuildError(str(e)) from None
@@ -342,7 +356,8 @@ class BuildGraph:
         names = [n for n in _TASK_VARIABLES[task] if n not in GENERATE_OPTIONS]
         if task in ("bundle", "generate"):
             names += [n for n in self.declared if n not in VARIABLES]
-        line = "; variables: " + v.defaults_line({n: self.declared[n] for n in names}, self.vars)
+        line = "; variables: " + v.defaults_line({n: self.declared[n] for n in names},
+                                                 {**self.vars, "app": self.app_name})
         if task == "generate":
             line += (f", and the run command's flags {', '.join(GENERATE_OPTIONS)} (its "
                      "defaults)")

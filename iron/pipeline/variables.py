@@ -3,7 +3,7 @@
 A ``Variable`` names its default (shown by ``doit list`` and ``doit help TASK``), checks a
 value given as text (a bad one is a one-line ``IronError`` naming the variable, the value and
 the rule) and, for an application's variables, says how a value other than the default marks
-the bundle's folder name (``ctx{}`` makes ``build/llama/cpu-ctx4096``).  The checks are small
+the bundle's folder name (``ctx{}`` makes ``build/<app>/cpu-ctx4096``).  The checks are small
 functions of ``(name, text)`` so an application declares its variables with them::
 
     VARIABLES = {"context": Variable(None, positive(1 << 20), "KV cache positions",
