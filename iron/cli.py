@@ -115,6 +115,7 @@ def ensure_bundle(variables: dict[str, str], verbose: bool = False) -> Path:
     try:
         with redirect_stdout(sys.stderr):
             namespace = tasks.dodo_namespace(variables)
+            namespace["DOIT_CONFIG"] = {**namespace["DOIT_CONFIG"], "outfile": sys.stderr}
             code = DoitMain(ModuleTaskLoader(namespace)).run(["bundle"])
     except tasks.BuildError as e:
         raise IronError(str(e)) from None
