@@ -227,3 +227,60 @@ def test_npu_build_after_a_tune_in_the_readme_order_and_after_losing_a_cache_ent
     shutil.rmtree(entries[0])
     rebuilt = doit(project, "device=npu2")
     assert len(executed(rebuilt)) == 1 and (entries[0] / "design.mlir").exists()
+
+
+def test_doit_is_quiet_and_lists_every_variable_with_its_default(project):
+    """Without verbose=1 a build says what it built in one line (two with the progress line),
+    a no-op in one; `doit list` and `doit help TASK` show each variable with its default, the
+    application's own included."""
+    first = doit(project, verbose=False)
+    lines = first.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("building ") and \
+        lines[1].startswith(f"built {project}/build/demo/cpu: compiled 5 instances"), lines
+    assert doit(project, verbose=False).stdout.splitlines() == [
+        f"{project}/build/demo/cpu is up to date (5 instances)"]
+    listed = doit(project, "list", verbose=False).stdout
+    bundle = next(line for line in listed.splitlines() if line.startswith("bundle "))
+    assert "app=demo device=($IRON_DEVICE or cpu)" in bundle and "hidden=512" in bundle
+    generate = next(line for line in listed.splitlines() if line.startswith("generate "))
+    assert "prompt=(the bundle's)" in generate and "max_new_tokens" in generate
+    helped = doit(project, "help", "bundle", verbose=False).stdout
+    assert "march=($IRON_MARCH or native)" in helped and "hidden=512" in helped
+
+
+def test_application_variables_are_checked_and_name_the_bundle(project):
+    """apps/demo declares `hidden`: a bad value is one line naming it, a good one builds
+    build/demo/cpu-h256 with that width; the pipeline names no application."""
+    bad = doit(project, "hidden=0", check=False)
+    assert bad.returncode != 0 and "hidden='0': must be an integer from 1 to 4096" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    doit(project, "hidden=256")
+    manifest = json.loads((project / "build/demo/cpu-h256/manifest.json").read_text())
+    assert manifest["build"]["variables"] == {"hidden": "256"}
+    first = manifest["programs"]["block"]["steps"][0]
+    assert first["operator"] == "GEMV" and first["fields"]["M"] == 256  # up: (hidden, 256)
+    for source in (ROOT / "iron" / "pipeline").glob("*.py"):
+        assert "llama" not in source.read_text().lower(), source
+
+
+def test_ctrl_c_during_a_build_is_one_line_and_keeps_the_previous_bundle(project):
+    import signal
+    import time
+
+    doit(project)
+    bundle = project / "build/demo/cpu"
+    before = (bundle / "manifest.json").read_bytes()
+    set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    process = subprocess.Popen([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("building ")  # a compile has started
+    time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, (out, err)
+    assert err.strip().splitlines() == ["interrupted: the previous bundle and every finished "
+                                        "compile are kept; the same command resumes"], err
+    assert (bundle / "manifest.json").read_bytes() == before
+    resumed = doit(project)
+    assert executed(resumed, "bundle") == ["bundle"]

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IronError
 from ..paths import project_root
-from ..profile import Profile
 from .variables import Variable, check_all
+
+if TYPE_CHECKING:  # profiles bring numpy and the operators: a no-op doit loads neither
+    from ..profile import Profile
 
 
 def app_module(name: str):
@@ -75,5 +77,7 @@ def profile_path(app: str, device: str) -> Path:
 
 def app_profile(app: str, device: str) -> Profile:
     """The committed profile of ``app`` on ``device``; an empty one if there is none yet."""
+    from ..profile import Profile
+
     path = profile_path(app, device)
     return Profile.load(path) if path.exists() else Profile(device=device)
