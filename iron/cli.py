@@ -29,6 +29,10 @@ from .errors import IronError
 APP = "llama"
 
 
+class BuildFailed(Exception):
+    """The build of MODEL failed; doit has said why."""
+
+
 def build_options(p: argparse.ArgumentParser, context: bool = True) -> None:
     """What selects the bundle MODEL runs as: doit's variables, as flags."""
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
@@ -122,7 +126,7 @@ def ensure_bundle(variables: dict[str, str], verbose: bool = False) -> Path:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if code != 0:
-        raise IronError(f"building {namespace['graph'].bundle_dir} failed (above)")
+        raise BuildFailed(code)  # doit said why, in one line
     return namespace["graph"].bundle_dir
 
 
@@ -259,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_run(args, parsers[args.command], chat=args.command == "chat")
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BuildFailed:
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -151,7 +151,6 @@ def ensure_checkpoint(gguf_path: str | Path, build: str | Path | None = None) ->
             return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    progress(f"converting {gguf_path} into {out}")
     converted = convert_gguf(gguf_path, out)
     progress("done")
     return converted
@@ -164,7 +163,6 @@ def ensure_default_checkpoint(build_dir: str | Path) -> Path:
     if is_complete(out, GGUF_SHA256):
         return out
     gguf_path = default_gguf(build_dir / "downloads")
-    progress(f"converting {gguf_path.name} into {out}")
     converted = convert_gguf(gguf_path, out, source_sha256=GGUF_SHA256)
     progress("done")
     return converted
@@ -481,6 +479,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     source = str(gguf_path)
     config, extra = gguf_config(reader, source)
     tokenizer = build_tokenizer(reader, source)
+    progress(f"converting {gguf_path.name} into {out_dir}")
     tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
     tensors, blocks = _convert_tensors(reader, config, source)
 

@@ -88,7 +88,7 @@ class Reporter(ConsoleReporter):
         self.verbose = VERBOSE or options.get("verbosity") == 2
         self.compiled, self.instances = 0, 0
         self.bundle: str | None = None
-        self.bundle_written = self.said = self.started = False
+        self.bundle_written = self.said = self.started = self.failed = False
 
     def execute_task(self, task):
         if self.verbose:
@@ -123,9 +123,13 @@ class Reporter(ConsoleReporter):
             self.bundle = str(Path(task.targets[0]).parent)
             self.bundle_written = ran
 
+    def add_failure(self, task, fail):
+        self.failed = True
+        super().add_failure(task, fail)
+
     def summary(self) -> None:
         """One line: what this run compiled and whether it wrote the bundle."""
-        if self.said or self.verbose or self.bundle is None or self.failures:
+        if self.said or self.verbose or self.bundle is None or self.failed:
             return
         self.said = True
         if self.bundle_written:
@@ -142,6 +146,9 @@ class Reporter(ConsoleReporter):
     def complete_run(self):
         if INTERRUPTED:
             return
+        # an iron error was said in one line already: no dump of the task's captured output
+        self.failures = [f for f in self.failures if not (
+            isinstance(f["exception"], TaskFailed) and not f["exception"].traceback)]
         super().complete_run()
         self.summary()
         remote = remote_cache_from_env()
