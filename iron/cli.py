@@ -33,11 +33,14 @@ class BuildFailed(Exception):
     """The build of MODEL failed; doit has said why."""
 
 
-def build_options(p: argparse.ArgumentParser, context: bool = True) -> None:
+MODEL_HELP = ("a bundle folder, a Hugging Face checkpoint folder or a .gguf file (default: "
+              "the embedded SmolLM2-135M-Instruct)")
+
+
+def build_options(p: argparse.ArgumentParser, context: bool = True, model: bool = True) -> None:
     """What selects the bundle MODEL runs as: doit's variables, as flags."""
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a bundle folder, a Hugging Face checkpoint folder or a .gguf file "
-                        "(default: the embedded SmolLM2-135M-Instruct)")
+    if model:
+        p.add_argument("model", nargs="?", default=None, metavar="MODEL", help=MODEL_HELP)
     if context:
         p.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                        help="context positions (default: the checkpoint's own, or what fits "
@@ -231,8 +234,10 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         add_flags(p)
         parsers[name] = p
     serve = sub.add_parser("serve", help="the OpenAI-compatible server (other flags: "
-                           "python -m iron.lm.serve --help)", add_help=False)
-    build_options(serve)
+                           "python -m iron.lm.serve --help)", add_help=False,
+                           usage="iron serve [MODEL] [options] [server options]",
+                           description=f"MODEL (first, if given): {MODEL_HELP}")
+    build_options(serve, model=False)
     parsers["serve"] = serve
     sub.add_parser("tune", help="tune the application's operators (flags: iron tune --help)",
                    add_help=False)
@@ -252,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                 from .lm import serve
 
                 return serve.main(["--help"])
-            args, rest = parsers["serve"].parse_known_args(argv[1:])
+            model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+            args, rest = parsers["serve"].parse_known_args(argv[2 if model else 1:])
+            args.model = model
             return cmd_serve(args, rest)
         args = top.parse_args(argv)
         if args.command is None:

@@ -314,3 +314,29 @@ def test_uint4_bundle_quantizes_an_hf_checkpoint_at_bundle_time(tmp_path):
     kl, agree = kl_stats(decode_logits(bf16, ids), decode_logits(LlamaModel(path), ids))
     print(f"tiny uint4 vs bf16: KL mean {kl.mean():.4f} max {kl.max():.4f} top-1 {agree:.3f}")
     assert kl.mean() <= 0.05 and agree >= 0.8
+
+
+def test_iron_command_runs_a_bundle_folder_as_it_is_and_lists_it(smollm2_bundle, tmp_path):
+    """`iron run BUNDLE` needs no build; `-c N` above its context needs the selection it was
+    built from (a bundle written outside doit does not record one: one line says so); `iron
+    list` shows it with its size."""
+    import os
+    from pathlib import Path
+
+    iron = Path(sys.executable).with_name("iron")
+    ran = subprocess.run([iron, "run", smollm2_bundle, "-p", "The capital of France is", "-n",
+                          "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    assert json.loads(ran.stdout)["text"].startswith(" Paris")
+    bigger = subprocess.run([iron, "run", smollm2_bundle, "-c", "100000", "-p", "Hi"],
+                            capture_output=True, text=True, timeout=300)
+    assert bigger.returncode == 2 and bigger.stderr.count("\n") == 1
+    assert "does not say what it was built from" in bigger.stderr
+    build = tmp_path / "build"
+    (build / "llama").mkdir(parents=True)
+    os.symlink(smollm2_bundle, build / "llama" / "cpu")
+    listed = subprocess.run([iron, "list"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "IRON_BUILD_DIR": str(build)})
+    line = listed.stdout.splitlines()[0]
+    assert line.startswith(f"{build}/llama/cpu ") and "llama on cpu: smollm2-135m-instruct" \
+        in line and " MB " in line
