@@ -151,7 +151,10 @@ def ensure_checkpoint(gguf_path: str | Path, build: str | Path | None = None) ->
             return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    converted = convert_gguf(gguf_path, out)
+    sha = sha256_file(gguf_path)
+    if sha == GGUF_SHA256:  # the embedded file itself: one conversion serves both
+        out = out.parent / DEFAULT_NAME
+    converted = convert_gguf(gguf_path, out, source_sha256=sha)
     progress("done")
     return converted
 

@@ -219,6 +219,7 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
         prompt = read_prompt(args)
         if prompt is not None:
             check_text(prompt, "--prompt" if args.prompt is not None else "the prompt")
+        not_a_bundle(args.bundle)
         model = LlamaModel(args.bundle, emulate=args.emulate)
         limit_context(model, args.ctx_size)
         tokenizer = model.tokenizer()
@@ -267,6 +268,16 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
     else:
         report(stats, sys.stdout)
     return 0
+
+
+def not_a_bundle(path: str) -> None:
+    """A model that is not a bundle yet gets a one-line pointer to the command that builds it."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".gguf" or (p / "config.json").is_file():
+        raise IronError(f"{path}: a {'GGUF file' if p.is_file() else 'checkpoint folder'}, not "
+                        f"a bundle; `iron run {path}` builds one and runs it")
 
 
 def limit_context(model: LlamaModel, positions: int | None) -> None:
