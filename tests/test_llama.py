@@ -340,3 +340,29 @@ def test_iron_command_runs_a_bundle_folder_as_it_is_and_lists_it(smollm2_bundle,
     line = listed.stdout.splitlines()[0]
     assert line.startswith(f"{build}/llama/cpu ") and "llama on cpu: smollm2-135m-instruct" \
         in line and " MB " in line
+
+
+def test_doit_generate_on_a_built_bundle_prints_the_text_and_few_other_lines(smollm2,
+                                                                              tmp_path):
+    """`doit generate prompt=...` on a built bundle: the prompt and answer, and at most five
+    other lines (stdout and stderr together); the same tokens as `iron.lm.run`'s default."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
+           "IRON_CACHE_DIR": str(smollm2.parent.parent / "ops")}
+    args = [sys.executable, "-m", "doit", "generate", f"checkpoint={smollm2}",
+            "prompt=The capital of France is", "max_new_tokens=8"]
+    first = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True,
+                           timeout=1200)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    bundle = next((tmp_path / "build" / "llama").iterdir())
+    text = json.loads(run_cli(bundle, "-p", "The capital of France is", "-n", "8",
+                              "--json").stdout)["text"]
+    shown = "The capital of France is" + text
+    assert shown in again.stdout
+    others = (again.stdout.replace(shown, "", 1) + again.stderr).strip("\n").splitlines()
+    assert len(others) <= 5, others

@@ -446,8 +446,8 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
     if converted:
         kinds = ", ".join(f"{k} ({n})" for k, n in sorted(converted.items()))
         progress(f"{sum(converted.values())} tensors stored as {kinds} converted to bf16: iron "
-                 "runs F32, F16, BF16, Q4_0, Q4_1 and Q8_0 tensors as stored (F32, F16 and "
-                 "BF16 as bf16) and converts the other types")
+                 f"runs {', '.join(sorted(quant.GGUF_TYPES))} blocks as stored, F32, F16 and "
+                 "BF16 tensors as bf16, and converts the other types")
     missing = [n for n in want if n not in out]
     if missing:
         raise CheckpointError(f"{source}: lacks tensors for {missing[:5]} "

@@ -275,7 +275,8 @@ def not_a_bundle(path: str) -> None:
     from pathlib import Path
 
     p = Path(path)
-    if p.is_file() and p.suffix.lower() == ".gguf" or (p / "config.json").is_file():
+    if p.is_file() and p.suffix.lower() == ".gguf" or (
+            (p / "config.json").is_file() and not (p / "manifest.json").exists()):
         raise IronError(f"{path}: a {'GGUF file' if p.is_file() else 'checkpoint folder'}, not "
                         f"a bundle; `iron run {path}` builds one and runs it")
 
