@@ -2,7 +2,7 @@
 
 Reads a tuning log (``build/tune/llama-cpu.jsonl``, written by ``python -m iron.lm.tune llama
 --full``), groups its measured candidates by instance, models each with the cpu target's
-roofline (``iron.targets.cpu_model``, priced with this host's calibration) and prints, per
+roofline (``iron.targets.cpu.cost``, priced with this host's calibration) and prints, per
 instance: Spearman's rank correlation between modelled and measured times; whether the measured
 fastest is among the model's K fastest (what ``--prune K`` measures); and the regret, the
 measured time of the best of the model's K over the measured best.  The median correlation is
@@ -20,7 +20,8 @@ from collections import defaultdict
 
 from iron.operator import Operator
 from iron.paths import build_dir
-from iron.targets import cpu_model
+from iron.targets.cpu import calibration
+from iron.targets.cpu import cost as cpu_model
 from iron.tuning.log import TuneLog
 from iron.tuning.measure import TargetBenchmark
 from iron.tuning.model import DEFAULT_PRUNE, spearman
@@ -47,13 +48,13 @@ def main() -> int:
                         "numbers again (they are cached in build/cost/)")
     args = parser.parse_args()
     if args.recalibrate:
-        cpu_model.calibration_path().unlink(missing_ok=True)
+        calibration.calibration_path().unlink(missing_ok=True)
     if not os.path.isfile(args.log):
         sys.exit(f"no tuning log at {args.log}: run python -m iron.lm.tune llama --full first")
     log = TuneLog(args.log, TargetBenchmark("cpu").method)
     log.close()
-    host = cpu_model.host()
-    print(f"host: {cpu_model.describe(host)}")
+    host = calibration.calibration()
+    print(f"host: {calibration.describe(host)}")
     print(f"load average now: {os.getloadavg()[0]:.1f}\n")
     rows = []
     for name, measured in instances(log).items():

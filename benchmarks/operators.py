@@ -17,12 +17,12 @@ import time
 import numpy as np
 
 import iron
-from iron.devices import host_cache_bytes
+from iron.targets.cpu.host import cache_bytes
 from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attention
 from iron.targets import cpu
 from timing import median_seconds
 
-L3_BYTES = host_cache_bytes()
+L3_BYTES = cache_bytes()
 BF16 = iron.bfloat16
 
 GEMV_SHAPES = {"q/o proj": (576, 576), "k/v proj": (192, 576), "gate|up": (3072, 576),

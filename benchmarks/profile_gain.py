@@ -2,7 +2,7 @@
 
 Builds two SmolLM2 bundles that differ only in their profile (the committed
 ``profiles/llama/cpu.json``, and an empty one so that every tunable comes from
-``Operator.resolve``).  Each round is a fresh process that loads both and runs them alternately
+``iron.resolve``).  Each round is a fresh process that loads both and runs them alternately
 (ABBA) on the same prompt, measuring as ``benchmarks/llm.py`` does.  Both models read one copy
 of the weights in memory: when each mapped its own file, the two copies landed on different
 physical pages, and that alone moved a kernel by 17% between identical bundles on this machine —

@@ -1,7 +1,7 @@
 """A pruned cpu tune against the full one: its time, and the decode speed of the two profiles.
 
 The pruned tune runs before and after the full one (their mean is compared). All tunes start
-from an empty profile (every tunable from ``Operator.resolve``) with fresh
+from an empty profile (every tunable from ``iron.resolve``) with fresh
 logs and an artifact cache that already holds every candidate (compiled first, untimed), so the
 times compare measuring, not compiling.  The pruned tune measures the cost model's K fastest of
 each instance plus the setting in use (``--prune K``); the full one every legal setting.  Then

@@ -1,8 +1,8 @@
 """iron: a batch compiler for neural-network operator graphs, in the style of AMD's IRON.
 
 A model is an ``iron.Graph`` whose ``body`` calls operators' ``step``; each step is resolved
-(call keyword > profile entry > ``Operator.resolve``), compiled once per distinct instance into
-a cached artifact, and run on the graph's device.
+(call keyword > profile entry > the default ``iron.resolve`` chooses), compiled once per
+distinct instance into a cached artifact, and run on the graph's device.
 
 The names below are imported on first use, so that a tool needing only a light part of iron
 (``dodo.py`` on a no-op build) does not pay for numpy and every operator.
@@ -16,6 +16,7 @@ _EXPORTS = {
     "DeviceError": ".errors", "FieldError": ".errors", "IronError": ".errors",
     "ProfileError": ".errors", "ResolveError": ".errors", "ShapeError": ".errors",
     "Graph": ".graph", "Program": ".program", "Step": ".program", "Operator": ".operator",
+    "resolve": ".resolution", "legal_settings": ".resolution",
     "param": ".operator", "tunable": ".operator", "Profile": ".profile", "Tensor": ".tensor",
     "TensorSpec": ".tensor", "bfloat16": ".tensor", "spec": ".tensor",
 }

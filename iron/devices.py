@@ -1,18 +1,25 @@
-"""Devices: what ``Operator.resolve`` needs to know about where an operator will run.
+"""Devices: the figures resolution reads about where an operator will run.
+
+A ``Device`` is what an operator's own rules and candidate values (``Operator.rules(dev)``,
+``Operator.space(dev)``) may depend on: how many columns it has, how many DMA channels a
+column streams through, and below how much work a team of columns costs more than it saves.
+Everything else a target knows about its devices (an NPU's memories, descriptors and MAC
+shapes; the host CPU's ISA and model) lives in the target's package.
 
 The NPU numbers are those of mlir-aie's AIE target model (``AIETargetModel.h`` in
 github.com/Xilinx/mlir-aie): npu1 (Phoenix / Hawk Point, AIE2) has 4 usable columns, npu2
-(Strix / Krackan, AIE2P) has 8; each compute tile has 64 KiB of data memory; each column's shim
-tile has two DMA channels into the array and two out of it.  Every resource an npu design is
-checked against (memories, DMA channels, buffer descriptors, access-pattern limits, MAC shapes)
-is counted in ``iron/targets/npu/resources.py``.  On the host CPU a "column" is a worker
-thread, so its column count is the number of cores this process may use (its
-affinity, see ``iron.host``), and its local memory is a core's L2 cache.
+(Strix / Krackan, AIE2P) has 8; each column's shim tile has two DMA channels into the array
+and two out of it (``iron/targets/npu/resources.py`` counts the rest).  They are the same on
+every host, so a profile entry beyond them is an error.  On the host CPU a "column" is a
+worker thread, so its column count is the number of cores this process may use
+(``usable_cores``): a host figure, so a profile entry tuned on a larger host falls back to
+the defaults here with a warning.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from .errors import DeviceError
@@ -20,38 +27,53 @@ from .errors import DeviceError
 
 @dataclass(frozen=True)
 class Device:
-    """One device kind, as the legality rules and the default tunables see it."""
+    """One device, as the legality rules and the default tunables see it."""
 
     name: str
-    kind: str  # "cpu" or "npu": selects the target that compiles and runs
+    kind: str  # selects the target that compiles and runs: "cpu" or "npu"
     columns: int  # usable AIE columns; on the cpu, worker threads
-    tile_memory: int  # bytes of data memory per compute tile (cpu: L2 per core)
-    shim_channels: int  # DMA channels per column and direction (host -> array, array -> host)
+    shim_channels: int  # DMA channels per column and direction (cpu: 1, a thread's own loads)
+    #: Below this many bytes of work one column is preferred: on the cpu a thread team's fork
+    #: and join (a few microseconds) costs more than it saves (one core streams about 10 KB a
+    #: microsecond); an NPU's columns cost nothing to start.
+    parallel_bytes: int = 0
+    #: True when the figures are the same on every host (an NPU generation); False when they
+    #: are this host's (the cpu's cores), so a profile tuned elsewhere may not fit them.
+    fixed: bool = True
 
     def __str__(self) -> str:
         return self.name
 
 
-def host_cache_bytes() -> int:
-    """The host's last-level cache as Linux reports it (32 MiB when it reports none): what a
-    benchmark must stream past for its data to come from memory."""
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count: under
+    ``taskset -c 0`` or a one-CPU container it is one), lowered by ``$IRON_THREADS``."""
     try:
-        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
-        return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
-    except (OSError, ValueError):
-        return 32 << 20
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    limit = os.environ.get("IRON_THREADS")
+    if limit:
+        return min(cores, parse_threads(limit, "$IRON_THREADS"))
+    return max(cores, 1)
+
+
+def parse_threads(value: str | int, where: str) -> int:
+    """A thread count from text: a positive integer, or an error naming ``where``."""
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
+        raise DeviceError(f"{where}={value!r}: the thread count must be a positive integer")
+    return int(text)
 
 
 def _cpu() -> Device:
-    from .host import usable_cores
-
-    return Device("cpu", "cpu", columns=usable_cores(), tile_memory=512 * 1024,
-                  shim_channels=1 << 30)
+    return Device("cpu", "cpu", columns=usable_cores(), shim_channels=1,
+                  parallel_bytes=64 * 1024, fixed=False)
 
 
 _NPUS = {
-    "npu1": Device("npu1", "npu", columns=4, tile_memory=64 * 1024, shim_channels=2),
-    "npu2": Device("npu2", "npu", columns=8, tile_memory=64 * 1024, shim_channels=2),
+    "npu1": Device("npu1", "npu", columns=4, shim_channels=2),
+    "npu2": Device("npu2", "npu", columns=8, shim_channels=2),
 }
 
 DEVICE_NAMES = ("cpu", *_NPUS)

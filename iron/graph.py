@@ -2,9 +2,9 @@
 
 Recording runs ``body`` on symbolic tensors.  Each ``Op.step(...)`` inside it takes its shape
 params from the inputs, its semantic params from the call, and each tunable from the call, else
-the graph's profile, else ``Operator.resolve`` (see ``iron.profile``).  The result, a
-``Program``, lists the resolved operator instances in order; a target compiles and runs it, and
-``Program.reference`` evaluates it with every operator's numpy maths.
+the graph's profile, else the default ``iron.resolution`` chooses (see ``iron.profile``).  The
+result, a ``Program``, lists the resolved operator instances in order; a target compiles and
+runs it, and ``Program.reference`` evaluates it with every operator's numpy maths.
 """
 
 from __future__ import annotations
@@ -23,22 +23,24 @@ from .operator import Operator
 from .profile import Profile, as_profile, batch_reports
 from .program import Program, Step
 from .recording import current_recording, start, stop
+from .resolution import resolve, rules
 from .targets import executable_for, target_for
 from .tensor import Tensor, TensorSpec, bfloat16
 
 
 def host_rules_broken(op: Operator, dev: Device) -> list[str]:
     """The rules ``op`` (its unset tunables at their defaults) breaks on ``dev`` only because
-    of how many columns ``dev`` has: empty if it also breaks a rule on a device with any number
-    of columns, or breaks none."""
+    of how many columns this host gives ``dev``: empty if ``dev``'s figures are the same on
+    every host (an NPU's columns: a profile entry beyond them is a mistake), if ``op`` also
+    breaks a rule on a device with any number of columns, or if it breaks none."""
+    if dev.fixed:
+        return []
     roomy = dataclasses.replace(dev, columns=1 << 16)
     try:
-        full = op.resolve(roomy)
+        full = resolve(op, roomy)
     except ResolveError:
         return []
-    if not all(r.ok for r in full.rules(roomy)):
-        return []
-    return [r.text for r in full.rules(dev) if not r.ok]
+    return [r.text for r in rules(full, dev) if not r.ok]
 
 
 class Recording:
@@ -95,15 +97,16 @@ class Recording:
                 sources[name] = entry.describe()
                 used[name] = entry
         try:
-            resolved = dataclasses.replace(op, **chosen).resolve(self.device, sources)
+            resolved = resolve(dataclasses.replace(op, **chosen), self.device, sources)
         except ResolveError:
             # An entry tuned on a host with more cores breaks only this host's column rule:
             # the instance takes the defaults and the profile says so once.  An entry that
-            # would break a rule on any host is a mistake in the profile, reported as such.
+            # would break a rule on any host, or a fixed device's figure (16 columns on an
+            # npu2 of 8), is a mistake in the profile, reported as such.
             broken = host_rules_broken(dataclasses.replace(op, **chosen), self.device)
             if not broken:
                 raise
-            resolved = op.resolve(self.device, {n: sources[n] for n in call})
+            resolved = resolve(op, self.device, {n: sources[n] for n in call})
             self.profile.fall_back(set(used.values()), broken[0])
         op = resolved
         outputs = []

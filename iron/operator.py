@@ -9,7 +9,9 @@ An operator class declares
   the result beyond floating-point rounding, only the speed;
 - ``signature``: which inputs it takes and which outputs it makes (shapes and dtypes);
 - ``space`` and ``rules``: the candidate values of each tunable on a device and the legality
-  rules every resolved instance must satisfy;
+  rules every resolved instance must satisfy, in the device's figures (``iron.devices``): an
+  operator never asks which kind of device it is; a target adds what its own kernels need
+  (``iron/targets/<kind>/rules.py``) and ``iron.resolution`` fills and checks tunables;
 - ``reference``: its maths in numpy float32, and ``tolerance``, how close a kernel's output
   must come to it;
 - ``test_shapes`` and ``example``: the cases the kernel tests run (odd and minimum sizes
@@ -29,7 +31,6 @@ operator is a short class body and its instances are hashable values.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import struct
 from dataclasses import MISSING
@@ -38,8 +39,8 @@ from typing import Any, ClassVar, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from .devices import Device, device
-from .errors import FieldError, ResolveError, ShapeError
+from .devices import Device
+from .errors import FieldError, ShapeError
 from .paths import KERNELS_DIR
 from .recording import current_recording
 from .tensor import Tensor, bfloat16
@@ -72,10 +73,6 @@ class Rule(NamedTuple):
 def rule(ok: bool, fields: str, text: str) -> Rule:
     """A ``Rule``; ``fields`` is a space-separated list of the field names it constrains."""
     return Rule(bool(ok), tuple(fields.split()), text)
-
-
-#: Where a tunable's value came from, as error messages name it.
-DEFAULT_SOURCE = "the default of Operator.resolve"
 
 
 class Operator:
@@ -156,22 +153,13 @@ class Operator:
         raise NotImplementedError
 
     def rules(self, dev: Device) -> Iterator[Rule]:
-        """The legality rules of a fully resolved instance on ``dev``."""
+        """The rules a fully resolved instance must satisfy on any device, in ``dev``'s figures.
+
+        What a target's kernels or designs need beyond them is the target's to say
+        (``iron/targets/<kind>/rules.py``); ``iron.resolution`` chains the two."""
         if "num_aie_columns" in self.tunables():
             yield rule(self.num_aie_columns <= dev.columns, "num_aie_columns",
                        f"num_aie_columns <= {dev.columns} (the columns of {dev})")
-
-    def all_rules(self, dev: Device) -> Iterator[Rule]:
-        """``rules(dev)``, then, when they all hold, the rules of ``dev``'s target: on an NPU,
-        that the instance's design fits the device's memories, DMA channels and buffer
-        descriptors (a design can only be drawn once the shape rules hold)."""
-        own = list(self.rules(dev))
-        yield from own
-        if all(r.ok for r in own):
-            # function-level: targets sit above operators, and only the target knows its design
-            from .targets import target_for
-
-            yield from target_for(dev).rules(self, dev)
 
     def reference(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """The operator's maths on float32 (or int32) numpy arrays, before output rounding."""
@@ -209,71 +197,6 @@ class Operator:
 
     def tunable_values(self) -> dict[str, Any]:
         return {n: getattr(self, n) for n in self.tunables()}
-
-    def resolve(self, dev: Device | str | None = None,
-                sources: Mapping[str, str] | None = None) -> Operator:
-        """A copy with every unset tunable filled for ``dev``, validated whatever its source.
-
-        ``sources`` names where each set tunable came from ("the call", "profile entry ...");
-        a value with no recorded source is reported as given to the constructor.  Unset tunables
-        take the first combination of ``space(dev)`` that is legal beside the set ones.
-        """
-        dev = device(dev)
-        sources = {n: (sources or {}).get(n, "the constructor") for n in self.tunables()
-                   if getattr(self, n) is not None}
-        for name, source in sources.items():
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ResolveError(
-                    f"{self.describe()} on {dev}: {name}={value!r} (from {source}) breaks the "
-                    f"rule: a tunable is a positive integer")
-        unset = [n for n in self.tunables() if getattr(self, n) is None]
-        op = self
-        if unset:
-            op = self._first_legal(dev, unset)
-            sources.update({n: f"{DEFAULT_SOURCE} on {dev}" for n in unset})
-        op.check(dev, sources)
-        return op
-
-    def _first_legal(self, dev: Device, unset: list[str]) -> Operator:
-        space = self.space(dev)
-        unset = [n for n in space if n in unset]  # space() lists the tunables by priority
-        first = None
-        for values in itertools.product(*(space[n] for n in unset)):
-            op = dataclasses.replace(self, **dict(zip(unset, values)))
-            first = first or op
-            if all(r.ok for r in op.all_rules(dev)):
-                return op
-        return first  # nothing legal: check() reports the rule the preferred values break
-
-    def check(self, dev: Device, sources: Mapping[str, str]) -> None:
-        """Raise ``ResolveError`` for the first rule this resolved instance breaks."""
-        # a broken rule among values someone chose is reported before one among defaults
-        broken = sorted((r for r in self.all_rules(dev) if not r.ok),
-                        key=lambda r: any(DEFAULT_SOURCE in sources.get(n, "") for n in r.fields))
-        for r in broken[:1]:
-            if not r.ok:
-                named = ", ".join(
-                    f"{n}={getattr(self, n)!r} (from {sources.get(n, 'the call')})"
-                    for n in r.fields)
-                hint = self.legal_settings(dev)[:3]
-                fix = ("; legal settings include " + "; ".join(
-                    ", ".join(f"{k}={v}" for k, v in s.items()) for s in hint)) if hint else ""
-                raise ResolveError(
-                    f"{self.describe()} on {dev}: {named} breaks the rule {r.text}{fix}")
-
-    def legal_settings(self, dev: Device | str | None = None) -> list[dict[str, int]]:
-        """Every combination of ``space(dev)`` that satisfies the rules: the tuner's sweep."""
-        dev = device(dev)
-        space = self.space(dev)
-        names = list(self.tunables())
-        legal = []
-        for values in itertools.product(*(space[n] for n in names)):
-            setting = dict(zip(names, values))
-            op = dataclasses.replace(self, **setting)
-            if all(r.ok for r in op.all_rules(dev)):
-                legal.append(setting)
-        return legal
 
     def kernel_macros(self) -> dict[str, int]:
         """Every field as a validated integer compile-time constant for the kernel source.
@@ -345,16 +268,11 @@ def pow2_tiles(n: int, lo: int = 1, hi: int | None = None) -> list[int]:
     return sorted(tiles, reverse=True)
 
 
-#: Below this many bytes of work a cpu thread team costs more than it saves (a fork / join is
-#: a few microseconds; one core streams about 10 KB per microsecond).
-CPU_PARALLEL_BYTES = 64 * 1024
-
-
 def columns(dev: Device, work_bytes: int | None = None) -> list[int]:
-    """Column counts to try, preferred first: all of them, except that on the cpu an operator
-    touching fewer than ``CPU_PARALLEL_BYTES`` prefers a single thread."""
+    """Column counts to try, preferred first: all of them, except that an operator touching
+    fewer than ``dev.parallel_bytes`` prefers a single column (a cpu thread team's start)."""
     counts = list(range(dev.columns, 0, -1))
-    if dev.kind == "cpu" and work_bytes is not None and work_bytes < CPU_PARALLEL_BYTES:
+    if work_bytes is not None and work_bytes < dev.parallel_bytes:
         counts.reverse()
     return counts
 

@@ -1,6 +1,14 @@
-"""List the module-level import cycles among iron's modules (function-level imports excluded).
+"""Check iron's layering: every import, at module level or inside a function, goes to the
+importing module's own layer or one below it; and no module-level imports form a cycle.
 
-    python scripts/import_cycles.py      # exit 1 and print each cycle if there is one
+    python scripts/import_cycles.py      # exit 1 and print each violation and cycle
+
+``LAYERS`` below is the one statement of the layer order (``docs/architecture.md`` explains
+it; ``tests/test_layers.py`` runs this check).  A module is in the layer of the longest
+prefix that names it; a module no prefix names is a violation too, so a new module is placed
+on purpose.  Imports under ``if TYPE_CHECKING:`` count: an annotation naming a higher layer
+is the same dependency.  ``importlib.import_module`` with a computed name is not seen (iron
+uses it only for lazy exports of a package's own members).
 """
 
 from __future__ import annotations
@@ -10,7 +18,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "iron"
+PACKAGES = ("iron", "apps")
+
+#: Bottom to top: (layer, module prefixes).  A module may import from its own layer and below.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("services", ("iron.errors", "iron.tensor", "iron.paths", "iron.util", "iron.memory",
+                  "iron.store", "iron.remote_cache", "iron.tensorfile", "iron.quant")),
+    ("operator model", ("iron.recording", "iron.devices", "iron.operator", "iron.operators",
+                        "iron.profile")),
+    ("programs", ("iron.program", "iron.memplan")),
+    ("targets", ("iron.targets",)),
+    ("resolution", ("iron.resolution",)),
+    ("graphs", ("iron.graph",)),
+    ("pipeline", ("iron.pipeline",)),
+    ("tuning", ("iron.tuning",)),
+    ("language models", ("iron.lm",)),
+    ("package", ("iron",)),  # iron/__init__.py: lazy exports of the layers below
+    ("applications", ("apps",)),
+)
 
 
 def module_name(path: Path) -> str:
@@ -18,35 +43,78 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, modules: set[str]) -> set[str]:
-    """The iron modules ``path`` imports at module level (``if TYPE_CHECKING`` excluded)."""
-    name = module_name(path)
+def layer_of(module: str) -> int | None:
+    """The index in ``LAYERS`` of ``module``'s layer (longest matching prefix), or None."""
+    best, length = None, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+                best, length = index, len(prefix)
+    return best
+
+
+def _targets(node: ast.AST, package: str, modules: set[str]) -> list[str]:
+    """The modules an import statement depends on: ``from a import b`` depends on ``a.b``
+    when that is a module, else on ``a`` (a name ``a/__init__.py`` defines)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            up = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join(up + ([base] if base else []))
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                for a in node.names]
+    return []
+
+
+def imports(name: str, path: Path, modules: set[str], everywhere: bool) -> dict[str, int]:
+    """The modules of ``modules`` that module ``name`` (its source at ``path``) imports, each
+    with the line of its first import: every import if ``everywhere``, else those run at
+    module level (``if TYPE_CHECKING`` and function bodies excluded)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        else:
-            continue
-        found.update(t for t in targets if t in modules and t != name)
+    tree = ast.parse(path.read_text())
+    nodes = ast.walk(tree) if everywhere else iter(tree.body)
+    found: dict[str, int] = {}
+    for node in nodes:
+        for target in _targets(node, package, modules):
+            if target in modules and target != name:
+                found.setdefault(target, node.lineno)
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def violations(paths: dict[str, Path] | None = None) -> list[str]:
+    """One line per import that goes up a layer, and per module no layer names."""
+    paths = paths or sources()
     modules = set(paths)
-    edges = {m: imports(p, modules) for m, p in paths.items()}
-    for m in modules:  # importing a.b runs a/__init__.py first
-        parent = m.rpartition(".")[0]
-        if parent and parent in modules and parent != m:
-            edges[m] = edges[m]  # a child does not import its parent package's names
-    return edges
+    out = []
+    for module, path in sorted(paths.items()):
+        own = layer_of(module)
+        if own is None:
+            out.append(f"{_shown(path)}: module {module} is in no layer of "
+                       "LAYERS (scripts/import_cycles.py): add it where it belongs")
+            continue
+        for target, line in sorted(imports(module, path, modules, everywhere=True).items()):
+            other = layer_of(target)
+            if other is not None and other > own:
+                out.append(f"{_shown(path)}:{line}: {module} ({LAYERS[own][0]}) "
+                           f"imports {target} ({LAYERS[other][0]}), a higher layer")
+    return out
+
+
+def graph(paths: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module-level import edges (what runs when a module is imported)."""
+    paths = paths or sources()
+    modules = set(paths)
+    return {m: set(imports(m, p, modules, everywhere=False)) for m, p in paths.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -81,13 +149,20 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main() -> int:
+def problems() -> list[str]:
+    """Every layer violation and module-level import cycle, one line each."""
     edges = graph()
-    found = cycles(edges)
-    for comp in found:
-        print("cycle: " + ", ".join(comp))
-        for m in comp:
-            print(f"  {m} -> {', '.join(sorted(edges[m] & set(comp)))}")
+    found = violations()
+    for comp in cycles(edges):
+        found.append("import cycle: " + "; ".join(
+            f"{m} -> {', '.join(sorted(edges[m] & set(comp)))}" for m in comp))
+    return found
+
+
+def main() -> int:
+    found = problems()
+    for line in found:
+        print(line)
     return 1 if found else 0
 
 

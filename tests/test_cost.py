@@ -18,7 +18,9 @@ import pytest
 import iron
 from iron.errors import DeviceError
 from iron.operators import GEMM, GEMV, Attention, ElementwiseAdd, SiLU, SwiGLU
-from iron.targets import Target, cpu_model, target_for
+from iron.targets import Target, target_for
+from iron.targets.cpu import calibration
+from iron.targets.cpu import cost as cpu_model
 from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMORY, Estimate, estimate
 from iron.tuning import __main__ as tuning_cli
 from iron.tuning.candidates import candidates, instances, unset
@@ -30,7 +32,7 @@ from test_tuner import FakeApp, FakeBench, fake_time
 
 #: A host: 10 GB/s from memory with one thread, 16 with two; cache 100 / 200 GB/s; 4 / 8 G
 #: vector FMAs per second; a 5 us fork / join; 1 ns per work item; AMX.
-HOST = cpu_model.Host(memory_bw=(10e9, 16e9), cache_bw=(100e9, 200e9), fma_rate=(4e9, 8e9),
+HOST = calibration.Calibration(memory_bw=(10e9, 16e9), cache_bw=(100e9, 200e9), fma_rate=(4e9, 8e9),
                       fork=(0.0, 5e-6), item=1e-9, amx=True, avx512_bf16=True, load=0.0)
 
 
@@ -38,13 +40,13 @@ HOST = cpu_model.Host(memory_bw=(10e9, 16e9), cache_bw=(100e9, 200e9), fma_rate=
 def fixed_host(tmp_path, monkeypatch):
     """The cpu target's model priced with ``HOST``, through the calibration cache."""
     monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
-    path = cpu_model.calibration_path()
+    path = calibration.calibration_path()
     path.parent.mkdir(parents=True)
     host = dataclasses.replace(HOST, load=os.getloadavg()[0])  # calibrated "just now"
     path.write_text(json.dumps(dataclasses.asdict(host)))
-    cpu_model.host.cache_clear()
+    calibration.calibration.cache_clear()
     yield host
-    cpu_model.host.cache_clear()
+    calibration.calibration.cache_clear()
 
 
 # ---- the estimate contract ------------------------------------------------------------------
@@ -146,16 +148,16 @@ def test_amx_gemm_ignores_the_tiles_the_hardware_fixes():
 
 
 def test_a_calibration_from_a_much_busier_or_quieter_moment_is_reported_stale(fixed_host):
-    path = cpu_model.calibration_path()
+    path = calibration.calibration_path()
     path.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(
         fixed_host, load=os.getloadavg()[0] + 50))))
-    cpu_model.host.cache_clear()
+    calibration.calibration.cache_clear()
     with pytest.warns(UserWarning, match="calibrated at load average .* --recalibrate"):
-        assert cpu_model.host().memory_bw == HOST.memory_bw
+        assert calibration.calibration().memory_bw == HOST.memory_bw
 
 
 def test_the_calibration_is_read_from_the_build_folder_once_written(fixed_host):
-    assert cpu_model.host() == fixed_host
+    assert calibration.calibration() == fixed_host
     assert iron.targets.target_for(iron.device("cpu")).cost(
         GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16, num_aie_columns=1)) == \
         cpu_model.cost(GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16,
@@ -284,4 +286,4 @@ def test_model_records_are_not_mixed_with_measurements(tmp_path):
 def test_a_contended_calibration_never_rates_a_bigger_team_slower():
     """Best-of probes taken while another process held a core can rate two threads below one;
     a team can leave a thread idle, so each figure is raised to the best of fewer threads."""
-    assert cpu_model._at_least_fewer([29e9, 21e9, 40e9]) == [29e9, 29e9, 40e9]
+    assert calibration._at_least_fewer([29e9, 21e9, 40e9]) == [29e9, 29e9, 40e9]

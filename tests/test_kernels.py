@@ -6,6 +6,7 @@ import pytest
 from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs
 
 from iron.memplan import temp_buffers
+from iron.resolution import legal_settings
 from iron.targets import cpu
 
 
@@ -34,7 +35,7 @@ def test_every_legal_setting_matches_reference(name):
     rng = np.random.default_rng(1)
     cls, fields, inputs = case_inputs(name, SWEEP[name], rng)
     op = OneStep(cls, fields).record_like(inputs).ops[0]
-    settings = op.legal_settings("cpu")
+    settings = legal_settings(op, "cpu")
     assert settings, f"{op.describe()} has no legal setting on cpu"
     programs = [OneStep(cls, {**fields, **s}).record_like(inputs) for s in settings]
     cpu.compile_all([p.ops[0] for p in programs])  # in parallel, before running any

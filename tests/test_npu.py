@@ -12,6 +12,7 @@ import pytest
 
 import iron
 from iron.operators import AXPY, GEMM, RMSNorm
+from iron.resolution import legal_settings, resolve
 from iron.store import USED, Store
 from iron.targets import npu, target_for
 from iron.targets.npu.design import Pattern, design_from_json
@@ -39,7 +40,7 @@ def sweep(dev, name, shape):
     rng = np.random.default_rng(len(name) + sum(map(ord, dev)))
     cls, fields, inputs = case_inputs(name, shape, rng)
     op = OneStep(cls, fields, dev).record_like(inputs).ops[0]
-    settings = op.legal_settings(dev)
+    settings = legal_settings(op, dev)
     ref = OneStep(cls, fields, dev).reference(*inputs)
     return cls, fields, inputs, settings, ref
 
@@ -62,7 +63,7 @@ def designs():
         for name, shape in SMALL:
             cls, fields, inputs = case_inputs(name, shape, np.random.default_rng(0))
             op = OneStep(cls, fields, dev).record_like(inputs).ops[0]
-            for setting in op.legal_settings(dev):
+            for setting in legal_settings(op, dev):
                 found.append(npu.design_of(dataclasses.replace(op, **setting), dev))
     return found
 
@@ -83,7 +84,7 @@ def host_cores(store=None) -> str:
 
 
 def design_of(op, dev="npu2"):
-    return npu.design_of(op.resolve(dev), dev)
+    return npu.design_of(resolve(op, dev), dev)
 
 
 def flat_inputs(design, rng):
@@ -138,16 +139,16 @@ def test_a_profile_entry_overflowing_l1_is_refused_with_the_figures():
 
 def test_gemm_tiles_follow_each_devices_mac_shape():
     op = GEMM(M=64, K=64, N=64, tile_m=4, tile_k=32, tile_n=16, num_aie_columns=1)
-    assert op.resolve("npu1")  # 4x8x4
+    assert resolve(op, "npu1")  # 4x8x4
     with pytest.raises(iron.ResolveError, match=r"tile_m % 8 == 0, tile_k % 8 == 0, "
                        r"tile_n % 8 == 0 \(the 8x8x8 bf16 MAC of npu2\)"):
-        op.resolve("npu2")
+        resolve(op, "npu2")
 
 
 def test_long_transfers_fit_the_dma_limits_or_are_refused():
     """An odd row cannot be moved in whole 32-bit words; long tensors fold into 4 dims."""
     with pytest.raises(iron.ResolveError, match="whole 4-byte words"):
-        RMSNorm(rows=1, size=63, weighted=False, tile_size=1, num_aie_columns=1).resolve("npu1")
+        resolve(RMSNorm(rows=1, size=63, weighted=False, tile_size=1, num_aie_columns=1), "npu1")
     d = design_of(AXPY(size=1 << 22, scalar_factor=1.0, tile_size=1024, num_aie_columns=1))
     sizes = d.sequence[0][0].pattern.sizes
     assert len(sizes) == 4 and max(sizes) <= 2046 and np.prod(sizes) == 1 << 22
@@ -215,7 +216,7 @@ def test_compile_writes_design_artifacts_and_no_cpu_library(tmp_path):
     store = Store(tmp_path / "ops")
     dev = iron.device("npu1")
     target = target_for(dev)
-    op = RMSNorm(rows=8, size=64, weighted=True, eps=1e-5).resolve(dev)
+    op = resolve(RMSNorm(rows=8, size=64, weighted=True, eps=1e-5), dev)
     entry = target.compile(target.recipe(op), store)
     names = sorted(p.name for p in entry.path.iterdir() if p.name != USED)
     assert names == ["design.generic.mlir", "design.json", "design.mlir", "kernels",
@@ -256,7 +257,7 @@ def test_aiecc_runs_where_it_is_on_path_with_the_documented_arguments(tmp_path, 
     store = Store(tmp_path / "ops")
     dev = iron.device("npu2")
     target = target_for(dev)
-    op = AXPY(size=2048, scalar_factor=1.5).resolve(dev)
+    op = resolve(AXPY(size=2048, scalar_factor=1.5), dev)
     recipe = target.recipe(op)
     assert recipe.description["aiecc"] == str((bin_dir / "aiecc.py").resolve())
     entry = target.compile(recipe, store)

@@ -23,6 +23,7 @@ from iron.targets.npu import design_of
 from iron.targets.npu.cost import design_cost
 from iron.targets.npu.resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS,
                                         TRANSFER_ISSUE_SECONDS, resources)
+from iron.resolution import legal, legal_settings
 from iron.tuning.candidates import candidates, instances, tuned_programs
 from iron.tuning.check import mismatch
 from iron.tuning.measure import single_step
@@ -73,7 +74,7 @@ def test_every_legal_setting_of_every_design_has_a_consistent_estimate(dev):
     for name, shape in SMALL:
         cls, fields, inputs = case_inputs(name, shape, np.random.default_rng(0))
         op = OneStep(cls, fields, dev).record_like(inputs).ops[0]
-        for setting in op.legal_settings(dev):
+        for setting in legal_settings(op, dev):
             e = cost(dataclasses.replace(op, **setting), dev)
             steady = [e.terms[k] for k in (COMPUTE, SHIM_DMA, MEMTILE) if k in e.terms]
             assert e.bottleneck in BOTTLENECKS and min(e.terms.values()) >= 0
@@ -201,7 +202,7 @@ def test_every_entry_is_legal_applied_and_emulates_correctly(apps, dev):
             assert key in entries, f"{op.describe()} has no entry in {dev}.json"
             assert entries[key] == op.tunable_values(), op.describe(True)  # what doit builds
             covered.add(key)
-            assert all(r.ok for r in op.all_rules(device)), op.describe(True)
+            assert legal(op, device), op.describe(True)
             program = single_step(inst, op, device)
             rng = np.random.default_rng(0)
             arrays = [inst.op.example_input(i, s.shape, s.dtype, rng)

@@ -7,6 +7,7 @@ from opcases import OneStep, assert_close, case_inputs, operators_under_test
 import iron
 from iron.operator import Operator
 from iron.operators import Elementwise
+from iron.resolution import legal_settings
 from iron.tuning.measure import TargetBenchmark
 from iron.tuning.tuner import tune
 
@@ -64,7 +65,7 @@ def test_a_new_operator_needs_only_its_declaration_and_its_kernel(tmp_path):
                                                                quiet=None),  # timings unused
                       profile_path=tmp_path / "toy.json", log_path=tmp_path / "toy.jsonl")
         (outcome,) = result.outcomes
-        assert outcome.measured == outcome.total == len(ToyNegate(size=256).legal_settings())
+        assert outcome.measured == outcome.total == len(legal_settings(ToyNegate(size=256)))
         assert outcome.rejected == 0
         assert "ToyNegate" in (tmp_path / "toy.json").read_text()
     finally:

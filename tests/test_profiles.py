@@ -7,6 +7,7 @@ import pytest
 
 import iron
 from iron.operators import AXPY, GEMV, Elementwise, ElementwiseAdd, RMSNorm
+from iron.resolution import resolve
 
 
 class Scaled(iron.Graph):
@@ -40,7 +41,7 @@ def test_other_shape_falls_back_to_resolve_defaults():
     graph = Scaled()
     graph.profile = iron.Profile().add(AXPY, size=2048, tile_size=1024, num_aie_columns=1)
     op = resolved(graph, 4096)
-    default = AXPY(size=4096, scalar_factor=1.5).resolve("cpu")
+    default = resolve(AXPY(size=4096, scalar_factor=1.5), "cpu")
     assert (op.tile_size, op.num_aie_columns) == (default.tile_size, default.num_aie_columns)
 
 
@@ -56,7 +57,7 @@ def test_precedence_is_decided_per_tunable():
     assert (op.tile_size, op.num_aie_columns) == (256, 1)  # call, profile
     graph.profile = None
     op = resolved(graph)
-    default = AXPY(size=2048, scalar_factor=1.5, tile_size=256).resolve("cpu")
+    default = resolve(AXPY(size=2048, scalar_factor=1.5, tile_size=256), "cpu")
     assert op.tile_size == 256 and op.num_aie_columns == default.num_aie_columns  # default
 
 

@@ -16,6 +16,7 @@ import iron
 from iron import quant
 from iron.errors import ResolveError, ShapeError
 from iron.operators import GEMV
+from iron.resolution import legal_settings
 from iron.targets import cpu
 
 from opcases import OneStep, assert_close, case_inputs
@@ -100,7 +101,7 @@ def test_quantized_gemm_tile_k_must_hold_whole_groups():
     cls, fields, inputs = case_inputs(
         "GEMM", {"M": 4, "K": 256, "N": 16, "weight_format": "uint4", "group_size": 128}, rng)
     op = OneStep(cls, fields).record_like(inputs).ops[0]
-    assert {s["tile_k"] for s in op.legal_settings("cpu")} == {128, 256}
+    assert {s["tile_k"] for s in legal_settings(op, "cpu")} == {128, 256}
     with pytest.raises(ResolveError, match="tile_k % group_size == 0"):
         OneStep(cls, {**fields, "tile_k": 64}).record_like(inputs)
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import iron
-from iron import host
+from iron.resolution import resolve
+from iron.targets.cpu import host
 from iron.errors import BundleError, CheckpointError, IronError, ProfileError
 from iron.pipeline import bundle as bundles
 from iron.profile import Profile
@@ -88,7 +89,7 @@ def test_march_is_in_the_artifact_key(monkeypatch):
     from iron.operators import AXPY
     from iron.targets import cpu
 
-    op = AXPY(size=2048, scalar_factor=1.5).resolve("cpu")
+    op = resolve(AXPY(size=2048, scalar_factor=1.5), "cpu")
     native = cpu.recipe_for(op)
     monkeypatch.setenv("IRON_MARCH", "x86-64-v3")
     v3 = cpu.recipe_for(op)
@@ -100,7 +101,7 @@ def test_missing_isa_feature_is_a_one_line_error(bundle_copy):
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
     assert manifest["march"] == "native" and "avx2" in manifest["isa"]
     iron.pipeline.bundle.Bundle.open(bundle_copy)  # this host has them all
-    without = host.cpu_flags() - {"avx2"}
+    without = host.features() - {"avx2"}
     with pytest.raises(BundleError) as e:
         bundles.Bundle.open(bundle_copy, flags=without)
     assert "needs CPU feature avx2" in str(e.value) and "\n" not in str(e.value)
@@ -349,7 +350,7 @@ def test_unwritable_cache_is_a_one_line_error(tmp_path):
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    op = AXPY(size=2048, scalar_factor=1.5).resolve("cpu")
+    op = resolve(AXPY(size=2048, scalar_factor=1.5), "cpu")
     with pytest.raises(IronError, match="cannot create a build folder in .*file/cache"):
         cpu.compile_op(op, Store(blocker / "cache"))
 
@@ -393,7 +394,7 @@ def test_profile_duplicate_keys_and_nan_are_errors():
 
 
 def test_profile_records_the_host_it_was_tuned_on():
-    profile = Profile(device="cpu", host=host.host_class())
+    profile = Profile(device="cpu", host=host.summary())
     again = Profile.loads(profile.dumps())
     assert again.host["cores"] == host.usable_cores() and again.host["march"] == host.march()
 
@@ -542,7 +543,7 @@ def test_kernels_wait_passively_and_threads_cap_the_team():
     code = ("import dataclasses, iron\nfrom iron.operators import AXPY\n"
             "from iron.targets import cpu\ncpu.set_thread_limit(1)\n"
             "two = dataclasses.replace(iron.device('cpu'), columns=2)  # a team, on any host\n"
-            "op = AXPY(size=1 << 20, scalar_factor=1.5, num_aie_columns=2).resolve(two)\n"
+            "op = iron.resolve(AXPY(size=1 << 20, scalar_factor=1.5, num_aie_columns=2), two)\n"
             "entry = cpu.compile_op(op)\n"
             "cpu.load_library(str(entry.file(cpu.LIBRARY)))\n")
     env = {k: v for k, v in os.environ.items()

@@ -10,6 +10,7 @@ import pytest
 import iron
 from iron.operator import Operator
 from iron.operators import AXPY, SiLU
+from iron.resolution import resolve
 from iron.store import Store
 from iron.targets import cpu
 
@@ -40,7 +41,7 @@ def test_every_field_is_in_the_key():
 
 
 def test_kernel_source_edit_changes_only_that_operators_keys(tmp_path, monkeypatch):
-    silu = SiLU(size=1536).resolve("cpu")
+    silu = resolve(SiLU(size=1536), "cpu")
     before = {op: cpu.recipe_for(op).key for op in (OP, silu)}
     sources = tmp_path / "cpu"
     shutil.copytree(cpu.SOURCE_DIR, sources)
@@ -102,7 +103,7 @@ def test_compile_failure_shows_the_compiler_and_leaves_nothing(tmp_path, monkeyp
     monkeypatch.setattr(Operator, "kernel_root", sources.parent)
     store = Store(tmp_path / "cache")
     with pytest.raises(iron.CompileError) as e:
-        cpu.compile_op(SiLU(size=64).resolve("cpu"), store)
+        cpu.compile_op(resolve(SiLU(size=64), "cpu"), store)
     message = str(e.value)
     assert "compiling SiLU" in message and "'size': 64" in message and "oops" in message
     assert list((tmp_path / "cache").iterdir()) == []

@@ -20,6 +20,7 @@ from iron.errors import CompileError, DeviceError, IronError
 from iron.operator import Operator
 from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
 from iron.profile import diff as profile_diff
+from iron.resolution import legal, legal_settings, resolve
 from iron.targets import cpu
 from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
@@ -125,16 +126,16 @@ def test_candidates_are_exactly_the_settings_the_rules_allow(dev):
         device = iron.device(dev)
         space = op.space(device)
         names = op.tunables()
-        legal = []
+        allowed = []
         for values in itertools.product(*(space[n] for n in names)):
             cand = op.__class__(**{**op.config(), **dict(zip(names, values))})
-            if all(r.ok for r in cand.all_rules(device)):
-                legal.append(cand)
+            if legal(cand, device):
+                allowed.append(cand)
         got = candidates(op, device)
-        assert got == legal and got, op.describe()
-        assert [c.tunable_values() for c in got] == op.legal_settings(device)
+        assert got == allowed and got, op.describe()
+        assert [c.tunable_values() for c in got] == legal_settings(op, device)
         for c in got:
-            assert c.resolve(device) == c  # resolve accepts every candidate as it is
+            assert resolve(c, device) == c  # resolve accepts every candidate as it is
 
 
 def test_instances_are_deduplicated_and_single_setting_ones_skipped(tmp_path):

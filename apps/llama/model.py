@@ -159,8 +159,8 @@ def match_tunables(program: iron.Program, like: list) -> iron.Program:
             raise ShapeError(f"cannot match tunables of {step.op.describe()} to "
                              f"{other.describe()}: different operators")
         op = dataclasses.replace(step.op, **other.tunable_values())
-        steps.append(dataclasses.replace(step, op=op.resolve(
-            program.device, {n: f"matched to {other.describe()}" for n in op.tunables()})))
+        steps.append(dataclasses.replace(step, op=iron.resolve(
+            op, program.device, {n: f"matched to {other.describe()}" for n in op.tunables()})))
     return dataclasses.replace(program, steps=steps)
 
 

@@ -42,7 +42,7 @@ class Elementwise(Operator):
     def space(self, dev: Device) -> dict[str, list[int]]:
         return {"num_aie_columns": columns(dev, (self.arity + 1) * self.size * 2),
                 "tile_size": pow2_tiles(self.size, lo=16),
-                "num_channels": [1] if dev.kind == "cpu" else [1, 2]}
+                "num_channels": list(range(1, dev.shim_channels + 1))}
 
     @classmethod
     def example(cls, rng, shape):
@@ -52,9 +52,6 @@ class Elementwise(Operator):
         yield from super().rules(dev)
         yield rule(self.size % (self.num_aie_columns * self.tile_size) == 0,
                    "tile_size num_aie_columns", "size % (num_aie_columns * tile_size) == 0")
-        if dev.kind == "cpu":
-            yield rule(self.num_channels == 1, "num_channels",
-                       "num_channels == 1 (the cpu has no shim DMA channels to spread over)")
 
 
 class AXPY(Elementwise):

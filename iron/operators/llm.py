@@ -269,10 +269,6 @@ class Attention(Operator):
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)
         yield rule(self.tile_size <= self.ctx, "tile_size", f"tile_size <= ctx ({self.ctx})")
-        if dev.kind == "npu":
-            need = 2 * 2 * self.tile_size * self.head_dim * 2
-            yield rule(need <= dev.tile_memory, "tile_size",
-                       f"2 * 2 * tile_size * head_dim * 2 bytes <= {dev.tile_memory} bytes")
 
     @classmethod
     def example(cls, rng, rows, heads, kv_heads, head_dim, ctx, pos):

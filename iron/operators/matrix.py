@@ -129,10 +129,6 @@ class GEMV(Operator):
             yield rule(self.tile_size_input == TILE, "tile_size_input",
                        f"tile_size_input == {TILE} for a quantized W (the rows of one tile of "
                        "its layout are computed together)")
-        if dev.kind == "npu":
-            yield rule(self.M % (self.tile_size_output * self.num_aie_columns) == 0,
-                       "tile_size_output num_aie_columns",
-                       "M % (tile_size_output * num_aie_columns) == 0")
 
     @classmethod
     def example(cls, rng, M, K, batches, **fmt):
@@ -213,14 +209,6 @@ class GEMM(Operator):
             yield rule(self.tile_n % TILE == 0, "tile_n",
                        f"tile_n % {TILE} == 0 (B's rows are expanded a {TILE}-row tile of its "
                        "layout at a time)")
-        if dev.kind == "cpu":
-            yield rule(self.M % self.tile_m == 0, "tile_m", "M % tile_m == 0")
-            yield rule(self.N % self.tile_n == 0, "tile_n", "N % tile_n == 0")
-        else:
-            yield rule(self.M % (self.tile_m * 4) == 0, "tile_m",
-                       "M % (tile_m * 4) == 0 (four compute tiles per column)")
-            yield rule(self.N % (self.tile_n * self.num_aie_columns) == 0,
-                       "tile_n num_aie_columns", "N % (tile_n * num_aie_columns) == 0")
 
     @classmethod
     def example(cls, rng, M, K, N, **fmt):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
     from ..profile import Profile
     from ..program import Program
 
-from .. import host
+from ..targets.cpu import host
 from ..errors import BundleError, IronError
 from ..util import atomic_write_bytes, sha256_file
 from ..store import Store, locked_temp_folder
@@ -217,7 +217,7 @@ class Bundle:
             raise BundleError(
                 f"{path}: built with -march={manifest['march']} on {manifest['cpu']}, it needs "
                 f"CPU feature{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which this "
-                f"host ({host.cpu_model()}) lacks; rebuild it here, or build with "
+                f"host ({host.model()}) lacks; rebuild it here, or build with "
                 "march=x86-64-v3 for a bundle most x86-64 hosts run")
         bundle = cls(path, manifest)
         for name, digest in manifest["files"].items():

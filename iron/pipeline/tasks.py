@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .. import host
+from ..targets.cpu import host
 from ..devices import DEVICE_NAMES, device as get_device
 from ..errors import IronError
 from ..paths import PACKAGE_DIR, build_dir, project_root

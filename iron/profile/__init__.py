@@ -7,7 +7,7 @@ A tunable gets its value from, in order:
    tunable wins (specificity = how many ``param()`` fields the entry names; a param it leaves
    out matches any value); two equally specific matching entries that set it differently are an
    error naming both;
-3. ``Operator.resolve(dev)`` — the operator's own default for the device.
+3. ``iron.resolve(op, dev)`` — the first legal setting of the operator's space on the device.
 
 Each tunable is decided on its own, so one entry may set ``tile_size`` and a more general one
 ``num_aie_columns`` for the same step.  An entry naming an operator's base class (``Elementwise``)

@@ -1,22 +1,32 @@
-"""Targets compile resolved operator instances and run programs; one module per device kind.
+"""Targets compile resolved operator instances and run programs; one package per device kind.
 
 ``iron.targets.base`` writes down the interface; ``target_for(device)`` is how every layer
-above finds the target of a device.
+above finds the target of a device.  Each target package is imported on first use, so a light
+tool (a no-op ``doit`` reading the host's facts in ``iron.targets.cpu.host``) loads no target.
 """
 
 from __future__ import annotations
 
-from ..devices import Device
-from ..program import Program
-from . import cpu, npu
-from .base import Executable, Recipe, Target
+import importlib
+from typing import TYPE_CHECKING
 
-TARGETS: dict[str, Target] = {t.kind: t for t in (cpu.TARGET, npu.TARGET)}
+if TYPE_CHECKING:
+    from ..devices import Device
+    from ..program import Program
+    from .base import Executable, Recipe, Target
+
+#: The package of each device kind; each defines ``TARGET``, its ``Target``.
+KINDS = {"cpu": "cpu", "npu": "npu"}
+
+
+def target_of_kind(kind: str) -> Target:
+    """The target of device kind ``kind`` (not bound to one device: see ``target_for``)."""
+    return importlib.import_module(f".{KINDS[kind]}", __name__).TARGET
 
 
 def target_for(dev: Device) -> Target:
     """The target that compiles and runs programs for ``dev``."""
-    return TARGETS[dev.kind].on(dev)
+    return target_of_kind(dev.kind).on(dev)
 
 
 def executable_for(program: Program, store=None) -> Executable:
@@ -24,4 +34,13 @@ def executable_for(program: Program, store=None) -> Executable:
     return target_for(program.device).load(program, store)
 
 
-__all__ = ["Executable", "Recipe", "Target", "TARGETS", "executable_for", "target_for"]
+def __getattr__(name: str):
+    if name in ("Executable", "Recipe", "Target"):
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Executable", "KINDS", "Recipe", "Target", "executable_for", "target_for",
+           "target_of_kind"]

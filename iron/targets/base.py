@@ -3,7 +3,7 @@
 A target turns resolved operator instances into artifacts and programs into executables.  Every
 layer above it (``Graph.__call__``, ``iron.pipeline``'s bundles and doit tasks, the tuner) goes
 through ``target_for(device)`` and these methods, never through a target module directly, so a
-new device kind is one module implementing ``Target``:
+new device kind is one package implementing ``Target`` (``TARGET``) and its ``rules``:
 
 - ``recipe(op)``: everything that goes into one artifact (``op=None``: the program executor,
   if the target has one), hashed into the artifact key, with the source files it reads (the
@@ -15,8 +15,12 @@ new device kind is one module implementing ``Target``:
   loads without a compiler); ``load(program, store)`` compiles what is missing, then loads;
 - ``unavailable(device)``: why this machine cannot run the target's executables (a missing toolchain
   or runtime), or ``None``; the tuner refuses to measure on such a target;
-- ``rules(op, dev)``: legality the target adds to the operator's own rules (on an NPU: the
-  instance's design fits the device's resources); ``placement(op)``: where a step runs;
+- ``RULES``: what the target's kernels or designs need of each operator class it claims
+  (``claims(cls)``), beyond the operator's own rules: a dict from class to a function
+  ``(op, dev) -> rules`` in ``iron/targets/<kind>/rules.py``, found along the class's MRO, so
+  a subclass shares its family's entry.  ``rules(op, dev)`` yields them (on an NPU followed by
+  the check that the instance's design fits the device's resources); ``iron.resolution``
+  chains them after the operator's own.  ``placement(op)``: where a step runs;
 - ``on(dev)``: the target for one device of its kind; ``emulated()``: a target whose
   executables run in an emulator (only targets that have one).
 - ``cost(op)``: the modelled time of an instance with its bottleneck (``iron.targets.cost``),
@@ -34,16 +38,21 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from ..devices import Device
-from ..errors import DeviceError
+from ..errors import DeviceError, ResolveError
 from ..operator import Operator, Rule
 from ..program import Program
 from ..store import Entry, Store, artifact_key
 from .cost import Estimate
+
+
+def own_rules_only(op: Operator, dev: Device) -> Iterable[Rule]:
+    """A ``RULES`` entry for a class whose kernel needs nothing beyond the operator's rules."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -120,8 +129,26 @@ class Target:
         them) and ``cpu`` (the model of the build host)."""
         return {"march": "", "isa": [], "cpu": ""}
 
+    #: Operator class -> the rules this target adds for it (see the module docstring).
+    RULES: Mapping[type, Callable[[Operator, Device], Iterable[Rule]]] = {}
+
+    def claims(self, cls: type[Operator]) -> bool:
+        """Whether this target runs instances of ``cls`` (every claimed class needs rules)."""
+        return True
+
+    def class_rules(self, cls: type[Operator]) -> Callable[[Operator, Device], Iterable[Rule]]:
+        """This target's rule function for ``cls``: the ``RULES`` entry of its nearest class."""
+        for base in cls.__mro__:
+            if base in self.RULES:
+                return self.RULES[base]
+        raise ResolveError(
+            f"{cls.__name__} has no rules on the {self.kind} target: say what its kernels need "
+            f"beyond the operator's own rules with an entry for it (or a base class) in "
+            f"iron/targets/{self.kind}/rules.py (own_rules_only when nothing)")
+
     def rules(self, op: Operator, dev: Device) -> Iterator[Rule]:
-        return iter(())
+        """The rules this target adds to ``op``'s own on ``dev``."""
+        yield from self.class_rules(type(op))(op, dev)
 
     def placement(self, op: Operator) -> str:
         return self.kind

@@ -19,7 +19,7 @@ The npu designs' model (``iron.targets.npu.cost``) fills these terms: ``compute`
 slowest core's kernel calls), ``shim DMA`` and ``memtile`` (the busiest DMA channel of each
 kind), ``launch`` (the dispatch and the runtime sequence's transfers); its device numbers, with
 their sources, are in ``iron.targets.npu.resources``.  The cpu's roofline is
-``iron.targets.cpu_model``.
+``iron.targets.cpu.cost``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What the tuner tunes: the distinct operator instances of an application, and their candidates.
 
 An instance is an operator with its tunables cleared (class + params); its tuned setting
-applies to all its uses.  Its candidates are the frozen operators of ``op.legal_settings(dev)``,
-the same legality rules ``resolve`` enforces.
+applies to all its uses.  Its candidates are the frozen operators of
+``legal_settings(op, dev)``, the same legality rules ``resolve`` enforces.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 from ..devices import Device
 from ..operator import Operator
 from ..program import Program
+from ..resolution import legal_settings
 
 
 @dataclass(frozen=True)
@@ -88,4 +89,4 @@ def traffic(instance: Instance) -> int:
 
 def candidates(op: Operator, dev: Device | str) -> list[Operator]:
     """Every legal setting of ``op``'s tunables on ``dev``, as frozen resolved operators."""
-    return [dataclasses.replace(op, **s) for s in unset(op).legal_settings(dev)]
+    return [dataclasses.replace(op, **s) for s in legal_settings(unset(op), dev)]

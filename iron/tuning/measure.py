@@ -18,7 +18,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..devices import Device, device as get_device, host_cache_bytes
+from ..devices import Device, device as get_device
+from ..targets.cpu.host import cache_bytes
 from ..graph import Graph
 from ..memory import huge_page_copy
 from ..operator import Operator
@@ -141,7 +142,7 @@ class TargetBenchmark:
         self.target: Target = target_for(self.device)
         self.store = store
         self.jobs = jobs or os.cpu_count() or 1
-        cold_bytes = cold_bytes or max(64 << 20, 2 * host_cache_bytes())
+        cold_bytes = cold_bytes or max(64 << 20, 2 * cache_bytes())
         self.cold_bytes, self.max_copies = cold_bytes, max_copies
         self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
         self.min_time, self.timeout, self.blocks = min_time, timeout, blocks

@@ -4,7 +4,7 @@ Small pieces, each in its own module, as in Triton's autotuner and TVM's meta-sc
 
 - ``candidates``: for each distinct operator instance the application builds (class + params;
   an instance's tuned setting applies to all its uses), the frozen operators of
-  ``op.legal_settings(dev)`` — the same legality rules ``resolve`` enforces;
+  ``legal_settings(op, dev)`` — the same legality rules ``resolve`` enforces;
 - ``measure``: a benchmark passed in (``TargetBenchmark`` by default): it compiles candidates
   through the device's target and the artifact store, checks each against the reference maths
   on the instance's real shapes and times it;
@@ -230,10 +230,10 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
         if pool is not None:
             pool.close()
 
-    from ..host import host_class
+    from ..targets.cpu.host import summary
 
     # the host it was tuned on, as data: another host falls back where an entry does not fit
-    profile = Profile(previous.entries, dev.name, host_class() if dev.kind == "cpu" else None)
+    profile = Profile(previous.entries, dev.name, None if dev.fixed else summary())
     for o in outcomes:
         if o.chosen is not None:
             profile.add(type(o.chosen), **{p: getattr(o.chosen, p) for p in o.chosen.params()},

@@ -1,4 +1,4 @@
-/* calibrate.c: probes of the host CPU for the cpu cost model (iron/targets/cpu_model.py).
+/* calibrate.c: probes of the host CPU for the cpu cost model (iron/targets/cpu/calibration.py).
  *
  * Not an operator's kernel: four small measurements of the machine, compiled with the kernels'
  * compiler and flags (so the same OpenMP runtime and vector width), each writing the seconds

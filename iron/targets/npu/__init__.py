@@ -37,6 +37,7 @@ from ...store import Entry
 from ..base import Recipe, Target
 from ..cost import Estimate
 from .resources import resources
+from .rules import RULES
 
 RECIPE_VERSION = 2
 SOURCE_DIR = KERNELS_DIR / "npu"
@@ -118,6 +119,7 @@ class NpuTarget(Target):
     """Designs for one NPU device; ``emulate`` runs programs in the emulator."""
 
     kind = "npu"
+    RULES = RULES
 
     def __init__(self, device: Device | None = None, emulate: bool = False):
         self.device, self.emulate = device, emulate
@@ -135,9 +137,17 @@ class NpuTarget(Target):
 
     # ---- legality ---------------------------------------------------------------------------
 
+    def claims(self, cls: type[Operator]) -> bool:
+        """Every operator: one without a design runs on the host between NPU calls."""
+        return hasattr(cls, "kernel")
+
     def rules(self, op: Operator, dev: Device) -> Iterator[Rule]:
-        """``op``'s design fits ``dev``'s memories, DMA channels, descriptors and patterns."""
-        yield from target_rules(op, dev.name)
+        """The class's shape rules (``rules.RULES``), then that ``op``'s design fits ``dev``'s
+        memories, DMA channels, descriptors and patterns."""
+        shape = list(super().rules(op, dev))
+        yield from shape
+        if all(r.ok for r in shape):
+            yield from target_rules(op, dev.name)
 
     def placement(self, op: Operator) -> str:
         return "host" if design_of(op, self._dev().name) is None else "npu"

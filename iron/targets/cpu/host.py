@@ -1,25 +1,34 @@
-"""The host CPU as a build and a bundle see it: usable cores, ISA features, the -march level.
+"""This machine, as the cpu target's builds, bundles, profiles and cost model see it.
 
-- Usable cores come from the process's CPU affinity (``os.sched_getaffinity``), not the
-  machine's count: under ``taskset -c 0`` or a one-CPU container a process may use one core
-  even when the machine has more.  ``$IRON_THREADS`` lowers it further.
+Every fact about the host CPU is read here, once: ``/proc/cpuinfo`` (its model name and ISA
+feature flags, ``info()``), the last-level cache size, and the usable cores (the process's
+affinity, ``iron.devices.usable_cores``, since resolution needs it too).
+
+- ``identity()``: what ``-march=native`` code depends on (model and flags, hashed), part of
+  every native artifact's key; ``summary()``: what a tuned profile records of its host.
 - The ``-march`` level is an explicit build choice (``$IRON_MARCH``, ``doit march=...``;
   ``native`` by default).  The features a level requires are read from the compiler itself:
   the ISA macros ``cc -march=LEVEL -dM -E`` predefines beyond plain ``-march=x86-64``
   (``__AVX2__``, ``__AVX512BF16__``, ``__AMX_TILE__``, ...), named as Linux names them in
   ``/proc/cpuinfo`` (``avx2``, ``avx512_bf16``, ``amx_tile``).  Whatever kernels are added
   later, the list follows the flags they are compiled with.
+
+Nothing here imports numpy or a target: a no-op ``doit`` reads these facts.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
-from .errors import DeviceError
+from ...devices import usable_cores
+from ...errors import DeviceError
 
 DEFAULT_MARCH = "native"
 #: A level gcc and clang accept: ``native``, ``x86-64-v3``, ``znver4``, ``sapphirerapids``...
@@ -30,26 +39,6 @@ CPUINFO_ALIASES = {
     "PRFCHW": "3dnowprefetch", "RDRND": "rdrand", "SHA": "sha_ni", "SSE3": "pni",
     "CRC32": "sse4_2", "SHSTK": "user_shstk",
 }
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask), lowered by ``$IRON_THREADS``."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    limit = os.environ.get("IRON_THREADS")
-    if limit:
-        return min(cores, parse_threads(limit, "$IRON_THREADS"))
-    return max(cores, 1)
-
-
-def parse_threads(value: str | int, where: str) -> int:
-    """A thread count from text: a positive integer, or an error naming ``where``."""
-    text = str(value).strip()
-    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
-        raise DeviceError(f"{where}={value!r}: the thread count must be a positive integer")
-    return int(text)
 
 
 def march() -> str:
@@ -69,25 +58,53 @@ def normalize(flag: str) -> str:
     return flag.lower().replace("_", "")
 
 
-@functools.lru_cache(maxsize=None)
-def cpu_flags() -> frozenset[str]:
-    """This host's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    match = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    return frozenset(match.group(1).split()) if match else frozenset()
+class CpuInfo(NamedTuple):
+    """What /proc/cpuinfo says of the CPU: its model name, its ISA feature flags, and a hash
+    of both (what ``-march=native`` code depends on)."""
+
+    model: str
+    features: frozenset[str]
+    identity: str
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_model() -> str:
+def info() -> CpuInfo:
+    """This host's CPU, read once ("unknown" and no features where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return "unknown"
-    match = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    return match.group(1).strip() if match else "unknown"
+        return CpuInfo("unknown", frozenset(), "unknown")
+    fields = dict(re.findall(r"^(model name|flags)\s*:\s*(.*)$", text, re.M))
+    return CpuInfo(fields.get("model name", "unknown").strip() or "unknown",
+                   frozenset(fields.get("flags", "").split()),
+                   hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16])
+
+
+def model() -> str:
+    """The host CPU's model name, as /proc/cpuinfo gives it."""
+    return info().model
+
+
+def features() -> frozenset[str]:
+    """The host CPU's ISA feature flags, as /proc/cpuinfo names them."""
+    return info().features
+
+
+def identity() -> str:
+    """What ``-march=native`` code depends on: the CPU's model and feature flags, hashed
+    (part of the key of every artifact built for ``native``)."""
+    return info().identity
+
+
+@functools.lru_cache(maxsize=None)
+def cache_bytes() -> int:
+    """The last-level cache as Linux reports it (32 MiB when it reports none): what a benchmark
+    must stream past for its data to come from memory."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        return 32 << 20
 
 
 def _isa_macros(cc: str, level: str) -> set[str]:
@@ -108,28 +125,26 @@ def required_features(cc: str, level: str) -> tuple[str, ...]:
     is kept under its lower-case name and a host without it is refused.
     """
     added = _isa_macros(cc, level) - _isa_macros(cc, "x86-64")
-    by_name = {normalize(f): f for f in cpu_flags()}
-    features = set()
+    by_name = {normalize(f): f for f in features()}
+    found = set()
     for macro in added:
         name = CPUINFO_ALIASES.get(macro, macro.lower())
         if normalize(name) in by_name:
-            features.add(by_name[normalize(name)])
+            found.add(by_name[normalize(name)])
         elif level != "native":
-            features.add(name)
-    return tuple(sorted(features))
+            found.add(name)
+    return tuple(sorted(found))
 
 
 def missing_features(required, flags=None) -> list[str]:
     """The features in ``required`` that ``flags`` (this host's by default) lack."""
-    have = {normalize(f) for f in (cpu_flags() if flags is None else flags)}
+    have = {normalize(f) for f in (features() if flags is None else flags)}
     return [f for f in required if normalize(f) not in have]
 
 
 def compiler_stamp() -> list:
     """The C compiler's resolved path, size and time: changes when the compiler does, read
     without running it (the full identity, ``cc --version``, goes into every artifact key)."""
-    import shutil
-
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         return []
@@ -138,6 +153,6 @@ def compiler_stamp() -> list:
     return [real, st.st_size, st.st_mtime_ns]
 
 
-def host_class() -> dict:
+def summary() -> dict:
     """What a profile records about the host it was tuned on."""
-    return {"cpu": cpu_model(), "cores": usable_cores(), "march": march()}
+    return {"cpu": model(), "cores": usable_cores(), "march": march()}
