@@ -238,10 +238,11 @@ _TASK_VARIABLES = {"bundle": _BUILD, "generate": (*_BUILD, "prompt", *GENERATE_O
 
 
 def default_app() -> str:
-    """The application built when none is named (``apps.DEFAULT_APP``)."""
-    import apps
+    """The application built when none is named (``apps.DEFAULT_APP``), found at run time as
+    ``app.load_app`` finds an application by name."""
+    import importlib
 
-    return apps.DEFAULT_APP
+    return importlib.import_module("apps").DEFAULT_APP
 
 
 def declared_variables(app_name: str) -> dict[str, Variable]:
