@@ -14,6 +14,16 @@ against time outside kernels.
 
     python benchmarks/llm.py [--bundle build/llama/cpu] [--also build/llama/cpu-bf16]
                              [--rounds 3] [--dtype Q4_1]
+
+``--gguf FILE`` compares three engines on one GGUF file instead (e.g. one written by
+``benchmarks/make_gguf.py``): iron (a bundle built from the file: ``python -m
+iron.lm.gguf_import`` then ``doit checkpoint=DIR``, unless ``--bundle`` names one), llama.cpp
+and OpenVINO GenAI (``openvino-genai``, which loads GGUF files directly), in interleaved
+rounds, each engine in a fresh process; the same figures per engine, plus the bandwidth probe
+and the ceiling of iron's decode, written to ``benchmarks/results/`` with the date, the host's
+CPU, ISA flags and bandwidth, and the command:
+
+    python benchmarks/llm.py --gguf build/gguf/llama-1b-Q4_0.gguf [--rounds 3]
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import re
 import resource
 import statistics
 import subprocess
@@ -29,7 +41,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROMPT_TOKENS, NEW_TOKENS = 128, 128
+REPO = HERE.parent
+RESULTS = HERE / "results"
+PROMPT_TOKENS, NEW_TOKENS, THREADS = 128, 128, 2
 
 
 def prompt_ids(bundle: Path) -> list[int]:
@@ -105,12 +119,58 @@ def child_llamacpp(dtype: str, ids: list[int]) -> dict:
     sys.path.insert(0, str(HERE))
     from llamacpp import bench
 
-    r = bench(dtype, threads=2, prompt_tokens=len(ids), new_tokens=NEW_TOKENS, repeats=1,
+    r = bench(dtype, threads=THREADS, prompt_tokens=len(ids), new_tokens=NEW_TOKENS, repeats=1,
               prompt_token_ids=ids)
     m = r["median"]
     return {"ttft_s": m["ttft_s"], "prefill_tok_s": m["prefill_tok_s"],
             "decode_tok_s": m["decode_tok_s"], "token_ids": r["token_ids"],
             "peak_rss_mib": r["peak_rss_mib"], "model_bytes": r["model_bytes"]}
+
+
+def child_llamacpp_file(path: str, ids: list[int]) -> dict:
+    """llama.cpp on a GGUF file: one warm-up generation, then one timed."""
+    sys.path.insert(0, str(HERE))
+    from llamacpp import LlamaCpp, peak_rss_mib
+
+    with LlamaCpp(path, n_threads=THREADS, n_ctx=len(ids) + NEW_TOKENS + 16) as llm:
+        llm.generate(ids, 16, return_ids=False)
+        r = llm.generate(ids, NEW_TOKENS)
+    if "decode_tok_s" not in r:
+        raise SystemExit(f"llama.cpp streamed {r['n_streamed']} tokens of {NEW_TOKENS} from {path}")
+    return {"ttft_s": r["ttft_s"], "prefill_tok_s": r["prefill_tok_s"],
+            "decode_tok_s": r["decode_tok_s"], "token_ids": r["token_ids"],
+            "peak_rss_mib": peak_rss_mib()}
+
+
+def child_openvino(path: str, ids: list[int]) -> dict:
+    """OpenVINO GenAI's LLMPipeline on a GGUF file (it reads GGUF directly), greedy, from the
+    same token ids: one warm-up generation, then one timed; its own perf metrics (time to first
+    token, time per output token)."""
+    import numpy as np
+    import openvino
+    import openvino_genai
+
+    pipe = openvino_genai.LLMPipeline(path, "CPU", INFERENCE_NUM_THREADS=THREADS)
+    config = openvino_genai.GenerationConfig()
+    config.do_sample, config.ignore_eos = False, True
+    def inputs(tokens: list[int]):
+        t = np.array([tokens], np.int64)
+        return openvino_genai.TokenizedInputs(openvino.Tensor(t), openvino.Tensor(np.ones_like(t)))
+
+    # the warm-up prompt shares no prefix with the timed one: the pipeline caches prefixes
+    config.max_new_tokens = 16
+    pipe.generate(inputs(ids[::-1]), config)
+    config.max_new_tokens = NEW_TOKENS
+    r = pipe.generate(inputs(ids), config)
+    m = r.perf_metrics
+    ttft = m.get_ttft().mean / 1e3
+    return {"ttft_s": ttft, "prefill_tok_s": len(ids) / ttft,
+            "decode_tok_s": 1e3 / m.get_tpot().mean, "token_ids": [int(t) for t in r.tokens[0]],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+CHILDREN = {"iron": lambda what, ids: child_iron(what, ids), "llamacpp": child_llamacpp,
+            "llamacpp-file": child_llamacpp_file, "openvino": child_openvino}
 
 
 def run_child(*args: str) -> dict:
@@ -147,25 +207,30 @@ def streamed_bytes(bundle: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", default="build/llama/cpu")
+    parser.add_argument("--bundle", help="iron's bundle (default build/llama/cpu; with --gguf, "
+                        "the one built from the file)")
     parser.add_argument("--also", nargs="*", default=[], help="more iron bundles to compare")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", default="F16",
                         help="llama.cpp's weight type (Q4_1: the embedded file; F16, BF16, F32)")
+    parser.add_argument("--gguf", type=Path, help="compare iron, llama.cpp and OpenVINO GenAI "
+                        "on this GGUF file (iron's bundle: --bundle, else built from the file)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--ids", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         engine, what = args.child
         ids = json.loads(Path(args.ids).read_text())
-        result = child_iron(what, ids) if engine == "iron" else child_llamacpp(what, ids)
-        print(json.dumps(result))
+        print(json.dumps(CHILDREN[engine](what, ids)))
+        return
+    if args.gguf:
+        compare_gguf(args)
         return
 
     sys.path.insert(0, str(HERE))
     from bandwidth import streaming_bandwidth
 
-    bundles = [Path(args.bundle), *map(Path, args.also)]
+    bundles = [Path(args.bundle or "build/llama/cpu"), *map(Path, args.also)]
     names = [f"iron {bundle_weights(b)}" for b in bundles]
     ids = prompt_ids(bundles[0])
     ids_file = bundles[0].parent / ".bench-prompt.json"
@@ -218,6 +283,113 @@ def main() -> None:
           f"outside kernels {(wall - kernels) * 1e3:.2f} ms ({(wall - kernels) / wall:.1%})")
     for label, t in breakdown["kernels"].items():
         print(f"  {label:24s} {t * 1e3:7.3f} ms  {t / wall:6.1%}")
+
+
+def bundle_from_gguf(path: Path) -> Path:
+    """iron's bundle of a GGUF file, built through the normal path: the file converted to a
+    checkpoint folder, then ``doit checkpoint=DIR``; the bundle folder as doit reports it."""
+    checkpoint = REPO / "build" / "checkpoints" / path.stem
+    subprocess.run([sys.executable, "-m", "iron.lm.gguf_import", "--gguf", str(path), "--out",
+                    str(checkpoint)], check=True, cwd=REPO)
+    doit = Path(sys.executable).with_name("doit")
+    result = subprocess.run([str(doit), f"checkpoint={checkpoint}"], cwd=REPO,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"doit checkpoint={checkpoint} failed:\n{result.stdout}{result.stderr}")
+    found = re.findall(r"^bundle written to (.+)$", result.stdout, re.M)
+    if found:
+        return Path(found[-1].strip())
+    # up to date: doit wrote nothing; the bundle of this checkpoint is the newest one naming it
+    from iron.pipeline.bundle import Bundle
+
+    named = [b for b in (REPO / "build" / "llama").glob("cpu-*")
+             if (b / "manifest.json").is_file()
+             and Bundle.open(b).meta.get("model_name") == checkpoint.name]
+    if not named:
+        sys.exit(f"doit checkpoint={checkpoint} reported no bundle; pass --bundle")
+    return max(named, key=lambda b: (b / "manifest.json").stat().st_mtime)
+
+
+def host_facts() -> dict:
+    """The host a result was measured on: CPU model, the ISA flags that pick kernels, cores."""
+    from iron.targets.cpu import host
+
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+    return {"cpu": host.model(), "isa": [f for f in wanted if f in host.features()],
+            "cores": os.cpu_count()}
+
+
+def compare_gguf(args) -> None:
+    """iron, llama.cpp and OpenVINO GenAI on one GGUF file, interleaved rounds; a results file."""
+    sys.path.insert(0, str(HERE))
+    from bandwidth import streaming_bandwidth
+
+    path = args.gguf.resolve()
+    if not path.is_file():
+        sys.exit(f"--gguf {args.gguf}: no such file")
+    bundle = Path(args.bundle) if args.bundle else bundle_from_gguf(path)
+    ids = prompt_ids(bundle)
+    ids_file = bundle.parent / ".bench-prompt.json"
+    ids_file.write_text(json.dumps(ids))
+    engines = {"iron": ("iron", str(bundle)), "llama.cpp": ("llamacpp-file", str(path)),
+               "OpenVINO GenAI": ("openvino", str(path))}
+    runs = {name: [] for name in engines}
+    for round_ in range(args.rounds):
+        order = list(engines) if round_ % 2 == 0 else list(reversed(engines))
+        for name in order:
+            runs[name].append(run_child(*engines[name], "--ids", str(ids_file)))
+        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
+            f"{n} {r[-1]['decode_tok_s']:.1f}" for n, r in runs.items()) + " decode tok/s",
+            flush=True)
+    bandwidth = streaming_bandwidth(threads=THREADS, mib=1024)
+    streamed = streamed_bytes(bundle)
+    ceiling = bandwidth * 1e9 / streamed
+    lines = [f"{path.name} ({path.stat().st_size / 1e6:.1f} MB), {len(ids)} prompt tokens, "
+             f"{NEW_TOKENS} new, greedy, {THREADS} threads, medians of {args.rounds} "
+             "interleaved rounds, each engine in its own process", "",
+             "| engine | TTFT ms | prefill tok/s | decode tok/s | peak RSS MiB |",
+             "|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        lines.append(f"| {name} | {median(rs, 'ttft_s') * 1e3:.1f} | "
+                     f"{median(rs, 'prefill_tok_s'):.1f} | {median(rs, 'decode_tok_s'):.1f} | "
+                     f"{median(rs, 'peak_rss_mib'):.0f} |")
+    iron_runs = runs["iron"]
+    lines.append("")
+    for name in list(engines)[1:]:
+        o = runs[name]
+        lines.append(f"iron / {name}: decode "
+                     f"{median(iron_runs, 'decode_tok_s') / median(o, 'decode_tok_s'):.2f}x, "
+                     f"prefill {median(iron_runs, 'prefill_tok_s') / median(o, 'prefill_tok_s'):.2f}x")
+    lines.append(f"bandwidth {bandwidth:.1f} GB/s ({THREADS} threads); iron streams "
+                 f"{streamed / 1e6:.1f} MB per decode token: ceiling {ceiling:.1f} tok/s, "
+                 f"iron at {median(iron_runs, 'decode_tok_s') / ceiling:.0%}, llama.cpp at "
+                 f"{median(runs['llama.cpp'], 'decode_tok_s') / ceiling:.0%}")
+    print("\n" + "\n".join(lines))
+    write_result(f"llm-{path.stem}", lines, bandwidth, {"runs": runs, "bundle": str(bundle)})
+
+
+def write_result(name: str, lines: list[str], bandwidth: float, data: dict) -> Path:
+    """benchmarks/results/<date>-<name>.md: the figures with the date, the host and the
+    command, and the raw runs as JSON beside it (both written atomically)."""
+    from iron.util import atomic_write_bytes
+
+    stamp = time.strftime("%Y-%m-%d-%H%M", time.gmtime())
+    facts = host_facts()
+    head = [f"# {name}", "", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            f"- host: {facts['cpu']}, {facts['cores']} cores, ISA {' '.join(facts['isa'])}, "
+            f"streaming bandwidth {bandwidth:.1f} GB/s",
+            f"- load average as the run ended: {os.getloadavg()[0]:.1f} (a shared machine when "
+            "well above 0)",
+            f"- command: `python {' '.join(sys.argv)}`", ""]
+    out = RESULTS / f"{stamp}-{name}.md"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, ("\n".join(head + lines) + "\n").encode())
+    atomic_write_bytes(out.with_suffix(".json"), json.dumps(
+        {"host": facts, "bandwidth_gb_s": bandwidth, "command": sys.argv, **data},
+        indent=1).encode())
+    print(f"written {out}")
+    return out
 
 
 def bundle_weights(bundle: Path) -> str:

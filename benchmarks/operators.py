@@ -8,6 +8,11 @@ call.  The iron side is one program of many steps, run with one ctypes call, so 
 step includes dispatch.
 
     python benchmarks/operators.py [--profile profiles/llama/cpu.json]
+    python benchmarks/operators.py --weights q4_1 [--shapes 1b]   # quantized W, Llama 1B shapes
+
+With ``--weights`` the matrices are random valid blocks of that format in the kernels' tiled
+layout (``iron.quant``): GEMV bytes per second are the quantized bytes, numpy's float32 figure
+stays for scale. ``--shapes 1b`` takes the shapes of a Llama 3.2 1B model instead of SmolLM2's.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 import numpy as np
 
 import iron
+from iron import quant
 from iron.targets.cpu.host import cache_bytes
 from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attention
 from iron.targets import cpu
@@ -29,6 +35,21 @@ GEMV_SHAPES = {"q/o proj": (576, 576), "k/v proj": (192, 576), "gate|up": (3072,
                "down": (576, 1536), "lm head": (49152, 576)}
 GEMM_SHAPES = {"prefill q/o": (32, 576, 576), "prefill gate|up": (32, 576, 3072),
                "prefill down": (32, 1536, 576)}
+GEMV_SHAPES_1B = {"q|k|v": (3072, 2048), "o proj": (2048, 2048), "gate|up": (16384, 2048),
+                  "down": (2048, 8192), "lm head": (49152, 2048)}
+GEMM_SHAPES_1B = {"prefill q|k|v": (64, 2048, 3072), "prefill gate|up": (64, 2048, 16384),
+                  "prefill down": (64, 8192, 2048)}
+
+
+def weight(rng, m, k, fmt):
+    """A random (m, k) weight: bf16 values, or valid blocks of ``fmt`` in the tiled layout."""
+    if fmt == "bf16":
+        return rng.standard_normal((m, k)).astype(BF16)
+    return quant.tile(fmt, quant.random_matrix(fmt, m, k, 32, rng), k, 32)
+
+
+def fields(fmt):
+    return {} if fmt == "bf16" else {"weight_format": fmt}
 
 
 class Repeated(iron.Graph):
@@ -52,10 +73,13 @@ def quiet_blas():
     time.sleep(0.5)
 
 
-def bench_gemv(name, m, k, profile, rng):
-    n = copies_for(m * k * 2)
-    graph = Repeated(lambda g, i, x: GEMV.step(g.weight(f"w{i}", (m, k)), x), n, profile=profile)
-    graph.weights = {f"w{i}": rng.standard_normal((m, k)).astype(BF16) for i in range(n)}
+def bench_gemv(name, m, k, profile, rng, fmt="bf16"):
+    w0 = weight(rng, m, k, fmt)
+    nbytes = w0.nbytes
+    n = copies_for(nbytes)
+    graph = Repeated(lambda g, i, x: GEMV.step(g.weight(f"w{i}", w0.shape, w0.dtype), x,
+                                               **fields(fmt)), n, profile=profile)
+    graph.weights = {f"w{i}": w0 if i == 0 else weight(rng, m, k, fmt) for i in range(n)}
     x = rng.standard_normal((1, k)).astype(BF16)
     program = graph.record_like([x])
     exe = cpu.load(program)
@@ -67,30 +91,31 @@ def bench_gemv(name, m, k, profile, rng):
     x32 = x.astype(np.float32).ravel()
     theirs = median_seconds(lambda: [w @ x32 for w in w32]) / n32
     op = program.ops[0]
-    print(f"GEMV {name:15s} {m:>5}x{k:<5} iron {m * k * 2 / ours / 1e9:6.1f} GB/s "
+    print(f"GEMV {name:15s} {m:>5}x{k:<5} {fmt} iron {nbytes / ours / 1e9:6.1f} GB/s "
           f"({ours * 1e6:7.1f} us)  numpy f32 {m * k * 4 / theirs / 1e9:6.1f} GB/s "
-          f"({theirs * 1e6:7.1f} us)  bandwidth ratio {m * k * 2 / ours / (m * k * 4 / theirs):.2f}"
+          f"({theirs * 1e6:7.1f} us)  bandwidth ratio {nbytes / ours / (m * k * 4 / theirs):.2f}"
           f"  time ratio {theirs / ours:.2f}x  [{tunables(op)}]")
 
 
-def bench_gemm(name, m, k, n, profile, rng):
+def bench_gemm(name, m, k, n, profile, rng, fmt="bf16"):
     a = rng.standard_normal((m, k)).astype(BF16)
+    w = weight(rng, n, k, fmt)
 
     class One(iron.Graph):
         def body(self, x):
-            return GEMM.step(x, self.weight("w", (n, k)))
+            return GEMM.step(x, self.weight("w", w.shape, w.dtype), **fields(fmt))
 
     graph = One(profile=profile)
-    graph.weights = {"w": rng.standard_normal((n, k)).astype(BF16)}
+    graph.weights = {"w": w}
     program = graph.record_like([a])
     exe = cpu.load(program)
     exe.bind_weights(graph.weights)
     quiet_blas()
     ours = median_seconds(lambda: exe.run([a], copy=False))
-    a32, w32 = a.astype(np.float32), graph.weights["w"].astype(np.float32)
+    a32, w32 = a.astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
     theirs = median_seconds(lambda: a32 @ w32.T)
     flops = 2 * m * k * n
-    print(f"GEMM {name:15s} {m}x{k}x{n:<6} iron {flops / ours / 1e9:6.1f} GFLOP/s  numpy f32 "
+    print(f"GEMM {name:15s} {m}x{k}x{n:<6} {fmt} iron {flops / ours / 1e9:6.1f} GFLOP/s  numpy f32 "
           f"{flops / theirs / 1e9:6.1f} GFLOP/s  ratio {theirs / ours:.2f}x  "
           f"[{tunables(program.ops[0])}]")
 
@@ -118,12 +143,18 @@ def tunables(op):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="a profile file (default: resolve())")
+    parser.add_argument("--weights", default="bf16", choices=quant.FORMATS[:4],
+                        help="the GEMV and GEMM weights' format")
+    parser.add_argument("--shapes", default="smollm2", choices=("smollm2", "1b"))
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    for name, (m, k) in GEMV_SHAPES.items():
-        bench_gemv(name, m, k, args.profile, rng)
-    for name, (m, k, n) in GEMM_SHAPES.items():
-        bench_gemm(name, m, k, n, args.profile, rng)
+    big = args.shapes == "1b"
+    for name, (m, k) in (GEMV_SHAPES_1B if big else GEMV_SHAPES).items():
+        bench_gemv(name, m, k, args.profile, rng, args.weights)
+    for name, (m, k, n) in (GEMM_SHAPES_1B if big else GEMM_SHAPES).items():
+        bench_gemm(name, m, k, n, args.profile, rng, args.weights)
+    if big:
+        return
     x = rng.standard_normal((1, 576)).astype(BF16)
     w = rng.standard_normal(576).astype(BF16)
     bench_small("RMSNorm 1x576", RMSNorm, [x, w], lambda x, w: x / np.sqrt(

@@ -4,6 +4,7 @@ OpenAI-compatible server next to llama.cpp's server on the same weights, driven 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
                                [--rounds 2] [--dtype Q4_1] [--no-llamacpp]
     python benchmarks/serve.py --steps [--blocks 300] [--context 64]
+    python benchmarks/serve.py --load [--clients 200] [--seconds 30] [--slots 4] [--queue 16]
 
 Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve BUNDLE
 --slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
@@ -28,6 +29,15 @@ the fastest step of each N, so that moments when another process held a core (wh
 a two-thread kernel) weigh least, and the median. Then where a step's time goes: each
 kernel's time from the runtime's per-step clock (``run_timed``, as ``benchmarks/llm.py``'s
 breakdown), summed by operator (GEMVs by shape).
+
+``--load`` is a load test of iron's server alone (``--slots`` and ``--queue`` passed on): N
+client threads, each posting streaming completions one after another for M seconds, prompts
+of mixed lengths (about 8, 100 and 400 tokens) and 8 to 64 new tokens; a client refused with
+429 waits the ``Retry-After`` it was given and tries again. Reported: requests completed, 429s,
+failures (any other status, a broken connection, a stream without its end), the p50 and p99
+of the time to first token and of the per-token latency (each completed request's time
+between its first and last token over the tokens between), and the server's resident memory
+(sampled every 0.2 s: at the start, at its peak, at the end). Exits 1 if anything failed.
 """
 
 from __future__ import annotations
@@ -78,14 +88,15 @@ def stream_one(host: str, port: int, body: dict, start: threading.Barrier, out: 
                tokens=tokens if tokens is not None else len(times))
 
 
-def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model: str) -> dict:
+def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model: str,
+            extra: dict | None = None) -> dict:
     start = threading.Barrier(n)
     results = [{} for _ in range(n)]
     threads = [threading.Thread(target=stream_one, args=(
         "127.0.0.1", port, {"model": model, "prompt": prompts[i], "max_tokens": new_tokens,
                             "temperature": 0, "stream": True, "ignore_eos": True,
-                            "stream_options": {"include_usage": True},
-                            "cache_prompt": False}, start, results[i])) for i in range(n)]
+                            "stream_options": {"include_usage": True}, **(extra or {})},
+        start, results[i])) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
@@ -126,12 +137,13 @@ def free_port() -> int:
 
 class IronServer:
     name = "iron"
+    extra: dict = {}  # request fields of this engine's own
 
-    def __init__(self, bundle: Path, slots: int):
+    def __init__(self, bundle: Path, slots: int, flags: tuple[str, ...] = ()):
         self.port = free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "iron.lm.serve", str(bundle), "--slots", str(slots),
-             "--port", str(self.port)], cwd=REPO, stderr=subprocess.DEVNULL)
+             "--port", str(self.port), *flags], cwd=REPO, stderr=subprocess.DEVNULL)
         wait_ready(f"http://127.0.0.1:{self.port}/health", self.process)
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models") as r:
             self.model = json.load(r)["data"][0]["id"]
@@ -145,6 +157,7 @@ class LlamaCppServer:
     """llama.cpp's server in a child process (this script with ``--llamacpp-child``)."""
 
     name = "llama.cpp"
+    extra = {"cache_prompt": False}  # each request prefills its whole prompt, as iron's do
 
     def __init__(self, slots: int, ctx_per_slot: int, threads: int, dtype: str):
         self.process = subprocess.Popen(
@@ -259,6 +272,123 @@ def breakdown(model, n: int, context: int) -> dict[str, float]:
     return dict(per_op)
 
 
+LOAD_PROMPTS = (8, 100, 400)  # prompt lengths of the load test, in tokens (about)
+LOAD_TOKENS = (8, 16, 32, 64)  # new tokens it asks for
+
+
+def load_client(port: int, model: str, prompts: list[str], stop_at: float, seed: int,
+                out: dict) -> None:
+    """One client of the load test: requests back to back until ``stop_at``."""
+    import random
+
+    rng = random.Random(seed)
+    while time.monotonic() < stop_at:
+        body = {"model": model, "prompt": rng.choice(prompts), "stream": True,
+                "max_tokens": rng.choice(LOAD_TOKENS), "temperature": 0, "ignore_eos": True}
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        try:
+            t0 = time.perf_counter()
+            connection.request("POST", "/v1/completions", json.dumps(body),
+                               {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status == 429:
+                response.read()
+                out["refused"] += 1
+                time.sleep(float(response.getheader("Retry-After", "1")))
+                continue
+            if response.status != 200:
+                out["failed"].append(f"{response.status}: {response.read()[:200]!r}")
+                continue
+            times, failure = [], "the stream ended without [DONE]"
+            for raw in response:
+                line = raw.strip()
+                if line == b"data: [DONE]":
+                    failure = None
+                    break
+                if line.startswith(b"data: "):
+                    doc = json.loads(line[6:])
+                    if "error" in doc:
+                        failure = f"error event: {doc['error']['message']}"
+                        break
+                    if doc.get("choices") and doc["choices"][0].get("text"):
+                        times.append(time.perf_counter())
+            if failure:
+                out["failed"].append(failure)
+                continue
+            out["completed"] += 1
+            if times:
+                out["ttft"].append(times[0] - t0)
+            if len(times) > 1:
+                out["per_token"].append((times[-1] - times[0]) / (len(times) - 1))
+        except (OSError, http.client.HTTPException) as e:
+            out["failed"].append(f"{type(e).__name__}: {e}")
+        finally:
+            connection.close()
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def load(bundle: Path, clients: int, seconds: float, slots: int, queue: int | None) -> int:
+    """The load test (see the module docstring)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    words = TEXT.split()
+    prompts = []
+    for n in LOAD_PROMPTS:  # about n tokens each, from the same text
+        text = " ".join(words[i % len(words)] for i in range(n))
+        while len(tok.encode(text, add_special_tokens=False).ids) > n:
+            text = text.rsplit(" ", 1)[0]
+        prompts.append(text)
+    flags = ("--queue", str(queue)) if queue is not None else ()
+    server = IronServer(bundle, slots, flags)
+    pid = server.process.pid
+    out = {"completed": 0, "refused": 0, "failed": [], "ttft": [], "per_token": []}
+    memory = [rss_mb(pid)]
+    print(f"load average before: {os.getloadavg()}; {clients} clients for {seconds:g} s "
+          f"against {slots} slots", flush=True)
+    try:
+        stop_at = time.monotonic() + seconds
+        threads = [threading.Thread(target=load_client, args=(
+            server.port, server.model, prompts, stop_at, i, out), daemon=True)
+            for i in range(clients)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            memory.append(rss_mb(pid))
+            time.sleep(0.2)
+        memory.append(rss_mb(pid))
+    finally:
+        server.close()
+    print(f"load average after: {os.getloadavg()}\n")
+
+    def pct(values: list[float], q: float) -> str:
+        if not values:
+            return "-"
+        values = sorted(values)
+        return f"{1000 * values[min(len(values) - 1, int(q * len(values)))]:.0f}"
+
+    print("| clients | seconds | slots | completed | 429 | failed | ttft p50 ms | ttft p99 ms | "
+          "per-token p50 ms | per-token p99 ms | server RSS MB (start / peak / end) |")
+    print("|---" * 11 + "|")
+    print(f"| {clients} | {seconds:g} | {slots} | {out['completed']} | {out['refused']} | "
+          f"{len(out['failed'])} | {pct(out['ttft'], 0.5)} | {pct(out['ttft'], 0.99)} | "
+          f"{pct(out['per_token'], 0.5)} | {pct(out['per_token'], 0.99)} | "
+          f"{memory[0]:.0f} / {max(memory):.0f} / {memory[-1]:.0f} |")
+    for failure in out["failed"][:10]:
+        print(f"failed: {failure}")
+    return 1 if out["failed"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,8 +406,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=300, help="with --steps: steps per count")
     ap.add_argument("--context", type=int, default=64,
                     help="with --steps: positions each sequence holds before the timed steps")
+    ap.add_argument("--load", action="store_true",
+                    help="a load test of iron's server alone (see above)")
+    ap.add_argument("--clients", type=int, default=200, help="with --load: client threads")
+    ap.add_argument("--seconds", type=float, default=30.0, help="with --load: how long")
+    ap.add_argument("--slots", type=int, default=4, help="with --load: the server's --slots")
+    ap.add_argument("--queue", type=int, default=None,
+                    help="with --load: the server's --queue (default: its own)")
     ap.add_argument("--llamacpp-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.load:
+        if args.clients < 1 or not args.seconds > 0 or args.slots < 1:
+            ap.error("--load needs --clients >= 1, --seconds > 0 and --slots >= 1")
+        return load(args.bundle, args.clients, args.seconds, args.slots, args.queue)
     if args.llamacpp_child:
         slots, ctx, threads, dtype = args.llamacpp_child
         llamacpp_child(int(slots), int(ctx), int(threads), dtype)
@@ -303,11 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for make in engines:
             servers.append(make())
-            measure(servers[-1].port, 1, prompts, 8, servers[-1].model)  # warm up
+            measure(servers[-1].port, 1, prompts, 8, servers[-1].model,
+                    servers[-1].extra)  # warm up
         for r in range(args.rounds):
             for n in args.streams:
                 for server in (servers if (r + n) % 2 == 0 else servers[::-1]):
-                    m = measure(server.port, n, prompts, args.tokens, server.model)
+                    m = measure(server.port, n, prompts, args.tokens, server.model,
+                                server.extra)
                     key = (server.name, n)
                     if key not in best or m["aggregate_tok_s"] > best[key]["aggregate_tok_s"]:
                         best[key] = m

@@ -29,8 +29,8 @@ chunk of 32 values, then its 16 scales, then its 16 minimums (q4_1, uint4). A ch
            codes 8j .. 8j+7: code 8j+2s in bits 4s..4s+3, code 8j+2s+1 in bits
            16+4s..16+4s+3 (s = 0..3), so that one mask gives every row's codes 8j, 8j+4,
            8j+1, 8j+5 as the 4 bytes of its word, and one shift and one mask codes 8j+2,
-           8j+6, 8j+3, 8j+7 (the int8 dot products); or one shift and one mask give every
-           row's pair (8j+2s, 8j+2s+1) as two 16-bit lanes (the AVX2 kernel)
+           8j+6, 8j+3, 8j+7, for int8 dot products (vpdpbusd on 16 rows, vpmaddubsw on the
+           8 rows of either 32-byte half of a plane)
     q8_0   the unsigned codes q + 128 as two such 4-bit chunks: their low nibbles, then their
            high nibbles (so that the kernels expand both like 4-bit codes)
 
@@ -204,8 +204,8 @@ def activation_values(x: np.ndarray) -> np.ndarray:
     max |x| / 127, by rounding x * (127 / max |x|) half to even; the value is code * scale (a
     block whose 127 / max |x| overflows float32, max |x| = 0 or below 3.7e-37, gets codes 0).
     This makes every product of a 4-bit code with x an integer, so the cpu kernel sums them
-    exactly with integer dot products (vpdpbusd), in any order, at twice the rate of bfloat16
-    ones. llama.cpp rounds x the same way in blocks of 32 (ggml-quants.c, quantize_row_q8_0 /
+    exactly with integer dot products (vpdpbusd; vpmaddubsw on AVX2), in any order, at twice
+    the rate of bfloat16 ones. llama.cpp rounds x the same way in blocks of 32 (ggml-quants.c, quantize_row_q8_0 /
     q8_1); blocks of 16 cost less than half as much accuracy (KL from the bf16 bundle, README)
     for one more multiply-add per block. The last axis must be a multiple of the block.
     """

@@ -1,32 +1,43 @@
-"""A shared tier behind the local artifact store: one machine compiles, the others download.
+"""A shared byte store beneath the local artifact store: one machine compiles, the others
+download.
 
 As in sccache, ccache's remote storage or Bazel's remote cache, a store entry that is missing
 locally is looked up in a shared location before it is built, and an entry built here is
-uploaded for the others.  The location is anything ``fsspec`` opens: ``s3://bucket/prefix``
-(with ``s3fs``), ``file:///shared/dir``, ...  Configuration comes from the environment, read
-once per process by ``from_env``:
+uploaded for the others.  This module knows only keys and bytes: the local store
+(``iron.store``) packs an entry into bytes, hands them to ``put``, and unpacks and checks what
+``get`` returns; it is given a ``RemoteCache`` and never imports this module, and this module
+never imports it.  The location is anything ``fsspec`` opens: ``s3://bucket/prefix`` (with
+``s3fs``), ``file:///shared/dir``, ...  Configuration comes from the environment, read once per
+process by ``from_env``:
 
 - ``IRON_REMOTE_CACHE=URL``: the location; unset, there is no remote tier.
-- ``IRON_REMOTE_CACHE_KEY``: the HMAC-SHA256 key that signs every uploaded manifest.
+- ``IRON_REMOTE_CACHE_KEY``: the HMAC-SHA256 key that signs every uploaded object.
 - ``IRON_REMOTE_CACHE_MODE=rw|ro``: ``ro`` never writes; the default is ``rw`` with a key and
   ``ro`` without one.
 
-Trust: a shared compiled library is code that this process will load.  So every object is
-signed, and a reader with the key accepts an object only if its signature verifies, its
-manifest names the key it was asked for and hashes to it, and every output matches its hash;
-anything else is rejected with one warning line and built here instead.  The rule without a
-key: only a local location (``file://`` or a plain path) may be used, and only read: objects
-are then checked against their hashes, and trust rests on who may write that directory (its
-permissions).  Any other URL without a key is refused, and so is ``rw`` without a key.
+Each key is one object, ``<URL>/<key>.v2``, the stored bytes being a header line
+(``iron-remote-cache-v2``), the body (what the store packed), and a trailer line holding the
+HMAC-SHA256 of the header, the key and the body, then the sha256 of the key and every byte
+before it (so a reader without the key still sees any flipped byte).  (``.v2``: objects of the
+earlier format, a signed manifest inside a zip, are simply not looked at.)
 
-Each entry is one object, ``<URL>/<key>.zip``, holding the entry's ``manifest.json`` (the local
-store's manifest, byte for byte), ``signature`` (hex HMAC-SHA256 of the manifest) and the
-output files.  Objects are written once and never overwritten: on S3 with a conditional PUT
-(``If-None-Match: *``), in a directory with a hard link (``link`` fails if the name exists);
-so of two concurrent writers of one key, one object survives, whole.  Other fsspec backends
-fall back to fsspec's check-then-write, which a racing writer can defeat; a reader still
-rejects whatever does not verify.  A rejected object is left in place (write-once): each reader
-rejects it and builds locally until someone removes it.
+Trust: a shared compiled library is code that this process will load.  So every object is
+verified over its bytes as stored, before anything decompresses or unpacks them: a reader with
+the key accepts an object only if its hash and its signature verify for the key it asked for,
+so a flipped byte anywhere (header, body, trailer) or an object copied under another key's name
+is rejected with one warning line and built here instead.  What the store then finds wrong in
+verified bytes (an archive that does not unpack, a manifest for another key) it reports through
+``reject``, with the same one line.  The rule without a key: only a local location (``file://``
+or a plain path) may be used, and only read: objects are then checked against their hash, and
+trust rests on who may write that directory (its permissions).  Any other URL without a key is
+refused, and so is ``rw`` without a key.
+
+Objects are written once and never overwritten: on S3 with a conditional PUT
+(``If-None-Match: *``), in a directory with a hard link (``link`` fails if the name exists); so
+of two concurrent writers of one key, one object survives, whole.  Other fsspec backends fall
+back to fsspec's check-then-write, which a racing writer can defeat; a reader still rejects
+whatever does not verify.  A rejected object is left in place (write-once): each reader rejects
+it and builds locally until someone removes it.
 
 The remote tier never breaks a build: an unreachable location costs one warning line, after
 which this process goes on without it.
@@ -37,32 +48,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import io
-import json
 import os
 import re
 import sys
 import threading
-import zipfile
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from .errors import IronError
 from .util import write_aside
 
-if TYPE_CHECKING:  # the store imports this module; only its type is needed here
-    from .store import Entry, Store
-
-MANIFEST = "manifest.json"
-SIGNATURE = "signature"
-#: Prefixed to the manifest before it is signed, so a signature means "an iron cache entry".
-DOMAIN = b"iron-remote-cache-v1\n"
+HEADER = b"iron-remote-cache-v2\n"
+SUFFIX = ".v2"
+_TRAILER = re.compile(rb"\n([0-9a-f]{64}) ([0-9a-f]{64})\n")  # signature, hash
+TRAILER_BYTES = 1 + 64 + 1 + 64 + 1
 MIN_KEY_CHARS = 32
-#: Largest object accepted (declared uncompressed size of all members).
+#: Largest object read (a compiled entry is kilobytes to a few megabytes).
 MAX_BYTES = 1 << 30
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so one entry always packs to the same bytes
 
 
 class RemoteCacheError(IronError, ValueError):
@@ -73,8 +76,43 @@ class Rejected(Exception):
     """A remote object that does not verify; the message says why."""
 
 
-def signature(secret: bytes, manifest: bytes) -> str:
-    return hmac.new(secret, DOMAIN + manifest, hashlib.sha256).hexdigest()
+def _signed_part(key: str, body: bytes) -> bytes:
+    return HEADER + key.encode() + b"\n" + body
+
+
+def signature(secret: bytes, key: str, body: bytes) -> str:
+    """The HMAC-SHA256 of an object's header, key and body: what a reader with the key checks."""
+    return hmac.new(secret, _signed_part(key, body), hashlib.sha256).hexdigest()
+
+
+def _digest(key: str, before: bytes) -> bytes:
+    return hashlib.sha256(key.encode() + b"\n" + before).hexdigest().encode()
+
+
+def seal(key: str, body: bytes, secret: bytes) -> bytes:
+    """The stored bytes of ``body`` under ``key``: header, body, then its signature and hash."""
+    before = HEADER + body + f"\n{signature(secret, key, body)} ".encode()
+    return before + _digest(key, before) + b"\n"
+
+
+def unseal(key: str, data: bytes, secret: bytes | None) -> bytes:
+    """The body of the stored bytes ``data`` of ``key`` if its hash (and, with ``secret``, its
+    signature) verify, else ``Rejected``; nothing in ``data`` is interpreted before that."""
+    if len(data) > MAX_BYTES:
+        raise Rejected(f"larger than {MAX_BYTES >> 20} MiB")
+    if not data.startswith(HEADER):
+        raise Rejected(f"not an iron cache object: it does not start with "
+                       f"{HEADER[:-1].decode()}")
+    trailer = _TRAILER.fullmatch(data, len(data) - TRAILER_BYTES)
+    if len(data) < len(HEADER) + TRAILER_BYTES or trailer is None:
+        raise Rejected("its trailer (hash and signature) is missing or damaged")
+    if _digest(key, data[:len(data) - 65]) != trailer[2]:
+        raise Rejected(f"its bytes do not match its hash for key {key}")
+    body = data[len(HEADER):len(data) - TRAILER_BYTES]
+    if secret is not None and not hmac.compare_digest(
+            trailer[1], signature(secret, key, body).encode()):
+        raise Rejected("the signature does not verify with IRON_REMOTE_CACHE_KEY")
+    return body
 
 
 def is_local(url: str) -> bool:
@@ -148,10 +186,10 @@ class RemoteCache:
         return self._fs_pid[0], self._fs_pid[1]
 
     def object_path(self, key: str) -> str:
-        return f"{self._filesystem()[1]}/{key}.zip"
+        return f"{self._filesystem()[1]}/{key}{SUFFIX}"
 
     def object_url(self, key: str) -> str:
-        return f"{self.url}/{key}.zip"
+        return f"{self.url}/{key}{SUFFIX}"
 
     # ---- counting and warnings ----------------------------------------------------------------
 
@@ -173,18 +211,21 @@ class RemoteCache:
         self._warn(f"{self.url}: {self.disabled}; going on without the remote cache in this "
                    "process")
 
-    # ---- reading --------------------------------------------------------------------------------
+    # ---- the byte store ------------------------------------------------------------------------
 
-    def fetch(self, store: Store, key: str) -> Entry | None:
-        """Download ``key`` into ``store`` if the remote has a good object; None on a miss.
+    @property
+    def writes(self) -> bool:
+        """Whether ``put`` uploads (``rw`` and still reachable): the store packs only then."""
+        return self.mode == "rw" and not self.disabled
 
-        A rejected object counts as ``rejected`` and is reported in one warning line.
-        """
+    def get(self, key: str) -> bytes | None:
+        """The verified body stored under ``key``; None on a miss, when the location is
+        unreachable, or when the object is rejected (one warning line)."""
         if self.disabled:
             return None
         fs, _ = self._filesystem()
-        try:
-            data = fs.cat_file(self.object_path(key))
+        try:  # bounded: at most MAX_BYTES + 1 bytes of an object are read
+            data = fs.cat_file(self.object_path(key), start=0, end=MAX_BYTES + 1)
         except FileNotFoundError:
             self._count("misses")
             return None
@@ -192,107 +233,33 @@ class RemoteCache:
             self._give_up("reading", e)
             return None
         try:
-            manifest, files = self.verify(key, data)
+            return unseal(key, data, self.secret)
         except Rejected as e:
-            self._count("rejected")
-            self._warn(f"rejected {self.object_url(key)} ({e}); building it here")
+            self.reject(key, str(e))
             return None
 
-        def fill(folder: Path) -> None:
-            for name, content in files.items():
-                (folder / name).write_bytes(content)
-            (folder / MANIFEST).write_bytes(manifest)
+    def reject(self, key: str, reason: str) -> None:
+        """Count the object of ``key`` as rejected, in one warning line (its caller builds the
+        entry here instead)."""
+        self._count("rejected")
+        self._warn(f"rejected {self.object_url(key)} ({reason}); building it here")
 
-        entry = store.install(key, fill)
-        if entry is None:  # cannot happen for a verified object unless the disk lies
-            self._count("rejected")
-            self._warn(f"{self.object_url(key)} verified but its local copy did not; building "
-                       "it here")
-            return None
+    def hit(self, key: str) -> None:
+        """Count a body ``get`` returned that its caller installed."""
         self._count("hits")
-        return entry
 
-    def verify(self, key: str, data: bytes) -> tuple[bytes, dict[str, bytes]]:
-        """The manifest bytes and output files of a good object, or raise ``Rejected``."""
-        from .store import artifact_key  # the store imports this module
-
-        try:
-            archive = zipfile.ZipFile(io.BytesIO(data))
-            infos = archive.infolist()
-        except (zipfile.BadZipFile, ValueError, OSError) as e:
-            raise Rejected(f"not a zip archive: {e}") from None
-        names = [i.filename for i in infos]
-        if len(set(names)) != len(names):
-            raise Rejected("an archive member appears twice")
-        if sum(i.file_size for i in infos) > MAX_BYTES:
-            raise Rejected(f"larger than {MAX_BYTES >> 20} MiB")
-        if MANIFEST not in names or SIGNATURE not in names:
-            raise Rejected(f"no {MANIFEST} or no {SIGNATURE}")
-        try:
-            manifest = archive.read(MANIFEST)
-            signed = archive.read(SIGNATURE).decode("ascii").strip()
-        except (zipfile.BadZipFile, UnicodeDecodeError, OSError) as e:
-            raise Rejected(f"unreadable: {e}") from None
-        if self.secret is not None and not hmac.compare_digest(
-                signed, signature(self.secret, manifest)):
-            raise Rejected("the signature does not verify with IRON_REMOTE_CACHE_KEY")
-        try:
-            doc = json.loads(manifest)
-            outputs = doc["outputs"]
-            if doc["key"] != key or artifact_key(doc["inputs"]) != key:
-                raise Rejected(f"its manifest is for key {doc['key']}, not {key}")
-            if not isinstance(outputs, dict) or not outputs:
-                raise Rejected("its manifest lists no outputs")
-        except (ValueError, KeyError, TypeError) as e:
-            raise Rejected(f"malformed manifest: {e}") from None
-        expected = {*outputs, MANIFEST, SIGNATURE}
-        if set(names) != expected:
-            raise Rejected(f"members {sorted(names)} are not the manifest's outputs "
-                           f"{sorted(outputs)}")
-        files = {}
-        for name, digest in outputs.items():
-            if not _NAME.fullmatch(name) or name in (MANIFEST, SIGNATURE):
-                raise Rejected(f"output name {name!r} is not a plain file name")
-            try:
-                content = archive.read(name)
-            except (zipfile.BadZipFile, OSError) as e:
-                raise Rejected(f"{name} unreadable: {e}") from None
-            if hashlib.sha256(content).hexdigest() != digest:
-                raise Rejected(f"{name} does not match its hash in the manifest")
-            files[name] = content
-        return manifest, files
-
-    # ---- writing --------------------------------------------------------------------------------
-
-    def publish(self, entry: Entry) -> bool:
-        """Upload a freshly built local entry unless the remote has one; True if written."""
-        if self.mode != "rw" or self.disabled:
+    def put(self, key: str, body: bytes) -> bool:
+        """Upload ``body`` under ``key``, signed, unless an object is there; True if written."""
+        if not self.writes:
             return False
         assert self.secret is not None  # rw without a key is refused at construction
         try:
-            data = self.pack(entry)
-            written = self.put_once(self.object_path(entry.key), data)
+            written = self.put_once(self.object_path(key), seal(key, body, self.secret))
         except Exception as e:
             self._give_up("uploading", e)
             return False
         self._count("uploads" if written else "already_there")
         return written
-
-    def pack(self, entry: Entry) -> bytes:
-        """The object of ``entry``: manifest, signature and outputs, always the same bytes."""
-        manifest = (entry.path / MANIFEST).read_bytes()
-        members = [(MANIFEST, manifest),
-                   (SIGNATURE, signature(self.secret, manifest).encode())]
-        members += [(name, (entry.path / name).read_bytes())
-                    for name in sorted(entry.manifest["outputs"])]
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w") as archive:
-            for name, content in members:
-                info = zipfile.ZipInfo(name, _ZIP_TIME)
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o644 << 16
-                archive.writestr(info, content)
-        return buffer.getvalue()
 
     def put_once(self, path: str, data: bytes) -> bool:
         """Write ``data`` at ``path`` unless something is there; True if this call wrote it."""
@@ -318,9 +285,8 @@ class RemoteCache:
 
 def _link_once(path: Path, data: bytes) -> bool:
     """Create ``path`` with ``data`` atomically, never replacing it: write aside, then link."""
-    tmp = write_aside(path, data)
+    tmp = write_aside(path, data)  # readable as the umask allows, like any file iron writes
     try:
-        os.chmod(tmp, 0o644)
         try:
             os.link(tmp, path)
         except FileExistsError:

@@ -14,29 +14,36 @@ removes only temporary folders nobody holds that are older than a minute.  Each 
 the entry's ``used`` file, so a cache shared between checkouts (``$IRON_CACHE_DIR``) drops
 only entries nothing has used for ``SHARED_KEEP_DAYS`` days, unless told otherwise.
 
-A store may have a remote tier (``iron.remote_cache``) shared by a team: an entry missing here
-is downloaded from it before it is built, and an entry built here is uploaded to it.  The
-default store (no folder given) takes its remote tier from the environment.
+A store may sit over a remote tier shared by a team (``iron.remote_cache``, given to the store,
+never imported by it): a byte store of keys and bytes (``Tier``).  An entry missing here is
+fetched from it before it is built: the tier verifies the object's bytes as stored, then the
+store unpacks them (``unpack``) and checks them as it checks any entry (the manifest names this
+key and hashes to it, every output matches its hash).  Whatever fails after the tier's check,
+an archive that does not decompress included, rejects the object in one warning line and the
+entry is built here.  An entry built here is packed (``pack``) and uploaded.
+``iron.cache.default_store`` is the store the environment configures.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import io
 import json
 import os
+import re
 import shutil
-import tempfile
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .errors import IronError
-from .remote_cache import RemoteCache, from_env as remote_from_env
 from .paths import cache_dir
-from .util import sha256_bytes, sha256_file
+from .util import make_temp_dir, sha256_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 USED = "used"  # an empty file whose mtime is the entry's last use
@@ -45,6 +52,32 @@ SHARED_KEEP_DAYS = 7
 #: A temporary folder younger than this is left alone even if unlocked (a build between
 #: creating it and taking its lock).
 TEMP_GRACE_SECONDS = 60
+#: Largest entry unpacked from a remote object (declared uncompressed size of all members).
+MAX_UNPACKED = 1 << 30
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so one entry always packs to the same bytes
+
+
+class Tier(Protocol):
+    """What a store needs of the remote tier below it (``iron.remote_cache.RemoteCache``)."""
+
+    writes: bool  # whether ``put`` uploads: entries are packed only then
+
+    def get(self, key: str) -> bytes | None:
+        """The verified bytes stored under ``key``, or None (a miss, unreachable, rejected)."""
+
+    def put(self, key: str, body: bytes) -> bool:
+        """Store ``body`` under ``key`` unless something is there; never raises."""
+
+    def reject(self, key: str, reason: str) -> None:
+        """Report (one warning line) that the bytes of ``key`` were unusable."""
+
+    def hit(self, key: str) -> None:
+        """Report that the bytes of ``key`` were installed."""
+
+
+class BadObject(ValueError):
+    """Bytes from the remote tier that do not unpack into an entry of their key."""
 
 
 @contextlib.contextmanager
@@ -53,7 +86,7 @@ def locked_temp_folder(parent: Path, prefix: str):
     (then deleted if it is still there); ``collect_temp`` never removes a held one."""
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        tmp = make_temp_dir(parent, prefix)  # as the umask allows: others may read the result
     except OSError as e:
         raise IronError(f"cannot create a build folder in {parent} ({e.strerror}); make it "
                         "writable or point $IRON_BUILD_DIR / $IRON_CACHE_DIR elsewhere") from None
@@ -110,10 +143,7 @@ class Entry:
 class Store:
     """A folder of artifacts keyed by ``artifact_key``."""
 
-    def __init__(self, root: Path | str | None = None,
-                 remote: RemoteCache | None = None):
-        if root is None and remote is None:
-            remote = remote_from_env()  # the default store is the configured one
+    def __init__(self, root: Path | str | None = None, remote: Tier | None = None):
         self.root = Path(root) if root is not None else cache_dir()
         self.remote = remote
 
@@ -162,7 +192,7 @@ class Store:
         if entry is not None:
             return entry
         if self.remote is not None:
-            entry = self.remote.fetch(self, key)
+            entry = self._fetch(key)
             if entry is not None:
                 return entry
 
@@ -175,8 +205,37 @@ class Store:
         entry = self.install(key, fill)
         if entry is None:
             raise RuntimeError(f"artifact {key} was built but does not verify in {self.root}")
-        if self.remote is not None:
-            self.remote.publish(entry)
+        if self.remote is not None and self.remote.writes:
+            self.remote.put(key, pack(entry))
+        return entry
+
+    def _fetch(self, key: str) -> Entry | None:
+        """The entry for ``key`` from the remote tier, installed here; None on a miss or when
+        its bytes do not make a good entry (rejected, in one warning line)."""
+        body = self.remote.get(key)
+        if body is None:
+            return None
+        try:
+            files = unpack(key, body)
+        except BadObject as e:
+            self.remote.reject(key, str(e))
+            return None
+        except Exception as e:  # whatever a damaged archive raises: zlib.error, EOFError, ...
+            kind = type(e).__qualname__
+            if type(e).__module__ != "builtins":
+                kind = f"{type(e).__module__}.{kind}"
+            self.remote.reject(key, f"it does not unpack: {kind}: {e}")
+            return None
+
+        def fill(folder: Path) -> None:
+            for name, content in files.items():
+                (folder / name).write_bytes(content)
+
+        entry = self.install(key, fill)
+        if entry is None:  # cannot happen for a checked object unless the disk lies
+            self.remote.reject(key, "it unpacked but its local copy does not verify")
+            return None
+        self.remote.hit(key)
         return entry
 
     def install(self, key: str, fill: Callable[[Path], None]) -> Entry | None:
@@ -229,3 +288,56 @@ class Store:
             temp = collect_temp(p for p in self.root.iterdir()
                                 if p.name.startswith((".tmp-", ".trash-")) and p.is_dir())
         return removed, len(temp)
+
+
+def pack(entry: Entry) -> bytes:
+    """An entry as bytes for the remote tier: a zip of its manifest (byte for byte) and outputs,
+    always the same bytes for the same entry."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in [MANIFEST, *sorted(entry.manifest["outputs"])]:
+            info = zipfile.ZipInfo(name, _ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, (entry.path / name).read_bytes())
+    return buffer.getvalue()
+
+
+def unpack(key: str, body: bytes) -> dict[str, bytes]:
+    """The files (manifest included) of the entry ``pack`` made ``body`` of, checked as
+    ``Store.lookup`` checks an entry: the manifest is for ``key`` and hashes to it, names only
+    plain files, and every output matches its hash.  ``BadObject`` says what is wrong; a
+    damaged archive may raise anything zipfile and zlib raise."""
+    archive = zipfile.ZipFile(io.BytesIO(body))
+    infos = archive.infolist()
+    names = [i.filename for i in infos]
+    if len(set(names)) != len(names):
+        raise BadObject("an archive member appears twice")
+    if sum(i.file_size for i in infos) > MAX_UNPACKED:
+        raise BadObject(f"it unpacks to more than {MAX_UNPACKED >> 20} MiB")
+    if MANIFEST not in names:
+        raise BadObject(f"it has no {MANIFEST}")
+    manifest = archive.read(MANIFEST)
+    try:
+        doc = json.loads(manifest)
+        named, outputs = doc["key"], doc["outputs"]
+        hashes_to = artifact_key(doc["inputs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadObject(f"malformed manifest: {type(e).__name__}: {e}") from None
+    if named != key or hashes_to != key:
+        raise BadObject(f"its manifest is for key {named if named != key else hashes_to}, "
+                        f"not {key}")
+    if not isinstance(outputs, dict) or not outputs:
+        raise BadObject("its manifest lists no outputs")
+    if set(names) != {*outputs, MANIFEST}:
+        raise BadObject(f"members {sorted(names)} are not the manifest's outputs "
+                        f"{sorted(outputs)}")
+    files = {MANIFEST: manifest}
+    for name, digest in outputs.items():
+        if not _NAME.fullmatch(name) or name == MANIFEST:
+            raise BadObject(f"output name {name!r} is not a plain file name")
+        content = archive.read(name)
+        if hashlib.sha256(content).hexdigest() != digest:
+            raise BadObject(f"{name} does not match its hash in the manifest")
+        files[name] = content
+    return files

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,11 @@ import numpy as np
 
 from .errors import CheckpointError
 from .memory import huge_page_buffer
+from .util import open_regular
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
 
 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -60,7 +61,7 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def read_safetensors_metadata(path: Path) -> dict[str, str]:
     """The ``__metadata__`` object of a safetensors file (validated like the whole header)."""
     read_safetensors_header(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         n = int.from_bytes(f.read(8), "little")
         return json.loads(f.read(n).decode("utf-8")).get("__metadata__", {})
 
@@ -73,8 +74,8 @@ def read_safetensors_header(path: Path) -> tuple[int, dict[str, TensorInfo]]:
     the byte range matches the shape and lies inside the data section, and no two overlap.
     """
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is refused, not waited on
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             if n < 2 or n > _MAX_HEADER or 8 + n > size:
@@ -146,7 +147,7 @@ def read_safetensors(path: str | Path, digest: list | None = None) -> dict[str, 
         import xxhash
 
         hasher = xxhash.xxh3_128()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         if hasher is not None:
             hasher.update(f.read(start))
         f.seek(start)

@@ -239,3 +239,27 @@ def test_reference_runs_under_the_same_profile():
     x = np.ones(2048, iron.bfloat16)
     with pytest.raises(iron.ResolveError, match="tile_size=3"):
         graph.reference(x, x)
+
+
+@pytest.mark.parametrize("text, key, line", [
+    # an escaped ':' in a string made the text's ':' count match again
+    ('{"device": "cpu", "entries": [\n  {"operator": "GEMV", "M": 64, "M": 128, "K": 1, '
+     '"tile_size_input": 4}\n], "host": {"cpu": "a\\u003a b"}}', "M", 2),
+    # a key spelt with an escape is the same key
+    ('{"device": "cpu",\n "d\\u0065vice": "npu1", "entries": []}', "device", 1),
+    ('{"device": "cpu", "entries": [\n  {"operator": "GEMV", "M": 64, "\\u004d": 128, '
+     '"tile_size_input": 4}\n]}', "M", 2),
+    ('{"device": "cpu", "host": {\n  "cores": 2, "c\\u006fres": 4}, "entries": []}', "cores", 1),
+])
+def test_duplicate_keys_are_found_on_the_parsed_keys_whatever_their_spelling(text, key, line):
+    with pytest.raises(iron.ProfileError) as e:
+        iron.Profile.loads(text, "x.json")
+    assert str(e.value) == (f"x.json line {line}: key {key!r} appears twice in the object that "
+                            "starts there; JSON keys must be unique")
+
+
+def test_escapes_and_colons_in_strings_are_no_duplicates():
+    profile = iron.Profile.loads('{"device": "cpu", "host": {"cpu": "a\\u003a b: c", '
+                                 '"m\\u0061rch": "native"}, "entries": [\n'
+                                 '  {"operator": "GEMV", "M": 64, "tile_size_input": 4}\n]}')
+    assert profile.host == {"cpu": "a: b: c", "march": "native"} and len(profile) == 1

@@ -1,6 +1,8 @@
 """The remote artifact cache, against a real S3 API (moto's server on 127.0.0.1, started and
-stopped here) and a file:// directory: two clones share compiles, tampering is caught,
-concurrent writers leave one object, read-only clients never write, the trust rule holds."""
+stopped here) and a file:// directory: two clones share compiles, tampering and flipped bytes
+anywhere in an object are caught before anything is unpacked and cost one warning and a local
+compile, concurrent writers leave one object, read-only clients never write, the trust rule
+holds."""
 
 import io
 import json
@@ -21,7 +23,9 @@ from conftest import copy_project  # noqa: E402
 from test_build import doit, executed, run_bundle  # noqa: E402
 
 from iron.operators import AXPY  # noqa: E402
-from iron.remote_cache import RemoteCache, RemoteCacheError, from_env, signature  # noqa: E402
+from iron import remote_cache  # noqa: E402
+from iron.cache import default_store  # noqa: E402
+from iron.remote_cache import RemoteCache, RemoteCacheError, from_env, seal  # noqa: E402
 from iron.store import Store  # noqa: E402
 from iron.targets import cpu  # noqa: E402
 
@@ -123,53 +127,122 @@ def test_second_clone_compiles_nothing_and_gets_identical_libraries(tmp_path, re
     assert "(rw): 0 hits (downloaded), 0 misses, 0 uploads" in noop.stdout
 
 
+def test_a_build_beside_a_cache_of_flipped_objects_succeeds_compiling_them(tmp_path):
+    """Clone A uploads the demo's 6 objects; each gets a byte flipped in another part (as
+    stored, or signed after the flip).  Clone B's build rejects all 6 in one line each, compiles
+    them, and its bundle runs."""
+    cc, log = counting_compiler(tmp_path)
+    url = f"file://{tmp_path / 'remote'}"
+    env = {**os.environ, "CC": str(cc), "IRON_REMOTE_CACHE": url,
+           "IRON_REMOTE_CACHE_KEY": SECRET}
+    a, b = copy_project(tmp_path / "a"), copy_project(tmp_path / "b")
+    doit(a, env=env)
+    fs, path = object_store(url)
+    keys = [name.removesuffix(remote_cache.SUFFIX) for name in remote_objects(url)]
+    assert len(keys) == 6 and compiles(log) == 6
+    for n, key in enumerate(keys):
+        data = fs.cat_file(path(key))
+        classes = list(byte_classes(data).values())
+        bad = bytearray(data)
+        bad[classes[n % len(classes)]] ^= 0x10
+        if n % 2:  # signed after the flip: only a flip inside the body is still a body
+            bad = bytearray(data)
+            bad[classes[1 + n % 4]] ^= 0x10
+            bad = seal(key, body_of(bytes(bad)), SECRET.encode())
+        fs.pipe_file(path(key), bytes(bad))
+
+    second = doit(b, env={**env, "IRON_REMOTE_CACHE_MODE": "ro"})
+    assert f"remote cache {url} (ro): 0 hits (downloaded), 0 misses, 0 uploads, 6 rejected" \
+        in second.stdout, second.stdout + second.stderr
+    rejected = [line for line in (second.stdout + second.stderr).splitlines()
+                if line.startswith("warning: remote cache: rejected")]
+    assert len(rejected) == 6 and "Traceback" not in second.stdout + second.stderr
+    assert compiles(log) == 12  # every rejected object compiled here
+    ran = run_bundle(b / "build/demo/cpu", {**env, "PYTHONPATH": str(b)})
+    assert ran.returncode == 0 and "max |out - reference| = 0" in ran.stdout, ran.stderr
+
+
 # ---- trust: tampering ----------------------------------------------------------------------
 
 
-def rewrite(url, key, edit):
-    """Overwrite the remote object of ``key`` (as an attacker with write access would)."""
+def object_store(url):
+    """(filesystem, path of a key's object) of a remote location, as an attacker sees it."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(url)
-    path = f"{root}/{key}.zip"
-    members = {}
-    with zipfile.ZipFile(io.BytesIO(fs.cat_file(path))) as z:
-        for name in z.namelist():
-            members[name] = z.read(name)
-    edit(members)
+    return fs, lambda key: f"{root}/{key}{remote_cache.SUFFIX}"
+
+
+def body_of(data):
+    """The body (the store's zip) of stored bytes, whether or not they verify."""
+    return data[len(remote_cache.HEADER):-remote_cache.TRAILER_BYTES]
+
+
+def zip_members(body):
+    with zipfile.ZipFile(io.BytesIO(body)) as z:
+        return {name: z.read(name) for name in z.namelist()}
+
+
+def zipped(members):
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data in members.items():
             z.writestr(name, data)
-    fs.pipe_file(path, buffer.getvalue())
     return buffer.getvalue()
 
 
-def flip_library(members):
+def rewrite(url, key, tamper):
+    """Overwrite the remote object of ``key`` with ``tamper(key, stored bytes)`` (as someone
+    with write access to the location could); the new bytes."""
+    fs, path = object_store(url)
+    data = tamper(key, fs.cat_file(path(key)))
+    fs.pipe_file(path(key), data)
+    return data
+
+
+def flipped_library_body(data):
+    members = zip_members(body_of(data))
     library = bytearray(members[cpu.LIBRARY])
     library[len(library) // 2] ^= 0xFF
     members[cpu.LIBRARY] = bytes(library)
+    return zipped(members)
 
 
-def matching_manifest(members):
-    """A patched library with its hash updated in the manifest: only the signature can tell."""
+def flip_library(key, data):
+    """A patched library; the trailer left as it was."""
+    trailer = data[len(data) - remote_cache.TRAILER_BYTES:]
+    return remote_cache.HEADER + flipped_library_body(data) + trailer
+
+
+def matching_hash(key, data):
+    """A patched library with the object's hash recomputed: only the signature can tell."""
     import hashlib
 
-    flip_library(members)
-    manifest = json.loads(members["manifest.json"])
-    manifest["outputs"][cpu.LIBRARY] = hashlib.sha256(members[cpu.LIBRARY]).hexdigest()
-    members["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    before = remote_cache.HEADER + flipped_library_body(data) + data[-131:-65]  # old signature
+    return before + hashlib.sha256(key.encode() + b"\n" + before).hexdigest().encode() + b"\n"
 
 
-def resigned_with_another_key(members):
-    matching_manifest(members)
-    members["signature"] = signature(b"x" * 40, members["manifest.json"]).encode()
+def resigned_with_another_key(key, data):
+    return seal(key, flipped_library_body(data), b"x" * 40)
+
+
+def signed_bad_library(key, data):
+    """A patched library signed with the team's key (a writer whose disk flipped a bit): the
+    object verifies, the entry does not."""
+    return seal(key, flipped_library_body(data), SECRET.encode())
+
+
+def signed_garbage(key, data):
+    """A signed body that is no archive at all."""
+    return seal(key, b"PK\x03\x04" + bytes(200), SECRET.encode())
 
 
 @pytest.mark.parametrize("tamper, reason", [
-    (flip_library, "kernel.so does not match its hash in the manifest"),
-    (matching_manifest, "the signature does not verify"),
+    (flip_library, "its bytes do not match its hash"),
+    (matching_hash, "the signature does not verify"),
     (resigned_with_another_key, "the signature does not verify"),
+    (signed_bad_library, "kernel.so does not match its hash in the manifest"),
+    (signed_garbage, "it does not unpack: zipfile.BadZipFile"),
 ])
 def test_tampered_object_is_rejected_with_one_warning_and_rebuilt(tmp_path, remote_url, tamper,
                                                                  reason):
@@ -186,26 +259,99 @@ def test_tampered_object_is_rejected_with_one_warning_and_rebuilt(tmp_path, remo
     assert remote.take_counts() == {"rejected": 1, "already_there": 1}
     # rebuilt here: the real library, not the tampered one; the remote object is left alone
     assert entry.file(cpu.LIBRARY).read_bytes() == good.file(cpu.LIBRARY).read_bytes()
-    import fsspec
+    fs, path = object_store(remote_url)
+    assert fs.cat_file(path(good.key)) == tampered
 
-    fs, root = fsspec.core.url_to_fs(remote_url)
-    assert fs.cat_file(f"{root}/{good.key}.zip") == tampered
+
+def byte_classes(data):
+    """One position in each part of a stored object: its header line, the zip's local header,
+    compressed data, central directory and end record inside the body, the trailer's signature
+    and hash, and the trailer's last byte."""
+    body_at = len(remote_cache.HEADER)
+    with zipfile.ZipFile(io.BytesIO(body_of(data))) as z:
+        info = max(z.infolist(), key=lambda i: i.compress_size)  # the library
+        data_at = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+        directory = z.start_dir
+    body_end = len(data) - remote_cache.TRAILER_BYTES
+    return {"header": 5, "zip local header": body_at + info.header_offset + 30,  # its name
+            "compressed body": body_at + data_at + info.compress_size // 2,
+            "central directory": body_at + directory + 16,  # the first member's CRC-32
+            "end record": body_end - 6,  # where the central directory starts
+            "trailer signature": body_end + 10, "trailer hash": len(data) - 10,
+            "trailer end": len(data) - 1}
+
+
+def test_every_flipped_byte_is_rejected_before_anything_is_unpacked(tmp_path):
+    """Every byte of a stored object, flipped, fails the check over the bytes as stored (with
+    the key, and without it on a local directory), before zipfile or zlib see anything."""
+    url = f"file://{tmp_path / 'remote'}"
+    entry = cpu.compile_op(OP, Store(tmp_path / "a", RemoteCache(url, "rw", SECRET)))
+    fs, path = object_store(url)
+    data = fs.cat_file(path(entry.key))
+    assert remote_cache.unseal(entry.key, data, SECRET.encode()) == body_of(data)
+    assert len(byte_classes(data)) == 8  # every part is in the object
+    for secret in (SECRET.encode(), None):
+        for i in range(len(data)):
+            for bit in (0x01, 0x80):
+                bad = bytearray(data)
+                bad[i] ^= bit
+                with pytest.raises(remote_cache.Rejected):
+                    remote_cache.unseal(entry.key, bytes(bad), secret)
+    for cut in (1, remote_cache.TRAILER_BYTES, len(data) - 1):
+        with pytest.raises(remote_cache.Rejected):
+            remote_cache.unseal(entry.key, data[:-cut], SECRET.encode())
+    with pytest.raises(remote_cache.Rejected, match="do not match its hash for key"):
+        remote_cache.unseal("0" * 32, data, SECRET.encode())  # another key's name
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["as stored", "signed after the flip"])
+def test_a_byte_flipped_anywhere_costs_one_warning_and_a_local_compile(tmp_path, signed):
+    """A flip in each part of an object, through the store: as stored (the tier's check
+    rejects it), or signed after the flip (a writer's bad disk: the body fails to decompress or
+    to match its manifest, and the store rejects it).  Never an exception, always the real
+    library."""
+    url = f"file://{tmp_path / 'remote'}"
+    good = cpu.compile_op(OP, Store(tmp_path / "a", RemoteCache(url, "rw", SECRET)))
+    fs, path = object_store(url)
+    data = fs.cat_file(path(good.key))
+    classes = byte_classes(data)
+    if signed:  # only the body's parts: a signature covers exactly the body it is made over
+        classes = {k: v for k, v in classes.items()
+                   if len(remote_cache.HEADER) <= v < len(data) - remote_cache.TRAILER_BYTES}
+    for n, (where, i) in enumerate(classes.items()):
+        bad = bytearray(data)
+        bad[i] ^= 0x5A
+        if signed:
+            bad = seal(good.key, body_of(bytes(bad)), SECRET.encode())
+        fs.pipe_file(path(good.key), bytes(bad))
+        out = io.StringIO()
+        remote = RemoteCache(url, "ro", SECRET, out=out)
+        entry = cpu.compile_op(OP, Store(tmp_path / f"reader{n}", remote))
+        warnings = out.getvalue().splitlines()
+        assert len(warnings) == 1 and "rejected" in warnings[0], (where, warnings)
+        assert remote.take_counts() == {"rejected": 1}, where
+        assert entry.file(cpu.LIBRARY).read_bytes() == good.file(cpu.LIBRARY).read_bytes()
 
 
 def test_object_for_another_key_is_rejected(tmp_path, remote_url):
-    out = io.StringIO()
+    """Copied under another key's name, an object fails its signature (the key is signed);
+    signed anew for that key by a writer, its manifest still names the key it was built for."""
     writer = Store(tmp_path / "a", RemoteCache(remote_url, "rw", SECRET))
     entry = cpu.compile_op(OP, writer)
     other = AXPY(**{**OP.config(), "tile_size": 256})
     other_key = cpu.recipe_for(other).key
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(remote_url)
-    fs.pipe_file(f"{root}/{other_key}.zip", fs.cat_file(f"{root}/{entry.key}.zip"))
-    reader = Store(tmp_path / "b", RemoteCache(remote_url, "ro", SECRET, out=out))
-    rebuilt = cpu.compile_op(other, reader)
-    assert f"manifest is for key {entry.key}, not {other_key}" in out.getvalue()
-    assert rebuilt.key == other_key and reader.lookup(other_key) is not None
+    fs, path = object_store(remote_url)
+    stored = fs.cat_file(path(entry.key))
+    for data, reason in ((stored, f"do not match its hash for key {other_key}"),
+                         (seal(other_key, body_of(stored), SECRET.encode()),
+                          f"its manifest is for key {entry.key}, not {other_key}")):
+        fs.pipe_file(path(other_key), data)
+        out = io.StringIO()
+        reader = Store(tmp_path / f"b{len(reason)}", RemoteCache(remote_url, "ro", SECRET,
+                                                                 out=out))
+        rebuilt = cpu.compile_op(other, reader)
+        assert reason in out.getvalue() and len(out.getvalue().splitlines()) == 1
+        assert rebuilt.key == other_key and reader.lookup(other_key) is not None
 
 
 # ---- write-once, concurrent writers ------------------------------------------------------------
@@ -264,9 +410,9 @@ def test_two_processes_building_one_key_leave_one_valid_object(tmp_path, remote_
     done = [json.loads(out) for out, _ in results]
     assert done[0]["key"] == done[1]["key"]
     assert sum(d["counts"].get("uploads", 0) for d in done) == 1, done
-    assert remote_objects(remote_url) == [f"{done[0]['key']}.zip"]
+    assert remote_objects(remote_url) == [f"{done[0]['key']}{remote_cache.SUFFIX}"]
     fresh = RemoteCache(remote_url, "ro", SECRET)
-    assert fresh.fetch(Store(tmp_path / "check"), done[0]["key"]) is not None
+    assert Store(tmp_path / "check", fresh)._fetch(done[0]["key"]) is not None
 
 
 # ---- read-only and the trust rule --------------------------------------------------------------
@@ -295,7 +441,7 @@ def test_without_a_key_a_local_directory_is_read_and_checked_against_hashes(tmp_
     out = io.StringIO()
     keyless.out = out
     cpu.compile_op(OP, Store(tmp_path / "c", keyless))
-    assert "does not match its hash" in out.getvalue()
+    assert "do not match its hash" in out.getvalue()
 
 
 @pytest.mark.parametrize("url, mode, secret, message", [
@@ -328,9 +474,9 @@ def test_environment_is_read_once_into_the_default_store(monkeypatch, tmp_path):
     monkeypatch.delenv("IRON_REMOTE_CACHE_MODE", raising=False)
     from_env.cache_clear()
     try:
-        remote = Store().remote
-        assert remote is not None and remote.mode == "rw" and remote is Store().remote
-        assert Store(tmp_path / "explicit").remote is None
+        remote = default_store().remote
+        assert remote is not None and remote.mode == "rw" and remote is default_store().remote
+        assert Store(tmp_path / "explicit").remote is None and Store().remote is None
     finally:
         from_env.cache_clear()
 

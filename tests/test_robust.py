@@ -399,6 +399,175 @@ def test_profile_records_the_host_it_was_tuned_on():
     assert again.host["cores"] == host.usable_cores() and again.host["march"] == host.march()
 
 
+# ---- files users hand iron: bounded, regular, read before the weights -----------------------
+
+def run_capped(args, cwd=None, env=None, umask=None, timeout=120):
+    """Run a command with its memory capped at 3 GiB and a time limit, so that a read without
+    bound fails quickly instead of taking the machine's memory, and a hang is a failure."""
+    def limits():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        if umask is not None:
+            os.umask(umask)
+
+    try:
+        return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=limits)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{args[-2:]} did not finish in {timeout} s: it waits on a FIFO or reads "
+                    "without end")
+
+
+HOSTILE = {  # what the file is -> what the one-line error says
+    "/dev/zero": "it is a character device, not a regular file",
+    "FIFO": "it is a FIFO, not a regular file",
+    "100 GiB": f"it is {100 << 30} bytes, over the 64 MiB limit for {{what}}",
+}
+
+
+def make_hostile(path: Path, kind: str) -> None:
+    path.unlink(missing_ok=True)
+    if kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(100 << 30)  # sparse: no disk used, but 100 GiB to a reader
+
+
+OPEN = """
+import sys
+from iron.errors import IronError
+what, path = sys.argv[1], sys.argv[2]
+try:
+    if what == "profile":
+        from iron.profile import Profile
+        Profile.load(path)
+    elif what == "checkpoint":
+        from iron.lm.checkpoint import Checkpoint
+        Checkpoint.open(path)
+    else:
+        from iron.lm.chat import ChatTemplate
+        ChatTemplate.from_dir(path)
+except IronError as e:
+    print(e)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_profile_that_is_a_device_a_fifo_or_huge_is_refused_unread(tmp_path, kind):
+    path = tmp_path / "cpu.json"
+    make_hostile(path, kind)
+    result = run_capped([sys.executable, "-c", OPEN, "profile", str(path)], cwd=ROOT)
+    assert result.returncode == 3, result.stderr[-2000:]
+    reason = HOSTILE[kind].format(what="a profile")
+    assert result.stdout == f"{path}: cannot read the profile ({reason})\n"
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_doit_refuses_a_profile_that_is_a_device_a_fifo_or_huge_in_one_line(project, kind):
+    """The build's fingerprint of the profile reads it too: bounded there as well."""
+    profile = project / "profiles" / "demo" / "cpu.json"
+    make_hostile(profile, kind)
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    result = run_capped([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    reason = HOSTILE[kind].format(what="a profile")
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "profile" in line]
+    assert said == [f"error: checkpoint: {profile}: cannot read the profile ({reason})"], said
+
+
+@pytest.mark.parametrize("name, what, kind", [  # a link to /dev/zero leads outside: refused
+    ("config.json", "a model config", "FIFO"), ("config.json", "a model config", "100 GiB"),
+    ("tokenizer.json", "a tokenizer", "100 GiB")])  # (a FIFO is no file: "missing")
+def test_checkpoint_file_that_is_a_fifo_or_huge_is_refused_unread(tmp_path, name, what, kind):
+    from tiny_llama import write_tiny_llama
+
+    ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
+    make_hostile(ckpt / name, kind)
+    result = run_capped([sys.executable, "-c", OPEN, "checkpoint", str(ckpt)], cwd=ROOT)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert f"{ckpt / name}: cannot read" in result.stdout
+    assert f"({HOSTILE[kind].format(what=what)})" in result.stdout
+    assert result.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, what", [("tokenizer_config.json", "a tokenizer config"),
+                                        ("chat_template.jinja", "a chat template")])
+def test_huge_chat_template_files_are_refused_unread(tmp_path, name, what):
+    make_hostile(tmp_path / name, "100 GiB")
+    result = run_capped([sys.executable, "-c", OPEN, "chat", str(tmp_path)], cwd=ROOT)
+    assert result.returncode == 3, result.stderr[-2000:]
+    reason = HOSTILE["100 GiB"].format(what=what)
+    assert result.stdout == f"{tmp_path / name}: cannot read it ({reason})\n"
+
+
+def test_unparsable_bundle_tokenizer_fails_in_one_line_before_the_weights_load(tmp_path,
+                                                                               monkeypatch):
+    """A bundle whose tokenizer.json is damaged but whose hashes agree (re-signed): refused
+    when the model is opened, before its weights are read, not by a traceback afterwards."""
+    from conftest import make_bundle
+    from iron.lm.generate import LlamaModel
+    from iron.util import sha256_file
+    from tiny_llama import write_tiny_llama
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=4)
+    out = make_bundle(checkpoint, tmp_path / "bundle", context=16, chunk=8)
+    (out / "tokenizer.json").write_text('{"model": {"type": "nonsense"}}')
+    rewrite_manifest(out, lambda m: m["files"].__setitem__("tokenizer.json",
+                                                           sha256_file(out / "tokenizer.json")))
+    bundles.Bundle.open(out)  # the hashes agree
+
+    def weights(self):
+        raise AssertionError("the weights were read before the tokenizer was checked")
+
+    with monkeypatch.context() as m:
+        m.setattr(bundles.Bundle, "weights", weights)
+        with pytest.raises(BundleError, match=r"tokenizer.json: not a tokenizer the tokenizers"):
+            LlamaModel(out)
+    result = subprocess.run([sys.executable, "-m", "iron.lm.run", str(out), "--prompt", "hi"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "tokenizer.json: not a tokenizer the tokenizers library can load" in result.stderr
+
+
+# ---- files iron writes follow the umask ------------------------------------------------------
+
+@pytest.mark.parametrize("mask, file_mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_saved_profile_follows_the_umask(tmp_path, mask, file_mode):
+    from iron.operators import AXPY
+
+    old = os.umask(mask)
+    try:
+        path = Profile(device="cpu").add(AXPY, tile_size=64).save(tmp_path / "cpu.json")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == file_mode
+
+
+def test_bundle_and_cache_follow_the_umask(project):
+    """With umask 022, as git and pip would make them: folders 0755 and files 0644 in the
+    bundle; the cache's entries are folders others can read too."""
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    result = run_capped([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env,
+                        umask=0o022, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    bundle = project / "build" / "demo" / "cpu"
+    modes = {p.relative_to(bundle): p.stat().st_mode & 0o777
+             for p in [bundle, *bundle.rglob("*")]}
+    assert {p: m for p, m in modes.items() if (bundle / p).is_dir()} == \
+        {Path("."): 0o755, Path("kernels"): 0o755}
+    files = {p: m for p, m in modes.items() if (bundle / p).is_file()}
+    assert len(files) > 5 and set(files.values()) == {0o644}, files
+    entries = [p for p in (project / "build" / "ops").iterdir() if not p.name.startswith(".")]
+    assert entries and {p.stat().st_mode & 0o777 for p in entries} == {0o755}
+    manifests = {(p / "manifest.json").stat().st_mode & 0o777 for p in entries}
+    assert manifests == {0o644}
+
+
 # ---- checkpoints ---------------------------------------------------------------------------
 
 def test_checkpoint_file_linking_outside_is_refused(tmp_path):
@@ -566,3 +735,20 @@ def test_threads_variable_sets_the_cpu_columns(monkeypatch):
     assert BuildGraph(lambda *a: None, {"threads": "1"}).device.columns == 1
     with pytest.raises(Exception, match="threads='0': must be an integer from 1"):
         BuildGraph(lambda *a: None, {"threads": "0"})
+
+
+@pytest.mark.parametrize("option", ["--budget", "--max-load"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_tuner_number_options_refuse_nan_and_inf(option, value, monkeypatch, capsys):
+    """nan compares false with every bound, so `--budget nan` once passed `budget <= 0` and
+    tuned with no budget at all."""
+    import iron.tuning.__main__ as tuning
+
+    def tune(*args, **kwargs):
+        raise AssertionError(f"{option} {value} was accepted: a tune started")
+
+    monkeypatch.setattr(tuning, "tune", tune)
+    with pytest.raises(SystemExit) as e:
+        tuning.main(["demo", f"{option}={value}"])
+    assert e.value.code == 2
+    assert f"argument {option}: {value!r} is not a finite number" in capsys.readouterr().err

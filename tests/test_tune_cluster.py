@@ -1,10 +1,20 @@
 """Tuning on a Dask cluster: a LocalCluster of 2 worker processes x 1 thread, each offering the
 device ``cpu=1``.  With a deterministic stand-in benchmark the cluster's profile is the serial
 run's, byte for byte, also when a worker dies mid-sweep or the run resumes a partial log; a
-small real tune goes through `doit tune scheduler=...`."""
+small real tune goes through `doit tune scheduler=...`.  A scheduler and a worker started as
+the `dask` commands, then killed mid-tune, stop the tune in one line, leaving a log of what
+finished and no profile."""
 
 import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +27,9 @@ from tune_standin import StandInBench  # noqa: E402
 
 from iron.tuning.cluster import Cluster, ClusterError  # noqa: E402
 from iron.tuning.tuner import tune  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+DASK = Path(sys.executable).with_name("dask")
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +170,139 @@ def test_doit_tune_through_a_scheduler_measures_for_real_and_writes_log_and_prof
     assert not any(r["status"] == "started" for r in log)  # only results reach the client's log
     ops = project / "build" / "ops"  # the client compiled nothing: the workers did
     assert not ops.exists() or not [p for p in ops.iterdir() if not p.name.startswith(".")]
+
+
+# ---- the cluster goes away -------------------------------------------------------------------
+
+
+class DaskProcesses:
+    """A scheduler and one worker offering ``cpu=1``, started as the `dask` commands in their
+    own process groups (a worker's nanny and its worker die together)."""
+
+    def __init__(self, pythonpath: str, cwd: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": pythonpath}
+        common = dict(cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                      start_new_session=True)
+        self.scheduler = subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port",
+                                           str(self.port), "--no-dashboard"], **common)
+        self.worker = subprocess.Popen([DASK, "worker", self.address, "--nthreads", "1",
+                                        "--resources", "cpu=1", "--no-dashboard"], **common)
+
+    def kill(self, proc) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def close(self) -> None:
+        for proc in (self.worker, self.scheduler):
+            self.kill(proc)
+
+
+@pytest.fixture
+def dask_processes(tmp_path):
+    procs = DaskProcesses(f"{TESTS}{os.pathsep}{TESTS.parent}", tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.close()
+
+
+def kill_after_measurements(log, n, proc, procs):
+    """Kill ``proc`` (in a thread) once ``log`` holds ``n`` measurements."""
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if log.exists() and sum('"status": "ok"' in line or '"status": "rejected"' in line
+                                    for line in log.read_text().splitlines()) >= n:
+                break
+            time.sleep(0.05)
+        procs.kill(proc)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("lose", ["scheduler", "worker"])
+def test_a_lost_scheduler_or_worker_set_stops_the_tune_in_one_line(tmp_path, dask_processes,
+                                                                  monkeypatch, lose):
+    """Killed mid-sweep, the scheduler (or the only worker) takes the tune down with one
+    ClusterError: the log keeps the measurements that finished, exactly as the serial run made
+    them, and nothing the loss caused; the profile is not written.  The same command then
+    resumes on a cluster that is back."""
+    import iron.tuning.cluster as module
+
+    monkeypatch.setattr(module, "LOST_TIMEOUT", 3.0)
+    serial, _ = run(tmp_path, "serial", StandInBench())
+    log = tmp_path / "cut" / "tune.jsonl"
+    victim = getattr(dask_processes, lose)
+    watcher = kill_after_measurements(log, 4, victim, dask_processes)
+    out = io.StringIO()
+    start = time.monotonic()
+    with pytest.raises(ClusterError) as e:
+        tune(FakeApp(), "cpu", benchmark=StandInBench(delay=0.3), out=out,
+             scheduler=dask_processes.address, profile_path=tmp_path / "cut" / "cpu.json",
+             log_path=log, budget=90)  # a tune that waits forever ends instead
+    watcher.join()
+    message = str(e.value)
+    assert "\n" not in message and "the profile is unchanged" in message
+    if lose == "scheduler":
+        assert message.startswith(f"lost the Dask scheduler at {dask_processes.address}")
+    else:
+        assert f"has offered the device cpu for 3 s (0 workers left)" in message
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "cut" / "cpu.json").exists()
+    cut, whole = records(log), records(tmp_path / "serial" / "tune.jsonl")
+    assert len(cut) >= 4 and all(whole[k] == v for k, v in cut.items()), cut
+    # nothing the loss caused was logged as a result
+    assert not any("on the cluster" in line for line in log.read_text().splitlines())
+
+    if lose == "worker":  # a worker back, the same command finishes what is left
+        back = DaskProcesses(f"{TESTS}{os.pathsep}{TESTS.parent}", tmp_path)
+        back.kill(back.scheduler)
+        back.worker = subprocess.Popen(
+            [DASK, "worker", dask_processes.address, "--nthreads", "1", "--resources",
+             "cpu=1", "--no-dashboard"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{TESTS.parent}"})
+        try:
+            resumed, text = run(tmp_path, "cut", StandInBench(), scheduler=dask_processes.address,
+                                log=log)
+        finally:
+            back.close()
+        assert f"({len(cut)} already in" in text
+        assert (tmp_path / "cut/cpu.json").read_bytes() == \
+            (tmp_path / "serial/cpu.json").read_bytes()
+
+
+def test_the_tune_command_says_a_lost_scheduler_in_one_line(tmp_path):
+    """`python -m iron.tuning` with the real benchmark: the scheduler killed once the tune is
+    under way ends it with exit status 2 and one line on stderr, not Dask's tracebacks."""
+    project = copy_project(tmp_path / "project")
+    procs = DaskProcesses(str(project), project)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(project)}
+        tuner = subprocess.Popen([sys.executable, "-m", "iron.tuning", "demo", "--only", "SiLU",
+                                  "--max-load", "64",  # under way at once on a busy machine
+                                  "--scheduler", procs.address], cwd=project, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in tuner.stdout:
+            seen.append(line)
+            if line.startswith("[1/"):  # compiling the first instance's candidates
+                procs.kill(procs.scheduler)
+                break
+        out, err = tuner.communicate(timeout=120)
+    finally:
+        procs.close()
+    assert any(line.startswith(f"cluster {procs.address}: 1 workers offer cpu") for line in seen)
+    assert tuner.returncode == 2, "".join(seen) + out + err
+    assert err.splitlines() == [err.strip()] and err.startswith(
+        f"error: lost the Dask scheduler at {procs.address}"), err
+    assert not (project / "profiles" / "demo" / "cpu.json").exists()

@@ -3,6 +3,7 @@ fixed function of the setting, some settings are "wrong", and it can kill its wo
 
 import json
 import os
+import time
 import zlib
 from pathlib import Path
 
@@ -23,12 +24,13 @@ def standin_wrong(op) -> bool:
 class StandInBench:
     """Times from ``standin_time``; with ``crash_key``, the first process to measure that
     candidate dies mid-measurement (it leaves ``crash_marker`` behind), or every process does
-    when there is no marker."""
+    when there is no marker; each measurement takes ``delay`` seconds."""
 
     method = "stand-in"
 
-    def __init__(self, crash_key: str | None = None, crash_marker: str | None = None):
-        self.crash_key, self.crash_marker = crash_key, crash_marker
+    def __init__(self, crash_key: str | None = None, crash_marker: str | None = None,
+                 delay: float = 0.0):
+        self.crash_key, self.crash_marker, self.delay = crash_key, crash_marker, delay
 
     def key(self, op):
         return cpu.recipe_for(op).key
@@ -37,6 +39,7 @@ class StandInBench:
         return {self.key(op): None for op in ops}
 
     def measure(self, instance, op, best):
+        time.sleep(self.delay)
         if self.crash_key == self.key(op):
             if self.crash_marker is None:
                 os._exit(1)

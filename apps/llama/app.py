@@ -77,12 +77,13 @@ class App:
         return kernel_weights(self.checkpoint, self.config, self.formats)
 
     def files(self) -> dict[str, Path]:
-        """The tokenizer, the config and, where the checkpoint has them, its tokenizer config
-        and chat template (``tokenizer_config.json``'s ``chat_template``, or the separate
-        ``chat_template.jinja`` newer transformers versions write)."""
+        """The tokenizer, the config and, where the checkpoint has them, its tokenizer config,
+        chat template (``tokenizer_config.json``'s ``chat_template``, or the separate
+        ``chat_template.jinja`` newer transformers versions write) and sampling defaults
+        (``generation_config.json``, which the server follows)."""
         d = self.checkpoint.directory
         files = {"tokenizer.json": self.checkpoint.tokenizer_path, "config.json": d / "config.json"}
-        for name in ("tokenizer_config.json", "chat_template.jinja"):
+        for name in ("tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
             if (d / name).is_file():
                 files[name] = d / name
         return files

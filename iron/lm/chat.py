@@ -10,15 +10,22 @@ extension, a ``tojson`` filter and ``raise_exception``, and gets ``messages``,
 ``add_generation_prompt``, ``bos_token`` and ``eos_token``. The sandbox keeps a template from
 calling anything but the plain data it is given: rendering never executes code from the
 checkpoint.
+
+``ChatTemplate.tokenize`` turns a conversation into token ids with the text of every message
+kept as text: a special token written in a message (``<|im_end|>`` typed by a user) is
+tokenized as its characters, so a message cannot close its turn and write another role's; only
+the template's own markers are control tokens.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 from ..errors import IronError
+from ..util import read_bounded
 
 ROLES = ("system", "user", "assistant")
 
@@ -59,6 +66,8 @@ class ChatTemplate:
             raise ChatError(f"{where}: not a valid Jinja template ({e})") from None
         self.source, self.bos_token, self.eos_token, self.where = (source, bos_token, eos_token,
                                                                    where)
+        self._plain: tuple[Any, Any] | None = None  # (a tokenizer, its copy for message text)
+        self._lock = threading.Lock()
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ChatTemplate:
@@ -68,16 +77,27 @@ class ChatTemplate:
         config: dict[str, Any] = {}
         if config_path.is_file():
             try:
-                config = json.loads(config_path.read_text(encoding="utf-8"))
+                config = json.loads(read_bounded(config_path, "a tokenizer config"))
+            except OSError as e:
+                raise ChatError(f"{config_path}: cannot read it ({e.strerror})") from None
             except ValueError as e:
                 raise ChatError(f"{config_path}: not valid JSON ({e})") from None
+            if not isinstance(config, dict):
+                raise ChatError(f"{config_path}: must be a JSON object")
         source, where = config.get("chat_template"), f"{config_path}: chat_template"
         if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source, where = named.get("default"), where + '["default"]'
         jinja_file = directory / "chat_template.jinja"
         if not source and jinja_file.is_file():
-            source, where = jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+            try:
+                source = read_bounded(jinja_file, "a chat template").decode("utf-8")
+            except OSError as e:
+                raise ChatError(f"{jinja_file}: cannot read it ({e.strerror})") from None
+            except UnicodeDecodeError as e:
+                raise ChatError(f"{jinja_file}: not UTF-8 text ({e.reason} at byte "
+                                f"{e.start})") from None
+            where = str(jinja_file)
         if not isinstance(source, str) or not source:
             raise ChatError(f"{directory}: no chat template (neither chat_template in "
                             "tokenizer_config.json nor chat_template.jinja); this checkpoint "
@@ -97,6 +117,87 @@ class ChatTemplate:
                                         add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateError as e:
             raise ChatError(f"{self.where}: rendering failed ({type(e).__name__}: {e})") from None
+
+
+    def tokenize(self, messages: list[dict[str, Any]], tokenizer,
+                 add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of ``render(messages)`` (a ``tokenizers.Tokenizer``), with every
+        message's text tokenized as text, special token strings in it included.
+
+        The template is rendered a second time with each message's content replaced by a
+        placeholder: what lies between the placeholders is the template's own text, whose
+        special tokens stay special. Where a template rewrites the content (trims it, or
+        branches on it) so that the two renderings do not line up, the plain tokenization is
+        kept as long as no message holds a special token's text, and refused otherwise (one
+        line naming the message and the token)."""
+        text = self.render(messages, add_generation_prompt)
+        specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()
+                    if t.special and t.content]
+        found = [(i, min((m["content"].find(s), s) for s in specials if s in m["content"])[1])
+                 for i, m in enumerate(messages) if any(s in m["content"] for s in specials)]
+        if not found:
+            return tokenizer.encode(text, add_special_tokens=False).ids
+        pieces = self._split(messages, text, add_generation_prompt)
+        if pieces is None:
+            i, s = found[0]
+            raise ChatError(f"messages[{i}].content holds the control token {s!r}, and "
+                            f"{self.where} rewrites message text, so it cannot be kept as "
+                            "text: remove it from the message")
+        plain = self._plain_tokenizer(tokenizer)
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if piece:  # even pieces are the template's, odd ones a message's content
+                ids += (plain if k % 2 else tokenizer).encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def _split(self, messages: list[dict[str, Any]], text: str, add_generation_prompt: bool
+               ) -> list[str] | None:
+        """``text`` cut into template text and message content, alternately (template first):
+        the template rendered with placeholders for the contents gives its own text, and each
+        content must appear between two pieces as it is or trimmed, as templates write it."""
+        tag = "\ue000"
+        while any(tag in m["content"] for m in messages):
+            tag += "\ue000"
+        marks = [f"{tag}{i}\ue001" for i in range(len(messages))]
+        marked = self.render([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                             add_generation_prompt)
+        # the template's pieces, and which message each placeholder stands for (a template may
+        # drop or repeat messages)
+        pieces, order, rest = [], [], marked
+        while True:
+            at = [(rest.find(mark), i) for i, mark in enumerate(marks) if mark in rest]
+            if not at:
+                pieces.append(rest)
+                break
+            pos, i = min(at)
+            pieces.append(rest[:pos])
+            order.append(i)
+            rest = rest[pos + len(marks[i]):]
+        out, pos = [pieces[0]], len(pieces[0])
+        if not text.startswith(pieces[0]):
+            return None
+        for i, after in zip(order, pieces[1:]):
+            content = messages[i]["content"]
+            for form in dict.fromkeys((content, content.strip(), content.rstrip(),
+                                       content.lstrip())):
+                if text.startswith(form + after, pos):
+                    out += [form, after]
+                    pos += len(form) + len(after)
+                    break
+            else:
+                return None
+        return out if pos == len(text) else None
+
+    def _plain_tokenizer(self, tokenizer):
+        """A copy of ``tokenizer`` that encodes special token strings as text (made once)."""
+        with self._lock:
+            if self._plain is None or self._plain[0] is not tokenizer:
+                from tokenizers import Tokenizer
+
+                plain = Tokenizer.from_str(tokenizer.to_str())
+                plain.encode_special_tokens = True
+                self._plain = (tokenizer, plain)
+            return self._plain[1]
 
 
 def check_messages(messages: Any) -> None:

@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from iron.errors import CheckpointError
+from iron.errors import CheckpointError, IronError
 from iron.tensorfile import (TensorInfo, read_safetensors, read_safetensors_header,
                              tensor_view)
+from iron.util import read_bounded
 
 __all__ = ["CheckpointError", "Checkpoint", "LlamaConfig", "Llama3RopeScaling", "TensorInfo",
            "expected_tensors", "inv_freq", "read_safetensors", "read_safetensors_header"]
@@ -79,13 +80,13 @@ class LlamaConfig:
         if path.is_dir():
             path = path / "config.json"
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bounded(path, "a model config")
         except OSError as e:
             raise CheckpointError(f"{path}: cannot read the model config ({e.strerror}); "
                                   "a checkpoint directory needs a config.json") from e
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # not JSON, or not UTF-8
             raise CheckpointError(f"{path}: not valid JSON ({e})") from e
         return cls.from_dict(data, source=str(path))
 
@@ -360,7 +361,7 @@ class Checkpoint:
         if not tokenizer_path.is_file():
             raise CheckpointError(f"{tokenizer_path}: missing; a checkpoint directory needs "
                                   "the Hugging Face tokenizer.json")
-        _check_tokenizer(_inside(directory, "tokenizer.json"))
+        load_tokenizer(_inside(directory, "tokenizer.json"))
         infos: dict[str, tuple[Path, TensorInfo]] = {}
         data_start: dict[Path, int] = {}
         shards = _shards(directory)
@@ -420,16 +421,24 @@ def _inside(directory: Path, name: str) -> Path:
     return path
 
 
-def _check_tokenizer(path: Path) -> None:
-    """Parse ``tokenizer.json`` now: a bundle must not carry one its runtime cannot load."""
+def load_tokenizer(path: Path, error: type[IronError] = CheckpointError):
+    """``tokenizer.json`` parsed (at most ``MAX_USER_FILE`` bytes of a regular file), or
+    ``error`` in one line: a checkpoint's at open, since a bundle must not carry one its runtime
+    cannot load, and a bundle's before its weights are read."""
     from tokenizers import Tokenizer
 
     try:
-        Tokenizer.from_file(str(path))
+        text = read_bounded(path, "a tokenizer").decode("utf-8")
+    except OSError as e:
+        raise error(f"{path}: cannot read the tokenizer ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        return Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises its own Exception type for every parse error
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{path}: not a tokenizer the tokenizers library can load "
-                              f"({first})") from None
+        raise error(f"{path}: not a tokenizer the tokenizers library can load "
+                    f"({first})") from None
 
 
 #: Tensors a checkpoint holds besides its layers: the embedding, the final norm, lm_head.
@@ -501,7 +510,7 @@ def _shards(directory: Path) -> dict[Path, set[str] | None]:
         raise CheckpointError(f"{directory}: no model.safetensors nor "
                               "model.safetensors.index.json; the weights are missing")
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(index, "a shard index"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{index}: cannot read the shard index ({e})") from e
     weight_map = data.get("weight_map") if isinstance(data, dict) else None

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..pipeline.bundle import Bundle
 from ..errors import BundleError, IronError
+from .checkpoint import load_tokenizer
 from .layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, PROGRAMS, LmMeta
 
 
@@ -31,18 +32,18 @@ SAMPLING_RULES = (
     ("top_k", lambda v: isinstance(v, int) and v >= 0,
      "top_k is an integer >= 0 (0 keeps every token)"),
     ("top_p", lambda v: 0 < v <= 1, "0 < top_p <= 1"),
+    ("min_p", lambda v: 0 <= v <= 1, "0 <= min_p <= 1 (0 is off)"),
     ("repetition_penalty", lambda v: 0 < v <= 10, "0 < repetition_penalty <= 10 (1 is off)"),
     ("frequency_penalty", lambda v: -2 <= v <= 2, "-2 <= frequency_penalty <= 2"),
     ("presence_penalty", lambda v: -2 <= v <= 2, "-2 <= presence_penalty <= 2"),
-    ("min_p", lambda v: 0 <= v <= 1, "0 <= min_p <= 1 (0 is off)"),
 )
 
 
 @dataclass
 class Sampler:
     """Greedy when ``temperature`` is 0, else temperature / top-k / top-p / min-p sampling;
-    penalties first.  ``min_p`` keeps the tokens at least that fraction as likely as the most
-    likely one (after temperature, as transformers and vLLM apply it).
+    penalties first. ``min_p`` keeps the tokens at least that fraction as likely as the
+    likeliest one (after the temperature, as transformers and vLLM apply it).
 
     Penalties, as vLLM applies them: ``repetition_penalty`` (Keskar et al. 2019, as in
     transformers and llama.cpp) divides a positive logit, or multiplies a negative one, of every
@@ -59,7 +60,7 @@ class Sampler:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    min_p: float = 0.0
+    min_p: float = 0.0  # last: callers pass the others by position
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self):
@@ -113,13 +114,13 @@ class Sampler:
         order = np.argsort(-logits)
         if self.top_k > 0:
             order = order[: self.top_k]
-        p = np.exp(logits[order] - logits[order[0]])  # p[0] = 1 is the most likely
-        if self.min_p > 0:
-            keep = int(np.count_nonzero(p >= self.min_p))  # sorted: a prefix
-            order, p = order[:keep], p[:keep]
+        p = np.exp(logits[order] - logits[order[0]])
         p /= p.sum()
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p)) + 1
+            order, p = order[:keep], p[:keep] / p[:keep].sum()
+        if self.min_p > 0.0:  # p is sorted: p[0] is the likeliest
+            keep = int(np.count_nonzero(p >= self.min_p * p[0]))
             order, p = order[:keep], p[:keep] / p[:keep].sum()
         return int(self.rng.choice(order, p=p))
 
@@ -179,6 +180,8 @@ class LlamaModel:
         the very same memory; ``emulate`` runs an npu bundle in the emulator."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
         self.bundle.check_runnable(emulate)
+        # parsed before the weights are read: a damaged one is a one-line error, not a late crash
+        self._tokenizer = load_tokenizer(self.bundle.file("tokenizer.json"), BundleError)
         self.meta = meta = LmMeta.from_json(self.bundle.meta, str(self.bundle.path))
         self.chunk, self.tail_chunk = meta.chunk, meta.tail_chunk
         self.eos = set(meta.eos_token_ids)
@@ -200,9 +203,8 @@ class LlamaModel:
         self._pos = np.zeros(1, np.int32)
 
     def tokenizer(self):
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(self.bundle.file("tokenizer.json")))
+        """The bundle's tokenizer, parsed and checked when the model was loaded."""
+        return self._tokenizer
 
     def reset(self) -> None:
         """Forget the conversation: later tokens start at position 0 (old cache rows are

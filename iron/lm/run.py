@@ -118,8 +118,7 @@ class Chat:
              on_text=None, stats: Stats | None = None) -> str:
         """Answer ``text``; the answer joins the conversation. ``on_text`` gets each piece."""
         self.messages.append({"role": "user", "content": text})
-        ids = self.tokenizer.encode(self.template.render(self.messages),
-                                    add_special_tokens=False).ids
+        ids = self.template.tokenize(self.messages, self.tokenizer)  # message text stays text
         self.prompts.append(ids)
         stream, pieces = StopText(self.tokenizer, stop), []
 

@@ -154,9 +154,9 @@ class GEMM(Operator):
     Tiles of ``tile_m x tile_k`` of A and ``tile_n x tile_k`` of B make one block product;
     columns split the N dimension.  On a cpu with AMX the hardware fixes the tiles (16 x 32), so
     there only ``tile_n`` and ``num_aie_columns`` change the kernel's speed.  B may be stored
-    quantized (``weight_format``, see ``iron.quant``): each tile of B is then expanded to bf16
-    as it is packed, and the bf16 kernel runs on it (so the product is with B rounded to bf16,
-    as in a bf16 bundle of the same weights).
+    quantized (``weight_format``, see ``iron.quant``): each row of A is then multiplied as the
+    GEMV multiplies x (rounded to int8 codes per 16 values, integer dot products with B's
+    codes), so a row of C is what the GEMV gives for that row.
     """
 
     kernel = "gemm"
@@ -222,7 +222,6 @@ class GEMM(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, a, b):
-        b = weight_values(self.weight_format, b, self.K, self.group_size)
-        if self.weight_format != "bf16":  # quantized B is expanded to bf16 tiles
-            b = b.astype(bfloat16).astype(np.float32)
-        return a @ b.T
+        if self.weight_format != "bf16":  # A's rows rounded as the GEMV rounds x
+            a = activation_values(a)
+        return a @ weight_values(self.weight_format, b, self.K, self.group_size).T

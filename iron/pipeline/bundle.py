@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
 
 from ..targets.cpu import host
 from ..errors import BundleError, IronError
-from ..util import atomic_write_bytes, sha256_file
+from ..util import atomic_write_bytes, read_bounded, sha256_file, umask
 from ..store import Store, locked_temp_folder
 
 FORMAT = 2
@@ -74,7 +74,7 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
     with locked_temp_folder(out.parent, f".tmp-{out.name}-") as tmp:
         (tmp / "kernels").mkdir()
         for key, artifact in artifacts.items():
-            shutil.copy2(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
+            shutil.copyfile(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
         names = iter(f"kernels/{e.key}{artifacts[e.key].suffix}" for e in entries)
         manifest_programs = {}
         for name, program in programs.items():
@@ -84,10 +84,14 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
             manifest_programs[name] = doc
         runtime = next(names)
         weights = tmp / WEIGHTS
-        digest = shared_weights(app, weights, lambda: save_file(dict(app.weights()),
-                                                                str(weights)))
+
+        def write_weights() -> None:
+            save_file(dict(app.weights()), str(weights))
+            os.chmod(weights, 0o666 & ~umask())  # safetensors writes it 0600
+
+        digest = shared_weights(app, weights, write_weights)
         for name, src in app.files().items():
-            shutil.copy2(src, tmp / name)
+            shutil.copyfile(src, tmp / name)  # as the umask allows, not as src is
         (tmp / "profile.json").write_text(profile.dumps())
         files = {str(p.relative_to(tmp)): sha256_file(p)
                  for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -325,7 +329,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for kernel paths and counts; any problem is a ``BundleError`` naming the field."""
     where = path / MANIFEST
     try:
-        manifest = json.loads(where.read_bytes())
+        manifest = json.loads(read_bounded(where, "a bundle manifest"))
     except FileNotFoundError:
         raise BundleError(f"{path}: not a bundle (no {MANIFEST}); build one with `doit`") from None
     except (ValueError, OSError) as e:

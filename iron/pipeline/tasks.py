@@ -59,7 +59,7 @@ from ..devices import DEVICE_NAMES, device as get_device
 from ..errors import IronError
 from ..paths import PACKAGE_DIR, build_dir, project_root
 from ..remote_cache import from_env as remote_cache_from_env
-from ..util import atomic_write_bytes
+from ..util import atomic_write_bytes, read_bounded
 from . import variables as v
 from .variables import Variable
 
@@ -330,9 +330,9 @@ class BuildGraph:
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
                                                             "max_load", "scheduler", "prune")}
-        from ..store import Store
+        from ..cache import default_store
 
-        self.store = Store()
+        self.store = default_store()
         self.bundle_dir = build_dir() / self.app_name / self.bundle_name()
         global BUNDLE
         BUNDLE = str(self.bundle_dir)
@@ -388,7 +388,13 @@ class BuildGraph:
     # ---- the record of the recorded programs ----------------------------------------------
 
     def _fingerprint(self) -> str:
-        profile = self.profile_file.read_bytes() if self.profile_file.exists() else b""
+        try:  # bounded: a profile linked to /dev/zero must not hang or fill memory here
+            profile = read_bounded(self.profile_file, "a profile")
+        except FileNotFoundError:
+            profile = b""
+        except OSError as e:
+            raise IronError(f"{self.profile_file}: cannot read the profile ({e.strerror})") \
+                from None
         source = Path(self.checkpoint).resolve() if self.checkpoint else None
         stat = source.stat() if source is not None and source.is_file() else None
         key = {"version": RECORD_VERSION, "app": self.app_name, "device": self.device.name,
@@ -583,12 +589,12 @@ def where(placement: str) -> str:
 def compile_action(device_name: str, description: dict, sources: list, key: str, counter: str):
     """doit action: compile one instance into the store (a no-op when it is already there)."""
     from ..devices import device
-    from ..store import Store
+    from ..cache import default_store
     from ..targets import target_for
 
     try:
         target = target_for(device(device_name))
-        store = Store()
+        store = default_store()
         cached = store.lookup(key) is not None  # compiled for another selection, or remotely
         entry = target.compile(target.recipe_from(description, sources), store)
     except IronError as e:
@@ -604,12 +610,12 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
 def write_bundle_action(app_name, checkpoint, options, device_name, out, build):
     """doit action: write the bundle (opens the application: it needs the weights)."""
     from ..devices import device
-    from ..store import Store
+    from ..cache import default_store
     from .app import app_profile, load_app
     from .bundle import write_bundle
 
     try:
-        store = Store()
+        store = default_store()
         app = load_app(app_name, checkpoint, **options)
         dev = device(device_name)
         profile = app_profile(app_name, dev.name)

@@ -50,7 +50,7 @@ from .. import operators  # noqa: F401  (fills Operator.registry, which files na
 from ..devices import DEVICE_NAMES
 from ..errors import FieldError, ProfileError
 from ..operator import Operator
-from ..util import atomic_write_bytes
+from ..util import atomic_write_bytes, read_bounded
 
 
 @dataclass(frozen=True)
@@ -255,10 +255,13 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Profile:
-        """Read a profile file; any problem is an error naming the file, the line and the rule."""
+        """Read a profile file; any problem is an error naming the file, the line and the rule.
+
+        The file must be a regular file of at most ``MAX_USER_FILE`` bytes (64 MiB): a link
+        to /dev/zero or a FIFO is refused before anything is read."""
         path = Path(path)
         try:
-            data = path.read_bytes()
+            data = read_bounded(path, "a profile")
         except FileNotFoundError:
             raise ProfileError(f"{path}: no such profile file") from None
         except OSError as e:
@@ -330,10 +333,37 @@ def _natural(text: str) -> list:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
+class _Duplicate(ValueError):
+    """A key given twice in one object (raised by ``_unique`` while parsing)."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    """``json``'s ``object_pairs_hook``: the object, unless a key (as decoded, so an escaped
+    spelling such as ``"d\\u0065vice"`` is the same key) appears twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _Duplicate(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+def _no_constant(word: str) -> Any:
+    raise ValueError(word)
+
+
 def _parse(text: str, name: str) -> Any:
-    """Strict JSON: orjson (no NaN, no Infinity), then a check for keys given twice."""
+    """Strict JSON: no NaN or Infinity, and no key given twice in one object, checked on the
+    keys as parsed (``json``'s C parser, calling ``_unique`` once per object).  Only a text that
+    fails is parsed again, by orjson, whose messages say what was expected where."""
     try:
-        doc = orjson.loads(text)
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
+    except _Duplicate as e:
+        raise ProfileError(f"{name} line {_object_line(text)}: key {e.args[0]!r} appears twice "
+                           "in the object that starts there; JSON keys must be unique") from None
+    except ValueError as e:  # malformed, or NaN / Infinity: orjson says what was expected
+        error = e
+    try:
+        orjson.loads(text)
     except orjson.JSONDecodeError as e:
         line = text.count("\n", 0, e.pos) + 1
         column = e.pos - (text.rfind("\n", 0, e.pos) + 1) + 1
@@ -341,51 +371,34 @@ def _parse(text: str, name: str) -> Any:
                if re.match(r"-?(NaN|Infinity)", text[e.pos:e.pos + 9]) else "")
         raise ProfileError(f"{name} line {line} column {column}: malformed JSON{nan}: "
                            f"{e.msg}") from None
-    _check_unique_keys(text, doc, name)
-    return doc
+    where = (f" line {error.lineno} column {error.colno}"
+             if isinstance(error, json.JSONDecodeError) else "")
+    raise ProfileError(f"{name}{where}: malformed JSON: {error}") from None
 
 
-def _colons_outside_strings(doc: Any) -> int:
-    """How many ':' a document's text has outside strings if no key were given twice: one per
-    key.  Profile entries are flat objects, counted without a Python-level walk."""
-    if type(doc) is not dict:
-        return -1
-    count = len(doc)
-    for key, value in doc.items():
-        count += key.count(":")
-        if key == "entries" and type(value) is list and all(type(e) is dict for e in value):
-            count += sum(map(len, value))
-            count += sum(e.get("operator", "").count(":") for e in value
-                         if type(e.get("operator")) is str)
-        elif type(value) in (dict, list):
-            count += len(orjson.dumps(value).split(b'":')) - 1  # keys; strings with ":" miss
-        elif type(value) is str:
-            count += value.count(":")
-    return count
+def _object_line(text: str) -> int:
+    """The line on which the object holding a key twice starts: the text parsed again by
+    ``json``'s pure-Python parser, which tells where each object starts (slow, so only for the
+    message)."""
+    from json.decoder import JSONObject
+    from json.scanner import py_make_scanner
 
+    starts: list[int] = []
 
-def _check_unique_keys(text: str, doc: Any, name: str) -> None:
-    """A key given twice in one object leaves the parsed document with fewer keys than the
-    text has ':'s; only then (or when strings hold ':'s) is the text parsed again to say where."""
-    if text.count(":") == _colons_outside_strings(doc):
-        return
+    def parse_object(s_and_end, *args):
+        starts.append(s_and_end[1] - 1)  # the "{"
+        result = JSONObject(s_and_end, *args)
+        starts.pop()
+        return result
 
-    def unique(pairs: list[tuple[str, Any]]) -> dict:
-        seen = {}
-        for key, value in pairs:
-            if key in seen:
-                raise ValueError(key)
-            seen[key] = value
-        return seen
-
+    decoder = json.JSONDecoder(object_pairs_hook=_unique)
+    decoder.parse_object = parse_object
+    decoder.scan_once = py_make_scanner(decoder)
     try:
-        json.loads(text, object_pairs_hook=unique)
-    except ValueError as e:
-        key = e.args[0]
-        at = text.find(json.dumps(key))
-        line = text.count("\n", 0, at) + 1 if at >= 0 else "?"
-        raise ProfileError(f"{name} line {line}: key {key!r} appears twice in one object; "
-                           "JSON keys must be unique") from None
+        decoder.decode(text)
+    except _Duplicate:
+        return text.count("\n", 0, starts[-1]) + 1
+    return 1
 
 
 class _Lines:

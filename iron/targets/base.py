@@ -46,6 +46,7 @@ from ..devices import Device
 from ..errors import DeviceError, ResolveError
 from ..operator import Operator, Rule
 from ..program import Program
+from ..cache import default_store
 from ..store import Entry, Store, artifact_key
 from .cost import Estimate
 
@@ -178,8 +179,8 @@ class Target:
 
     def compile(self, recipe: Recipe, store: Store | None = None) -> Entry:
         """The store entry of ``recipe``, built if needed; a failure leaves nothing behind."""
-        return (store or Store()).get_or_build(recipe.key, recipe.description,
-                                               lambda folder: self.build(recipe, folder))
+        return (store or default_store()).get_or_build(recipe.key, recipe.description,
+                                                       lambda folder: self.build(recipe, folder))
 
     def compile_all(self, ops: Sequence[Operator | None], store: Store | None = None,
                     jobs: int | None = None) -> list[Entry]:

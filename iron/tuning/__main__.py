@@ -20,6 +20,7 @@ from ..devices import device as get_device
 from ..errors import IronError
 from ..pipeline.app import load_app
 from ..targets import target_for
+from ..util import finite_float
 from .measure import TargetBenchmark
 from .quiet import QUIET
 from .model import DEFAULT_PRUNE
@@ -39,11 +40,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         "entries for other weight formats are kept")
     parser.add_argument("--only", help="tune only these operators, comma-separated "
                         "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
-    parser.add_argument("--budget", type=float, help="stop after this many seconds, keeping "
+    parser.add_argument("--budget", type=finite_float, help="stop after this many seconds, keeping "
                         "the best setting found so far for each instance")
     parser.add_argument("--fresh", action="store_true", help="discard the tuning log and "
                         "measure everything again")
-    parser.add_argument("--max-load", type=float, default=QUIET,
+    parser.add_argument("--max-load", type=finite_float, default=QUIET,
                         help="cores' worth of CPU other processes may use while a timing is "
                              f"taken; above it the tuner pauses (default {QUIET:g}). Each "
                              "timing's load is logged, and a head-to-head taken above the "

@@ -17,7 +17,13 @@ a resource::
 Results come back to the tuner, which alone writes the log and the profile: a crash of the
 client loses only the work in flight, and a re-run resumes from the log as a local run does.
 A worker lost mid-task has the task rescheduled by Dask on another worker; a task that keeps
-killing workers (Dask's ``allowed-failures``, 3 by default) is recorded as rejected.
+killing workers (Dask's ``allowed-failures``, 3 by default) is recorded as rejected.  Losing
+the cluster itself is not a candidate's fault and records nothing: when the scheduler goes
+away, or no worker has offered the device for ``LOST_TIMEOUT`` seconds, the tune stops with a
+one-line ``ClusterError`` (its log holds what finished; the profile is not written), and the
+same command resumes once the cluster is back.  Dask's own reports of the lost connection
+(tracebacks from its reconnection attempts) are kept off the terminal while this client, if
+the tuner made it, is open.
 
 The benchmark object is sent with every task and kept per worker process (``_on_worker``), so
 a worker builds one instance's inputs once for all the candidates it measures.  Workers
@@ -27,6 +33,7 @@ compile into their own artifact store: on different hosts, give them a shared re
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -39,6 +46,10 @@ from .log import Comparison
 
 #: Seconds to wait for the scheduler, and then for a worker that has the device.
 CONNECT_TIMEOUT = 20.0
+#: Seconds a tune goes on waiting with no worker offering the device before it stops.
+LOST_TIMEOUT = 60.0
+#: Seconds between checks that the cluster is still there while results are awaited.
+POLL = 1.0
 
 
 class ClusterError(IronError, RuntimeError):
@@ -82,6 +93,8 @@ class Cluster:
                                "iron[cluster]") from None
         self.bench, self.resource, self.out = bench, device, out
         self.token = uuid.uuid4().hex
+        self._alone_since: float | None = None  # when the last device worker left
+        self._levels: dict[str, int] = {}  # distributed's log levels before it was quietened
         if isinstance(scheduler, Client):
             self.client, self._own = scheduler, False
         else:
@@ -91,8 +104,16 @@ class Cluster:
                 raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {e} (start "
                                    "one with `dask scheduler`)") from None
             self._own = True
+            # a lost scheduler is said once, by ClusterError, not by each reconnection attempt
+            names = ["distributed", *(n for n in logging.root.manager.loggerDict
+                                      if n.startswith("distributed."))]
+            for name in names:
+                logger = logging.getLogger(name)
+                self._levels[name] = logger.level
+                logger.setLevel(logging.CRITICAL)
+        self.address = self.client.scheduler.address
         workers = self._device_workers()
-        print(f"cluster {self.client.scheduler.address}: {len(workers)} workers offer "
+        print(f"cluster {self.address}: {len(workers)} workers offer "
               f"{device}; compiles go to any worker, measurements to those", file=out,
               flush=True)
         hosts = Counter(host for host, _ in workers)
@@ -123,7 +144,63 @@ class Cluster:
 
     def close(self) -> None:
         if self._own:
-            self.client.close()
+            try:
+                self.client.close(timeout=CONNECT_TIMEOUT)
+            except Exception:  # a client that lost its scheduler may fail to say goodbye
+                pass
+            for name, level in self._levels.items():
+                logging.getLogger(name).setLevel(level)
+
+    # ---- a cluster that goes away ---------------------------------------------------------
+
+    def _lost(self, what: str) -> ClusterError:
+        return ClusterError(
+            f"{what}; the tune stops here: its log keeps every finished measurement and the "
+            "profile is unchanged, so the same command resumes once the cluster is back")
+
+    def _check_alive(self) -> None:
+        """``ClusterError`` when the scheduler is gone, or no worker has offered the device for
+        ``LOST_TIMEOUT`` seconds; otherwise nothing."""
+        if self.client.status not in ("running", "connecting", "newly-created"):
+            raise self._lost(f"lost the Dask scheduler at {self.address}")
+        try:
+            info = self.client.scheduler_info(n_workers=-1)["workers"]
+        except Exception as e:
+            raise self._lost(f"lost the Dask scheduler at {self.address} "
+                             f"({type(e).__name__}: {e})") from None
+        if any(w.get("resources", {}).get(self.resource) for w in info.values()):
+            self._alone_since = None
+            return
+        now = time.monotonic()
+        if self._alone_since is None:
+            self._alone_since = now
+        elif now - self._alone_since > LOST_TIMEOUT:
+            raise self._lost(
+                f"no worker of the Dask scheduler at {self.address} has offered the device "
+                f"{self.resource} for {LOST_TIMEOUT:g} s ({len(info)} workers left); start one "
+                f"with `dask worker {self.address} --nthreads 1 --resources {self.resource}=1`")
+
+    def _wait(self, futures, timeout: float | None):
+        """``distributed.wait`` for the first of ``futures`` to finish, for at most
+        ``timeout`` seconds, checking every ``POLL`` seconds that the cluster is still there:
+        (done, pending)."""
+        from distributed import wait
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = POLL if end is None else min(POLL, end - time.monotonic())
+            if step <= 0:
+                return set(), set(futures)
+            try:
+                done, pending = wait(futures, timeout=step, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                self._check_alive()
+                continue
+            except Exception as e:  # the futures were cancelled: the scheduler went away
+                raise self._lost(f"lost the Dask scheduler at {self.address} "
+                                 f"({type(e).__name__})") from None
+            if done:
+                return done, pending
 
     def _key(self, kind: str) -> str:
         return f"iron-{kind}-{uuid.uuid4().hex}"
@@ -153,28 +230,33 @@ class Cluster:
     def compare(self, instance, new: Operator, old: Operator) -> Comparison:
         future = self.client.submit(_compare, self.token, self.bench, instance, new, old,
                                     resources={self.resource: 1}, key=self._key("compare"))
+        self._wait([future], None)
+        if future.status not in ("finished", "error"):
+            raise self._lost(f"the head-to-head was {future.status} by the Dask scheduler at "
+                             f"{self.address}")
         return future.result()
 
     def _as_completed(self, futures: dict, deadline: float | None) -> Iterator[tuple[Any, Any]]:
         """(future, result or error text) as each finishes; cancels the rest at ``deadline``."""
-        from distributed import wait
-
         pending = set(futures)
         try:
             while pending:
                 timeout = None if deadline is None else deadline - time.monotonic()
                 if timeout is not None and timeout <= 0:
                     break  # the budget ran out
-                try:
-                    done, pending = wait(pending, timeout=timeout, return_when="FIRST_COMPLETED")
-                except TimeoutError:
-                    break
+                done, pending = self._wait(pending, timeout)
                 for f in done:
                     if f.status == "finished":
                         yield f, f.result()
-                    else:  # the task failed: its worker died too often, ...
+                    elif f.status == "error":  # the task failed: its worker died too often
                         error = f.exception()
                         yield f, f"{type(error).__name__} on the cluster: {error}"
+                    else:  # cancelled or lost by the cluster: not the candidate's doing
+                        raise self._lost(f"a task was {f.status} by the Dask scheduler at "
+                                         f"{self.address}")
         finally:
-            if pending:
-                self.client.cancel(list(pending))
+            if pending and self.client.status == "running":
+                try:
+                    self.client.cancel(list(pending))
+                except Exception:
+                    pass  # the scheduler went away meanwhile: nothing runs there

@@ -2,10 +2,12 @@
  *
  * args: A (M, K) bf16, B (N, K) bf16 -> C (M, N) bf16;  C[m, n] = sum_k A[m, k] * B[n, k].
  *   B may instead be (N, row bytes) uint8 in a quantized format (iron_quant.h, macros
- *   IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE): each TILE_N x TILE_K tile of B is then expanded
- *   to bf16 while it is packed (the result is the product with B's values rounded to bf16),
- *   TILE_K a multiple of the group size, TILE_N of the layout's 16-row tiles (a panel is a
- *   tile); the AMX scheme, which reads B in place, is for bf16 B only.
+ *   IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE): the quantized GEMV's scheme then runs
+ *   (qmatmul.h), each row of A a vector rounded to int8 codes per 16 values, integer dot
+ *   products with B's codes, so that a row of C is bit for bit what the GEMV gives for that
+ *   row; a work item is TILE_N rows of B (whole 16-row tiles), TILE_M rows of A sweep each
+ *   tile in turn, and TILE_K does not apply (the codes of x stay in L1/L2 across the item).
+ *   Everything below is for bf16 B.
  * macros:
  *   IRON_M                rows of A and C (tokens)
  *   IRON_K                reduction length
@@ -47,9 +49,21 @@ IRON_NUM_AIE_COLUMNS"
 _Static_assert(IRON_M % IRON_TILE_M == 0, "M % tile_m == 0");
 _Static_assert(IRON_K % IRON_TILE_K == 0, "K % tile_k == 0");
 _Static_assert(IRON_N % IRON_TILE_N == 0, "N % tile_n == 0");
-_Static_assert(IRON_WEIGHT_FORMAT == 0
-               || (IRON_TILE_K % IRON_GROUP_SIZE == 0 && IRON_TILE_N % 16 == 0),
-               "tile_k % group_size == 0 and tile_n % 16 == 0 for quantized B");
+_Static_assert(IRON_WEIGHT_FORMAT == 0 || IRON_TILE_N % 16 == 0,
+               "tile_n % 16 == 0 for quantized B");
+
+#if QFMT != IRON_FMT_BF16 /* the quantized GEMV's scheme, a prompt row per vector */
+
+#define Q_K IRON_K
+#define Q_VECTORS IRON_M
+#define Q_OUT_STRIDE IRON_N
+#define Q_ITEM_ROWS IRON_TILE_N
+#define Q_VECTOR_BLOCK IRON_TILE_M
+#include "qmatmul.h"
+
+void iron_kernel(void *const *args) { q_matmul(args[1], args[0], args[2]); }
+
+#else /* bf16 B */
 
 #define NR 16                                     /* columns per packed panel of B */
 #define TN_PAD ((IRON_TILE_N + NR - 1) / NR * NR) /* tile width rounded up to panels */
@@ -89,49 +103,8 @@ static inline __attribute__((always_inline)) void micro(const int rows, const in
         for (int p = 0; p < np; p++) _mm512_storeu_ps(c + r * TN_PAD + p * NR, acc[r][p]);
 }
 
-#if QFMT != IRON_FMT_BF16
-/* values k0 .. k0 + len of the 16 rows of a quantized tile -> out[kp][16][2] in bf16 pairs:
- * per pair of values, every row's two codes widened to float32 in one zmm each, d * u + m,
- * rounded to bf16 by one vcvtne2ps2bf16 and interleaved into pairs by one vpermw */
-static void tile_pairs_bf16(const uint8_t *tile, long k0, long len, uint16_t *out) {
-    /* word i of a pair-vector takes value i of the low half and value i of the high half */
-    static const _Alignas(64) int16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                   21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
-                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_load_si512(order), nibble = _mm512_set1_epi32(0xf);
-    for (long g = k0 / QG; g < (k0 + len) / QG; g++) {
-        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
-        const __m512 d = q_load16_params(gp + Q_CHUNKS * Q_CHUNK_BYTES);
-#if Q_HAS_MIN
-        const __m512 m = q_load16_params(gp + Q_CHUNKS * Q_CHUNK_BYTES + 2 * Q_TILE);
-#else
-        const __m512 m = _mm512_mul_ps(_mm512_set1_ps(-(float)Q_ZERO), d);
-#endif
-        for (int c = 0; c < Q_CHUNKS; c++) {
-            const uint8_t *cp = gp + c * Q_CHUNK_BYTES;
-            uint16_t *o = out + (g * QG + 32 * c - k0) / 2 * 32;
-            for (int v = 0; v < 32; v += 2) {
-                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-                for (int h = 0; h < Q_NIBBLES; h++) { /* u = low nibble + 16 high (q8_0) */
-                    const __m512i e = _mm512_srli_epi32(
-                        _mm512_loadu_si512(cp + 256 * h + v / 8 * 64), 4 * (v % 8 / 2));
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(e, nibble), 4 * h));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi32(
-                        _mm512_and_si512(_mm512_srli_epi32(e, 16), nibble), 4 * h));
-                }
-                const __m512 wlo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m);
-                const __m512 whi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m);
-                _mm512_storeu_si512(o + v / 2 * 32, _mm512_permutexvar_epi16(
-                    interleave, (__m512i)_mm512_cvtne2ps_pbh(whi, wlo)));
-            }
-        }
-    }
-}
-#endif
-
 /* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][kp][16][2], an odd TILE_K padded by a zero */
 static void pack_b(const void *B, long n0, long k0, uint16_t *bp) {
-#if QFMT == IRON_FMT_BF16
     for (long n = 0; n < IRON_TILE_N; n++) {
         const uint16_t *row = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
         uint16_t *dst = bp + (n / NR) * (long)KP * NR * 2 + n % NR * 2;
@@ -141,11 +114,6 @@ static void pack_b(const void *B, long n0, long k0, uint16_t *bp) {
             dst[(KP - 1) * NR * 2 + 1] = 0;
         }
     }
-#else /* a panel is a tile of the quantized layout */
-    for (long p = 0; p < PANELS; p++)
-        tile_pairs_bf16((const uint8_t *)B + (n0 / Q_TILE + p) * Q_TILE_BYTES(IRON_K), k0,
-                        IRON_TILE_K, bp + p * (long)KP * NR * 2);
-#endif
 }
 
 /* c += the TILE_M rows of a @ np panels: 8 rows at a time, then 4, 2, 1. Called with a
@@ -205,21 +173,12 @@ static inline __attribute__((always_inline)) void micro(const int rows, const fl
     }
 }
 
-/* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][k][16] in float32 (a quantized B with
- * its values rounded to bf16, the same weights as the AVX512_BF16 build) */
+/* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][k][16] in float32 */
 static void pack_b(const void *B, long n0, long k0, float *bp) {
     for (long n = 0; n < IRON_TILE_N; n++) {
         float *dst = bp + (n / NR) * (long)IRON_TILE_K * NR + n % NR;
-#if QFMT == IRON_FMT_BF16
         const uint16_t *b = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
         for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = iron_bf16_to_f32(b[k]);
-#else
-        float row[IRON_TILE_K];
-        q_lane_f32((const uint8_t *)B + (n0 + n) / Q_TILE * Q_TILE_BYTES(IRON_K), IRON_K,
-                   (n0 + n) % Q_TILE, k0, IRON_TILE_K, row);
-        for (long k = 0; k < IRON_TILE_K; k++)
-            dst[k * NR] = iron_bf16_to_f32(iron_f32_to_bf16(row[k]));
-#endif
     }
 }
 
@@ -246,7 +205,7 @@ static void tile_update(const float *Af, long m0, long k0, const float *bp, floa
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) \
-    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0 && QFMT == IRON_FMT_BF16
+    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0
 #define AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -451,3 +410,5 @@ void iron_kernel(void *const *args) {
     free(work);
     free(copy);
 }
+
+#endif /* bf16 B */

@@ -99,26 +99,36 @@ def _gemv(op, threads: int) -> Work:
 
 
 def _gemv_tiled(op, threads: int) -> Work:
-    """gemv.c on a quantized W, in 16-row tiles, with AVX512-VNNI (a 512-bit op counted as two
-    8-lane ones): per 32-value chunk of a tile and 4-bit code set, 4 loads, 4 shifts and 8
+    return _tiled(op.weight_format, op.group_size, op.M, op.K, op.batches,
+                  op.M // op.tile_size_output, threads)
+
+
+def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
+           threads: int) -> Work:
+    """qmatmul.h (the quantized GEMV, and the GEMM with a row of A per vector): ``rows`` of W in
+    16-row tiles times ``vectors`` x, counted for AVX512-VNNI (a 512-bit op counted as two
+    8-lane ones; AVX2's vpmaddubsw + vpmaddwd on two 8-row halves come to about as many): per
+    32-value chunk of a tile and 4-bit code set, 4 loads, 4 shifts and 8
     masks make the codes into bytes (once per pass of up to 4 vectors), and each vector takes
     8 vpdpbusd; per chunk and vector 4 ops (6 for q8_0's two sets) scale the integer sums of
     x's two blocks by their scales, per group and vector 2 FMAs apply the rows' scales and
     bias. x is rounded to int8 once per call."""
     from ...quant import row_bytes
 
-    sets = 2 if op.weight_format == "q8_0" else 1
-    tiles, chunks, groups = op.M // 16, op.K // 32, op.K // op.group_size
-    passes = math.ceil(op.batches / 4)
-    per_chunk = sets * (2 * 16 * passes + 2 * 8 * op.batches) + 2 * (2 + 2 * sets) * op.batches
-    ops = tiles * (chunks * per_chunk + groups * (4 + 4 * op.batches)) + op.batches * op.K * 2
-    return Work(op.M * row_bytes(op.weight_format, op.K, op.group_size),
-                op.batches * (op.K + op.M) * 2, ops, op.M // op.tile_size_output, threads)
+    sets = 2 if fmt == "q8_0" else 1
+    tiles, chunks, groups = rows // 16, k // 32, k // group
+    passes = math.ceil(vectors / 4)
+    per_chunk = sets * (2 * 16 * passes + 2 * 8 * vectors) + 2 * (2 + 2 * sets) * vectors
+    ops = tiles * (chunks * per_chunk + groups * (4 + 4 * vectors)) + vectors * k * 2
+    return Work(rows * row_bytes(fmt, k, group), vectors * (k + rows) * 2, ops, items, threads)
 
 
 def _gemm(op, threads: int, h: Calibration) -> Work:
-    """gemm.c, whichever of its three paths this host compiles for the instance."""
+    """gemm.c, whichever of its three paths this host compiles for the instance; a quantized
+    B runs the GEMV's tile scheme with a row of A per vector."""
     M, K, N = op.M, op.K, op.N
+    if op.weight_format != "bf16":
+        return _tiled(op.weight_format, op.group_size, N, K, M, N // op.tile_n, threads)
     items = N // op.tile_n
     pack_a = M * K / LANES * 3
     if h.amx and K % 32 == 0 and op.tile_n % 16 == 0:

@@ -6,11 +6,13 @@ measured against the device's resources (``check``, numbers in ``resources``) as
 operator's legality (``NpuTarget.rules``), so a profile entry whose FIFOs overflow a tile is
 refused at graph set-up with the figures.  Compiling an instance writes its design artifacts
 into the artifact store: the design as JSON, its MLIR-AIE module in custom and generic form
-(``mlir``), the core kernels' sources, and ``step.json`` (design and both modules in one
-file: what a bundle carries); where ``aiecc.py`` is on PATH, aiecc turns the custom form into
-an xclbin and an instruction stream (``aiecc``).  Operators without a design are placed on the
+(``mlir``, in the syntax of the pinned mlir-aie; ``verify`` checks the generic form against
+its op definitions, ``ods``), the core kernels' sources (AIE API C++), and ``step.json``
+(design and both modules in one file: what a bundle carries); where ``aiecc.py`` is on PATH,
+aiecc turns the custom form into an xclbin and an instruction stream (``aiecc``).  Operators without a design are placed on the
 host: they run with their numpy maths between NPU calls.  The program "executor" of the target
-is the core kernels built for the host, which the emulator (``emulator``, ``runner``) calls.
+is the core kernels built for the host through the host AIE API header, which the emulator
+(``emulator``, ``runner``) calls.
 
 Running on the NPU itself needs XRT's ``pyxrt`` and a runner iron does not have, so the target
 is unavailable for running unless emulated: ``target.emulated()`` (``Graph.emulate``,
@@ -23,6 +25,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,9 +42,10 @@ from ..cost import Estimate
 from .resources import resources
 from .rules import RULES
 
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 SOURCE_DIR = KERNELS_DIR / "npu"
-HOST_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c11")
+HOST_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17")
+KERNEL_HEADERS = ("iron_aie.h", "aie_api_host.h")
 HOST_LIBRARY = "cores.so"
 STEP_FILE = "step.json"
 DESIGN_FILE, MLIR_FILE, GENERIC_FILE = "design.json", "design.mlir", "design.generic.mlir"
@@ -161,25 +165,25 @@ class NpuTarget(Target):
 
     def cost_version(self) -> str:
         """A digest of the model's sources: the designs, their data, the model, the numbers."""
-        names = ("cost.py", "design.py", "designs.py", "resources.py")
-        return digest_of([Path(__file__).with_name(n) for n in names])
+        names = ("cost.py", "design.py", "designs.py", "resources.py", "kernels.py")
+        return digest_of([Path(__file__).with_name(n) for n in names]
+                         + sorted(SOURCE_DIR.glob("*.cc")) + [SOURCE_DIR / "iron_aie.h"])
 
     # ---- recipes and artifacts ----------------------------------------------------------------
 
     def recipe(self, op: Operator | None) -> Recipe:
-        from ..cpu import compiler
         from .mlir import SYNTAX
 
         if op is None:  # the core kernels built for the host: what the emulator calls
-            sources = tuple(sorted(SOURCE_DIR.glob("*.[ch]")))
+            sources = tuple(sorted(SOURCE_DIR.glob("*.cc")) + sorted(SOURCE_DIR.glob("*.h")))
             description = {"recipe": RECIPE_VERSION, "target": "npu-host-cores",
-                           "sources": digests(sources), "compiler": compiler()[1],
+                           "sources": digests(sources), "compiler": cxx_compiler()[1],
                            "flags": list(HOST_FLAGS)}
             return Recipe("cores", (), description, sources)
         dev = self._dev()
         design = design_of(op, dev.name)
         sources = () if design is None else (SOURCE_DIR / design.kernel_source,
-                                             SOURCE_DIR / "iron_npu.h")
+                                             *(SOURCE_DIR / h for h in KERNEL_HEADERS))
         description = {
             "recipe": RECIPE_VERSION, "target": dev.name, "operator": type(op).__name__,
             "fields": op.config(), "placement": "host" if design is None else "npu",
@@ -242,11 +246,21 @@ class NpuTarget(Target):
         return Emulated(program, step_files, runtime_file)
 
 
-def build_host_cores(folder: Path) -> None:
-    from ..cpu import compiler
+def cxx_compiler() -> tuple[str, str]:
+    """The host C++ compiler (``$CXX`` or ``c++``) and its identity: the core kernels are C++
+    (the AIE API is a C++ library), built for the host with its host implementation."""
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        raise DeviceError("the npu emulator builds the core kernels with a C++ compiler: none "
+                          "found as $CXX or c++ on PATH (install g++)")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    machine = subprocess.run([cxx, "-dumpmachine"], capture_output=True, text=True).stdout
+    return cxx, f"{os.path.realpath(cxx)} | {version.splitlines()[0]} | {machine.strip()}"
 
-    cc, _ = compiler()
-    command = [cc, *HOST_FLAGS, f"-I{SOURCE_DIR}", *map(str, sorted(SOURCE_DIR.glob("*.c"))),
+
+def build_host_cores(folder: Path) -> None:
+    cxx, _ = cxx_compiler()
+    command = [cxx, *HOST_FLAGS, f"-I{SOURCE_DIR}", *map(str, sorted(SOURCE_DIR.glob("*.cc"))),
                "-o", str(folder / HOST_LIBRARY), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

@@ -2,13 +2,16 @@
 core kernels, ``aiecc.py`` turns the custom-form module into an xclbin and an instruction
 stream.  The command lines are those of mlir-aie's programming examples (their Makefiles):
 
-    $PEANO_INSTALL_DIR/bin/clang -O2 -std=c11 --target=aie2-none-unknown-elf -c k.c -o k.o
+    $PEANO_INSTALL_DIR/bin/clang++ -O2 -std=c++20 --target=aie2-none-unknown-elf
+        -I$MLIR_AIE_INCLUDE_DIR -c k.cc -o k.o
     aiecc.py --no-xchesscc --no-xbridge --peano $PEANO_INSTALL_DIR --aie-generate-xclbin
              --xclbin-name=final.xclbin --aie-generate-npu-insts --npu-insts-name=insts.bin
              --no-compile-host design.mlir
 
-(``aie2p-none-unknown-elf`` for npu2.)  This path has only run against a stand-in aiecc.py
-here: no mlir-aie toolchain is installable on the machines iron is developed on.
+(``aie2p-none-unknown-elf`` for npu2; ``MLIR_AIE_INCLUDE_DIR`` is mlir-aie's ``include``
+directory, which holds the AIE API, ``aie_api/aie.hpp``.)  This path has only run against a
+stand-in aiecc.py here: no mlir-aie toolchain is installable on the machines iron is
+developed on.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ PEANO_TARGET = {"npu1": "aie2-none-unknown-elf", "npu2": "aie2p-none-unknown-elf
 
 def peano_dir() -> Path:
     env = os.environ.get("PEANO_INSTALL_DIR")
-    if not env or not (Path(env) / "bin" / "clang").exists():
+    if not env or not (Path(env) / "bin" / "clang++").exists():
         raise CompileError("aiecc.py is on PATH but Peano is not: set PEANO_INSTALL_DIR to the "
-                           "llvm-aie install (it must hold bin/clang)")
+                           "llvm-aie install (it must hold bin/clang++)")
     return Path(env)
 
 
@@ -41,9 +44,16 @@ def run(command: list[str], cwd: Path) -> None:
 def run_aiecc(folder: Path, design: Design) -> None:
     """Compile ``folder``'s design (written by the npu target) into final.xclbin + insts.bin."""
     peano = peano_dir()
-    obj = design.kernel_source.replace(".c", ".o")
-    run([str(peano / "bin" / "clang"), "-O2", "-std=c11", f"--target={PEANO_TARGET[design.device]}",
-         "-Ikernels", "-c", f"kernels/{design.kernel_source}", "-o", obj], folder)
+    from .mlir import object_file
+
+    include = os.environ.get("MLIR_AIE_INCLUDE_DIR")
+    if not include or not (Path(include) / "aie_api" / "aie.hpp").exists():
+        raise CompileError("aiecc.py is on PATH but the AIE API is not: set "
+                           "MLIR_AIE_INCLUDE_DIR to mlir-aie's include directory (it must hold "
+                           "aie_api/aie.hpp)")
+    run([str(peano / "bin" / "clang++"), "-O2", "-std=c++20",
+         f"--target={PEANO_TARGET[design.device]}", "-Ikernels", f"-I{include}", "-c",
+         f"kernels/{design.kernel_source}", "-o", object_file(design.kernel_source)], folder)
     run([shutil.which("aiecc.py") or "aiecc.py", "--no-xchesscc", "--no-xbridge", "--peano",
          str(peano), "--aie-generate-xclbin", "--xclbin-name=final.xclbin",
          "--aie-generate-npu-insts", "--npu-insts-name=insts.bin", "--no-compile-host",

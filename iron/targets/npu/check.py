@@ -7,11 +7,13 @@ Only the worst tile of each kind is reported: one rule per resource.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Iterator
 
 from ...operator import Rule, rule
-from .design import DTYPE_BYTES, Design, Tile
+from .bds import allocate
+from .design import DTYPE_BYTES, Acquire, Design, Fifo, Tile, walk_ops
 from .resources import NpuResources
 
 
@@ -19,12 +21,36 @@ def kib(n: int) -> str:
     return f"{n / 1024:g} KiB"
 
 
-def endpoints(design: Design) -> dict[Tile, list[tuple[str, int, int]]]:
-    """Per tile, the FIFO buffers it holds: (fifo, depth, bytes per element).
+@functools.lru_cache(maxsize=256)
+def acquired(design: Design) -> dict[tuple[Tile, str], int]:
+    """Per (compute tile, FIFO): the most elements one acquire takes (iron's take one)."""
+    return {(core.tile, op.fifo): 1 for core in design.cores for op in walk_ops(core.body)
+            if isinstance(op, Acquire)}
 
-    A memory tile holds one ring per link (the single side of a split, join or forward);
-    every other endpoint holds its own ``depth`` buffers (a broadcast's consumers each hold
-    theirs)."""
+
+def buffers_at(design: Design, fifo: Fifo, tile: Tile) -> int:
+    """How many buffers of ``fifo`` mlir-aie allocates on ``tile``, as its object FIFO
+    lowering (``AIEObjectFifoStatefulTransform.cpp``, ``findObjectFifoSize``) does for a FIFO
+    whose ends are joined by DMA: a compute tile holds one more buffer than its largest acquire
+    (room to prefetch: a ping-pong pair for acquires of one), except that a depth-1 FIFO
+    acquired one at a time stays one buffer; a memory tile holds the declared depth; a shim
+    tile none (the host buffers are the runtime sequence's)."""
+    if tile.kind == "shim":
+        return 0
+    if tile.kind == "memtile":
+        return fifo.depth
+    most = acquired(design).get((tile, fifo.name), 0)
+    if most == 0:
+        return fifo.depth
+    return 1 if (most == 1 and fifo.depth == 1) else most + 1
+
+
+def endpoints(design: Design) -> dict[Tile, list[tuple[str, int, int]]]:
+    """Per tile, the FIFO buffers it holds: (fifo, buffers, bytes per buffer).
+
+    A memory tile holds one set of buffers per link, those of the link's larger side (the
+    single FIFO of a split or join, the input of a forward), as mlir-aie's lowering creates
+    them; every other endpoint holds its own (a broadcast's consumers each theirs)."""
     held: dict[Tile, list] = defaultdict(list)
     linked = {}
     for link in design.links:
@@ -33,11 +59,24 @@ def endpoints(design: Design) -> dict[Tile, list[tuple[str, int, int]]]:
             linked[name] = one
     for f in design.fifos:
         for t in (f.producer, *f.consumers):
-            if t.kind == "core":
-                held[t].append((f.name, f.depth, f.nbytes))
-            elif t.kind == "memtile" and linked.get(f.name) == f.name:
-                held[t].append((f.name, f.depth, f.nbytes))
+            if t.kind == "core" or (t.kind == "memtile" and linked.get(f.name) == f.name):
+                held[t].append((f.name, buffers_at(design, f, t), f.nbytes))
     return held
+
+
+def locks_at(design: Design) -> dict[Tile, int]:
+    """Locks per tile as the lowering creates them on AIE2: a producer / consumer pair per
+    FIFO end on a compute tile, and per link on a memory tile one pair per FIFO of the
+    link's many side (``createObjectFifoLocks``' join / distribute factor)."""
+    locks: dict[Tile, int] = defaultdict(int)
+    for f in design.fifos:
+        for t in (f.producer, *f.consumers):
+            if t.kind == "core":
+                locks[t] += 2
+    for link in design.links:
+        mem = design.fifo(link.srcs[0]).consumers[0]
+        locks[mem] += 2 * max(len(link.srcs), len(link.dsts))
+    return locks
 
 
 def memory_rules(design: Design, res: NpuResources, fields: str) -> Iterator[Rule]:
@@ -72,15 +111,14 @@ def dma_rules(design: Design, res: NpuResources, fields: str) -> Iterator[Rule]:
     into: dict[Tile, list[str]] = defaultdict(list)
     out_of: dict[Tile, list[str]] = defaultdict(list)
     bds: dict[Tile, int] = defaultdict(int)
-    locks: dict[Tile, int] = defaultdict(int)
     for f in design.fifos:
         out_of[f.producer].append(f.name)
         for t in f.consumers:
             into[t].append(f.name)
         for t in (f.producer, *f.consumers):
             if t.kind != "shim":
-                bds[t] += f.depth
-                locks[t] += 2
+                bds[t] += buffers_at(design, f, t) if t.kind == "core" else f.depth
+    locks = locks_at(design)
     limit = {"core": res.core_channels, "memtile": res.memtile_channels,
              "shim": res.shim_channels}
     for direction, table in (("into", into), ("out of", out_of)):
@@ -99,16 +137,15 @@ def dma_rules(design: Design, res: NpuResources, fields: str) -> Iterator[Rule]:
                    f"{bd_limit[t.kind]}")
         t = max(locks, key=lambda t: locks[t] - lock_limit[t.kind])
         yield rule(locks[t] <= lock_limit[t.kind], fields,
-                   f"locks of {t}: {locks[t]} (two per FIFO endpoint) <= {lock_limit[t.kind]}")
-    for i, phase in enumerate(design.sequence):
-        per_shim: dict[Tile, int] = defaultdict(int)
-        for tr in phase:
-            per_shim[tr.tile] += 1
-        if per_shim:
-            t = max(per_shim, key=per_shim.get)
-            yield rule(per_shim[t] <= res.shim_bds, fields,
-                       f"buffer descriptors of {t} in runtime phase {i}: {per_shim[t]} "
-                       f"transfers in flight <= {res.shim_bds}")
+                   f"locks of {t}: {locks[t]} (a pair per FIFO end; per linked FIFO on a "
+                   f"memory tile) <= {lock_limit[t.kind]}")
+    plan = allocate(design, res.shim_bds)
+    if plan.peak:
+        t = max(plan.peak, key=plan.peak.get)
+        yield rule(plan.overflow is None, fields,
+                   f"buffer descriptors of the shim tiles: {plan.overflow}" if plan.overflow
+                   else f"buffer descriptors of {t}: at most {plan.peak[t]} held at once "
+                   f"(reused after each phase's wait) <= {res.shim_bds}")
 
 
 def pattern_rules(design: Design, res: NpuResources, fields: str) -> Iterator[Rule]:

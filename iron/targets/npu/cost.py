@@ -24,46 +24,59 @@ design needs no model of its own (only its kernels' cycle counts in ``kernel_cyc
 So more columns win while a design is limited by its shim channels or its cores, until the
 transfers they add and the dispatch dominate; tiny tiles lose to the per-buffer and per-call
 cycles; very large ones to the fill.  The device numbers and their sources (or the reasoning
-of an assumption) are in ``resources``; the kernels' vector operations per element below are
-counted from ``iron/kernels/npu/*.c`` with the vector unit in mind, and are assumptions too.
+of an assumption) are in ``resources``.
+
+The kernels are priced as they are written (``iron/kernels/npu/*.cc``, shapes read by
+``kernels``): the element-wise, row-wise and GEMV kernels issue one ``kernels.lanes()``-wide
+(16) bf16 vector operation per step, priced one per cycle (the AIE-ML vector unit issues one
+vector operation per cycle, AM020); the operations per element below are counted from their
+source; the GEMM kernel issues one ``aie::mmul`` of ``kernels.mmul_shape()`` (4x8x4 = 128
+bf16 MACs) per step, priced one per cycle, the AIE-ML's bf16 peak of 128 MACs per cycle
+(AM020; on npu2's AIE2P the same instruction is assumed to take a cycle too).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from ..cost import COMPUTE, LAUNCH, MEMTILE, SHIM_DMA, Estimate
+from . import kernels
 from .design import Acquire, Call, Design, Fifo, Loop, Tile
 from .resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS, ROW_CYCLES,
                         TRANSFER_ISSUE_SECONDS, NpuResources)
 
-#: Vector operations per element of the elementwise kernels (one per lane per cycle): add and
-#: mul one; axpy a multiply and an add; SiLU an exponential (a few operations on the AIE,
-#: which has no vector exp), an add, a reciprocal and a multiply, counted 6; SwiGLU SiLU and a
-#: multiply.  Assumptions.
-ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 2, "silu_bf16": 6,
-                   "swiglu_bf16": 7}
-#: Per element of the row-wise kernels: RMSNorm squares and sums, then scales (and weights);
-#: Softmax takes the maximum, subtracts, exponentiates, sums and scales.  Assumptions.
-ROW_OPS = {"rmsnorm_bf16": 3, "rmsnorm_weighted_bf16": 4, "softmax_bf16": 9}
+#: Vector operations per vector of the element-wise kernels (``eltwise.cc``): add and mul one;
+#: axpy a widening, a multiply and an add (3); SiLU a widening, a multiply, the tanh, two adds,
+#: two multiplies (7, the tanh counted as one operation: an assumption); SwiGLU SiLU and a
+#: multiply (8).
+ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 3, "silu_bf16": 7,
+                   "swiglu_bf16": 8}
+#: Per vector of a row (``norm.cc``, ``softmax.cc``): RMSNorm a MAC, then a multiply (and a
+#: weight multiply); Softmax a max, then a multiply, a subtract, the exp2 and an add, then a
+#: multiply (6).
+ROW_OPS = {"rmsnorm_bf16": 2, "rmsnorm_weighted_bf16": 3, "softmax_bf16": 6}
 
 
 def kernel_cycles(call: Call, res: NpuResources) -> float:
     """Cycles of one call of a core kernel, from its integer arguments (the tile sizes)."""
     n = [a for a in call.args if type(a) is int]
-    f, lanes = call.function, res.vector_lanes
+    f, lanes = call.function, kernels.lanes()
     if f in ELEMENTWISE_OPS:
         return n[0] * ELEMENTWISE_OPS[f] / lanes
     if f in ROW_OPS:
         rows, size = n[0], n[1]
         return rows * size * ROW_OPS[f] / lanes + rows * ROW_CYCLES
-    if f == "gemv_bf16":  # rows of W, K, batches, (output tile): a vector MAC per lane
+    if f == "gemv_bf16":  # rows of W, K, batches, (output tile): a vector MAC per step
         rows, k, batches = n[0], n[1], n[2]
         return rows * k * batches / lanes + rows * batches * ROW_CYCLES
-    if f == "gemm_bf16":  # tile_m x tile_k x tile_n on the MMUL unit
-        return n[0] * n[1] * n[2] / res.macs_per_cycle
-    if f in ("zero_f32", "store_bf16"):  # float32 lanes: half as many per vector
-        return n[0] / (lanes / 2)
+    if f == "gemm_bf16":  # tile_m x tile_k x tile_n: one MMUL per cycle
+        return n[0] * n[1] * n[2] / math.prod(kernels.mmul_shape())
+    if f == "zero_f32":  # a 16-float store per step
+        return n[0] / 16
+    if f == "store_bf16":  # per MMUL block: a load, a conversion and a store per row
+        r, _, t = kernels.mmul_shape()
+        return n[0] * n[1] / (r * t) * (2 + r)
     raise ValueError(f"the npu cost model has no cycle count for the core kernel {f!r} "
                      f"(called with {call.args}); add it to iron/targets/npu/cost.py")
 

@@ -25,6 +25,7 @@ from ...operators import (AXPY, GEMM, GEMV, ElementwiseAdd, ElementwiseMul, RMSN
                           Softmax, SwiGLU)
 from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Pattern, Release, Tile, Transfer, linear)
+from .kernels import lanes, mmul_shape
 from .resources import NpuResources
 
 ELEMENTWISE = {AXPY: "axpy_bf16", ElementwiseAdd: "add_bf16", ElementwiseMul: "mul_bf16",
@@ -40,6 +41,10 @@ def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
     """Rules a design needs before it can be drawn (beyond the operator's own)."""
     if quantized(op):
         return
+    v = lanes()
+    if type(op) in ELEMENTWISE or isinstance(op, SwiGLU):
+        yield rule(op.tile_size % v == 0, "tile_size", f"tile_size % {v} == 0 (the kernel "
+                   f"takes whole {v}-lane bf16 vectors)")
     if type(op) in ELEMENTWISE:
         workers = op.num_aie_columns * op.num_channels
         yield rule(op.size % (workers * op.tile_size) == 0, "tile_size num_aie_columns "
@@ -47,12 +52,18 @@ def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
                    "(each compute tile takes whole tiles)")
         yield rule(op.num_channels <= res.compute_rows, "num_channels",
                    f"num_channels <= {res.compute_rows} compute tiles per column")
+    elif isinstance(op, (RMSNorm, Softmax)):
+        yield rule(op.size % v == 0, "", f"size % {v} == 0 (the kernel takes whole {v}-lane "
+                   "bf16 vectors of a row)")
+    elif isinstance(op, GEMV):
+        yield rule(op.K % v == 0, "", f"K % {v} == 0 (the kernel's dot products take whole "
+                   f"{v}-lane bf16 vectors)")
     elif isinstance(op, GEMM):
-        r, s, t = res.mac_bf16
+        r, s, t = mmul_shape()
         yield rule(op.tile_m % r == 0 and op.tile_k % s == 0 and op.tile_n % t == 0,
                    "tile_m tile_k tile_n",
-                   f"tile_m % {r} == 0, tile_k % {s} == 0, tile_n % {t} == 0 (the {r}x{s}x{t} "
-                   f"bf16 MAC of {res.name})")
+                   f"tile_m % {r} == 0, tile_k % {s} == 0, tile_n % {t} == 0 (the kernel's "
+                   f"{r}x{s}x{t} bf16 MMUL)")
 
 
 def quantized(op: Operator) -> bool:
@@ -114,7 +125,7 @@ def elementwise(op, res: NpuResources) -> Design:
             phase.append(Transfer("out", arity, out, shim(c), linear(w * per, per)))
     args = tuple(Arg(f"in{i}", op.size) for i in range(arity)) + (Arg("out", op.size),)
     return Design(op.describe(True), res.name, args, tuple(fifos), (), (), tuple(cores),
-                  (tuple(phase),), "eltwise.c", ("tile_size", "num_channels"))
+                  (tuple(phase),), "eltwise.cc", ("tile_size", "num_channels"))
 
 
 def swiglu(op: SwiGLU, res: NpuResources) -> Design:
@@ -137,7 +148,7 @@ def swiglu(op: SwiGLU, res: NpuResources) -> Design:
                   Transfer("out", 1, out, shim(c), Pattern(c * share, sizes, (0, size, tile, 1)))]
     args = (Arg("x", rows * 2 * size), Arg("out", rows * size))
     return Design(op.describe(True), res.name, args, tuple(fifos), (), (), tuple(cores),
-                  (tuple(phase),), "eltwise.c", ("tile_size",))
+                  (tuple(phase),), "eltwise.cc", ("tile_size",))
 
 
 def rowwise(op, res: NpuResources) -> Design:
@@ -171,7 +182,7 @@ def rowwise(op, res: NpuResources) -> Design:
     args = (Arg("x", rows * size),) + ((Arg("w", size),) if weighted else ()) + (
         Arg("out", rows * size),)
     return Design(op.describe(True), res.name, args, tuple(fifos), (), (), tuple(cores),
-                  (tuple(phase),), "softmax.c" if isinstance(op, Softmax) else "norm.c",
+                  (tuple(phase),), "softmax.cc" if isinstance(op, Softmax) else "norm.cc",
                   ("tile_size",))
 
 
@@ -196,7 +207,7 @@ def gemv(op: GEMV, res: NpuResources) -> Design:
                                                          (0, tso, M, 1)))]
     args = (Arg("W", M * K), Arg("x", B * K), Arg("y", B * M))
     return Design(op.describe(True), res.name, args, tuple(fifos), (), (), tuple(cores),
-                  (tuple(phase),), "gemv.c", ("tile_size_input", "tile_size_output"))
+                  (tuple(phase),), "gemv.cc", ("tile_size_input", "tile_size_output"))
 
 
 def gemm(op: GEMM, res: NpuResources) -> Design:
@@ -228,7 +239,7 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
                                Call("gemm_bf16", (a_r[r], bw, Buf(acc), tm, tk, tn)),
                                *release("consume", a_r[r], bw)))
             body = (*produce(c_r[r]), Call("zero_f32", (Buf(acc), tm * tn)), k_loop,
-                    Call("store_bf16", (Buf(acc), c_r[r], tm * tn)),
+                    Call("store_bf16", (Buf(acc), c_r[r], tm, tn)),
                     *release("produce", c_r[r]))
             cores.append(Core(w, (Loop(mt * nt, body),)))
     sequence = []
@@ -244,5 +255,5 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
         sequence.append(tuple(phase))
     args = (Arg("A", M * K), Arg("B", N * K), Arg("C", M * N))
     return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
-                  tuple(buffers), tuple(cores), tuple(sequence), "gemm.c",
+                  tuple(buffers), tuple(cores), tuple(sequence), "gemm.cc",
                   ("tile_m", "tile_k", "tile_n"))

@@ -1,18 +1,32 @@
 """Run a design on the host as the NPU would: DMA transfers, FIFOs of the declared depth, core
-loops calling the core kernels' host build.
+programs calling the core kernels' host build, dispatch after dispatch.
 
-Every actor of a design is a Python generator run by one cooperative scheduler:
+An ``Emulation`` is one design loaded on the array.  Its cores and memory-tile links start
+once and run until the emulation is dropped, as an mlir-aie core loops until reconfiguration:
+each ``dispatch`` runs the runtime sequence once on new host buffers.  Every actor is a Python
+generator run by one cooperative scheduler:
 
 - a runtime-sequence transfer walks its access pattern and moves one FIFO element at a time
   between the host tensor and the FIFO (blocking while the FIFO is full, or empty);
 - a memory tile link splits, forwards or joins elements between FIFOs;
-- a core interprets its loop of acquire / call / release, calling the kernel's host build
+- a core repeats its program of acquire / call / release, calling the kernel's host build
   (ctypes) on the buffers it holds.
 
 An actor yields a condition before every acquire; the scheduler resumes it when the condition
-holds.  When no actor can move and a core, a transfer or the sequence is unfinished, that is a
-deadlock: an acquire that can never be satisfied, reported with what each actor waits for.  A
-transfer whose pattern reaches outside its tensor is refused before anything runs.
+holds.  When no actor can move and the sequence is unfinished, that is a deadlock, reported
+with what each actor waits for.  When a dispatch ends, every core must have taken and given
+exactly one program's worth of elements per dispatch so far (it may run ahead into the next
+one only as far as acquiring an output buffer), and every FIFO must be empty: otherwise the
+next dispatch would start from leftovers, and the design only works once.  At each wait of
+the sequence, every input transfer of the phase must have finished (``bds`` frees their
+descriptors there).  A transfer whose pattern reaches outside its tensor is refused before
+anything runs.
+
+Every buffer a kernel gets (a FIFO element, a core buffer) lies between guard regions of
+``GUARD`` bytes holding a known pattern; a kernel call that changes one wrote outside its
+buffer, and the emulator says which.  The host build of the AIE API (``aie_api_host.h``)
+also checks every vector load and store of a call against the buffers the call was given
+(``iron_npu_set_bounds``), so a kernel reading past its buffer is caught too.
 """
 
 from __future__ import annotations
@@ -20,19 +34,52 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import re
+from collections import defaultdict
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ...errors import IronError
 from ...tensor import bfloat16
+from .cost import acquires
 from .design import Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Tile, Transfer
 
 NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32}
+#: Bytes of guard region on each side of every buffer a kernel gets.
+GUARD = 256
+GUARD_BYTE = 0xA5
 
 
 class EmulationError(IronError, RuntimeError):
-    """A design that cannot run: a deadlock, an out-of-bounds transfer, a size mismatch."""
+    """A design that cannot run: a deadlock, a design that only works once, an out-of-bounds
+    transfer or kernel access, a size mismatch."""
+
+
+class Guarded:
+    """A buffer of ``shape`` inside a larger byte array whose ends are guard regions."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str):
+        self.name = name
+        dt = np.dtype(NP_DTYPE[dtype])
+        n = math.prod(shape) * dt.itemsize
+        self.raw = np.full(GUARD + n + GUARD, GUARD_BYTE, np.uint8)
+        self.array = self.raw[GUARD:GUARD + n].view(dt).reshape(shape)
+        self.array[...] = 0
+
+    def intact(self) -> bool:
+        return bool((self.raw[:GUARD] == GUARD_BYTE).all()
+                    and (self.raw[-GUARD:] == GUARD_BYTE).all())
+
+    def damage(self) -> str:
+        before = np.nonzero(self.raw[:GUARD] != GUARD_BYTE)[0]
+        after = np.nonzero(self.raw[-GUARD:] != GUARD_BYTE)[0]
+        parts = []
+        if before.size:
+            parts.append(f"{GUARD - before[0]} bytes before its start")
+        if after.size:
+            parts.append(f"{after[-1] + 1} bytes past its end")
+        return " and ".join(parts)
 
 
 class Ring:
@@ -40,7 +87,8 @@ class Ring:
 
     def __init__(self, fifo: Fifo):
         self.fifo = fifo
-        self.slots = [np.zeros(fifo.shape, NP_DTYPE[fifo.dtype]) for _ in range(fifo.depth)]
+        self.slots = [Guarded(f"{fifo.name}[{i}]", fifo.shape, fifo.dtype)
+                      for i in range(fifo.depth)]
         self.acquired = 0  # elements the producer acquired
         self.released = 0  # ... and released (filled)
         n = len(fifo.consumers)
@@ -50,7 +98,7 @@ class Ring:
     def can_produce(self) -> bool:
         return self.acquired - min(self.freed) < self.fifo.depth
 
-    def produce(self) -> np.ndarray:
+    def produce(self) -> Guarded:
         slot = self.slots[self.acquired % self.fifo.depth]
         self.acquired += 1
         return slot
@@ -61,7 +109,7 @@ class Ring:
     def can_consume(self, i: int) -> bool:
         return self.taken[i] < self.released
 
-    def consume(self, i: int) -> np.ndarray:
+    def consume(self, i: int) -> Guarded:
         slot = self.slots[self.taken[i] % self.fifo.depth]
         self.taken[i] += 1
         return slot
@@ -69,14 +117,21 @@ class Ring:
     def release_consume(self, i: int) -> None:
         self.freed[i] += 1
 
+    def leftover(self) -> str | None:
+        """What a finished dispatch left in the FIFO, or None when it is empty (a producer may
+        hold an empty buffer it acquired ahead for the next dispatch)."""
+        if any(t != f for t, f in zip(self.taken, self.freed)):
+            return "a consumer holds an element"
+        waiting = self.released - min(self.freed)
+        return f"{waiting} element(s) nobody consumed" if waiting else None
+
 
 Wait = tuple[Callable[[], bool], str]
 
 
 class Scheduler:
-    """Resumes actors whose wait condition holds until every non-daemon actor (cores,
-    transfers, the sequence) has finished; memory-tile links are daemons: they forward for as
-    long as data comes, and idling at the end is not a deadlock."""
+    """Resumes actors whose wait condition holds.  Cores and links are daemons: they run
+    forever, and idling between dispatches is not a deadlock."""
 
     def __init__(self):
         self.actors: list[list] = []  # [generator, pending wait, name, daemon]
@@ -84,22 +139,31 @@ class Scheduler:
     def spawn(self, gen: Iterator[Wait], name: str, daemon: bool = False) -> None:
         self.actors.append([gen, (lambda: True, "start"), name, daemon])
 
+    def step(self) -> bool:
+        progress = False
+        for actor in list(self.actors):
+            while actor[1] is not None and actor[1][0]():
+                progress = True
+                try:
+                    actor[1] = actor[0].send(None)
+                except StopIteration:
+                    actor[1] = None
+                    self.actors.remove(actor)
+        return progress
+
     def run(self, design: str) -> None:
+        """Until every non-daemon actor has finished and nothing can move any more."""
         while True:
-            progress = False
-            for actor in list(self.actors):
-                while actor[1] is not None and actor[1][0]():
-                    progress = True
-                    try:
-                        actor[1] = actor[0].send(None)
-                    except StopIteration:
-                        actor[1] = None
-                        self.actors.remove(actor)
-            if not any(not a[3] for a in self.actors):
-                return
-            if not progress:
+            progress = self.step()
+            if progress:
+                continue
+            if any(not a[3] for a in self.actors):
                 blocked = "; ".join(f"{a[2]} waits to {a[1][1]}" for a in self.actors)
                 raise EmulationError(f"deadlock in {design}: no actor can move: {blocked}")
+            return
+
+    def waiting(self, name: str) -> str:
+        return next((a[1][1] for a in self.actors if a[2] == name), "finish")
 
 
 def pattern_bounds(p: Pattern) -> tuple[int, int]:
@@ -129,21 +193,19 @@ def all_indices(p: Pattern) -> np.ndarray:
     return idx.reshape(-1)
 
 
-@functools.lru_cache(maxsize=None)
-def library(path: str) -> ctypes.CDLL:
-    return ctypes.CDLL(path)
+class Kernels:
+    """The core kernels' host build, with the bounds check of its AIE API header."""
 
-
-class Emulation:
-    """One run of one design on given runtime arguments (flat numpy arrays)."""
-
-    def __init__(self, design: Design, args: Sequence[np.ndarray], lib: str):
-        self.design = design
-        self.args = args
-        self.lib = library(lib)
-        self.rings = {f.name: Ring(f) for f in design.fifos}
-        self.sched = Scheduler()
+    def __init__(self, path: str):
+        self.lib = ctypes.CDLL(path)
         self.functions: dict[str, Callable] = {}
+        self.set_bounds = self.lib.iron_npu_set_bounds
+        self.set_bounds.restype = None
+        self.set_bounds.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p),
+                                    ctypes.POINTER(ctypes.c_int64)]
+        self.violation = self.lib.iron_npu_violation
+        self.violation.restype = ctypes.c_char_p
+        self.violation.argtypes = []
 
     def function(self, name: str, example: tuple) -> Callable:
         fn = self.functions.get(name)
@@ -155,9 +217,52 @@ class Emulation:
             self.functions[name] = fn
         return fn
 
+    def call(self, name: str, example: tuple, values: list, buffers: list[Guarded]) -> str | None:
+        """Call ``name``; return what it did outside ``buffers``, or None."""
+        n = len(buffers)
+        bases = (ctypes.c_void_p * max(n, 1))(*(b.array.ctypes.data for b in buffers))
+        sizes = (ctypes.c_int64 * max(n, 1))(*(b.array.nbytes for b in buffers))
+        self.set_bounds(n, bases, sizes)
+        self.function(name, example)(*values)
+        message = self.violation()
+        if message:
+            return re.sub(r"buffer argument (\d+)", lambda m: buffers[int(m.group(1))].name,
+                          message.decode())
+        bad = [b for b in buffers if not b.intact()]
+        if bad:
+            return "; ".join(f"wrote {b.damage()} of {b.name}" for b in bad)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def kernels(path: str) -> Kernels:
+    return Kernels(path)
+
+
+class Emulation:
+    """One design loaded on the array: cores and links started once, ``dispatch`` runs the
+    runtime sequence on one set of host buffers (flat numpy arrays, outputs written in place).
+    """
+
+    def __init__(self, design: Design, lib: str):
+        self.design = design
+        self.kernels = kernels(lib)
+        self.rings = {f.name: Ring(f) for f in design.fifos}
+        self.sched = Scheduler()
+        self.per_program = {c.tile: acquires(c.body) for c in design.cores}
+        self.moved: dict[tuple[Tile, str, str], int] = defaultdict(int)  # consumed / released
+        self.dispatches = 0
+        self.args: Sequence[np.ndarray] = ()
+        for c in design.cores:
+            self.sched.spawn(self.core(c), str(c.tile), daemon=True)
+        for link in design.links:
+            ring = self.rings[link.srcs[0]]
+            self.sched.spawn(self.link(link, ring.fifo.consumers[0]),
+                             f"link {'+'.join(link.srcs)} -> {'+'.join(link.dsts)}", daemon=True)
+
     # ---- actors ---------------------------------------------------------------------------
 
-    def transfer(self, t: Transfer) -> Iterator[Wait]:
+    def transfer(self, t: Transfer, done: list) -> Iterator[Wait]:
         ring, arg = self.rings[t.fifo], self.args[t.arg]
         n = ring.fifo.numel
         total = t.pattern.numel
@@ -170,12 +275,13 @@ class Emulation:
             idx = pattern_indices(t.pattern, k * n, n)
             if t.direction == "in":
                 yield ring.can_produce, f"fill {t.fifo} (full)"
-                ring.produce().reshape(-1)[:] = arg[idx]
+                ring.produce().array.reshape(-1)[:] = arg[idx]
                 ring.release_produce()
             else:
                 yield (lambda: ring.can_consume(me)), f"drain {t.fifo} (empty)"
-                arg[idx] = ring.consume(me).reshape(-1)
+                arg[idx] = ring.consume(me).array.reshape(-1)
                 ring.release_consume(me)
+        done.append(t)
 
     def link(self, link, mem: Tile) -> Iterator[Wait]:
         if link.kind == "join":
@@ -183,11 +289,11 @@ class Emulation:
             srcs = [self.rings[s] for s in link.srcs]
             while True:
                 yield dst.can_produce, f"produce into {dst.fifo.name}"
-                d = dst.produce().reshape(-1)
+                d = dst.produce().array.reshape(-1)
                 for src, off in zip(srcs, link.offsets):
                     i = src.fifo.consumers.index(mem)
                     yield (lambda: src.can_consume(i)), f"consume {src.fifo.name}"
-                    s = src.consume(i).reshape(-1)
+                    s = src.consume(i).array.reshape(-1)
                     d[off:off + s.size] = s
                     src.release_consume(i)
                 dst.release_produce()
@@ -197,17 +303,18 @@ class Emulation:
         i = src.fifo.consumers.index(mem)
         while True:
             yield (lambda: src.can_consume(i)), f"consume {src.fifo.name}"
-            s = src.consume(i).reshape(-1)
+            s = src.consume(i).array.reshape(-1)
             for dst, off in zip(dsts, offsets):
                 yield dst.can_produce, f"produce into {dst.fifo.name}"
-                d = dst.produce().reshape(-1)
+                d = dst.produce().array.reshape(-1)
                 d[:] = s[off:off + d.size]
                 dst.release_produce()
             src.release_consume(i)
 
     def core(self, core) -> Iterator[Wait]:
-        held: dict[str, list[np.ndarray]] = {}
-        buffers = {b.name: np.zeros(b.shape, NP_DTYPE[b.dtype]) for b in self.design.buffers
+        """The core's program, repeated until the emulation is dropped (reconfiguration)."""
+        held: dict[str, list[Guarded]] = {}
+        buffers = {b.name: Guarded(b.name, b.shape, b.dtype) for b in self.design.buffers
                    if b.tile == core.tile}
         ivs: list[int] = []
 
@@ -227,6 +334,7 @@ class Emulation:
                     else:
                         i = ring.fifo.consumers.index(core.tile)
                         yield (lambda: ring.can_consume(i)), f"acquire {op.fifo} (empty)"
+                        self.moved[(core.tile, op.fifo, "consume")] += 1
                         held.setdefault(op.fifo, []).append(ring.consume(i))
                 elif isinstance(op, Release):
                     ring = self.rings[op.fifo]
@@ -236,67 +344,93 @@ class Emulation:
                     held[op.fifo].pop(0)
                     if op.port == "produce":
                         ring.release_produce()
+                        self.moved[(core.tile, op.fifo, "produce")] += 1
                     else:
                         ring.release_consume(ring.fifo.consumers.index(core.tile))
                 elif isinstance(op, Call):
-                    values = []
-                    for a in op.args:
-                        if isinstance(a, Buf):
-                            values.append(buffers[a.name].ctypes.data)
-                        elif isinstance(a, Iv):
-                            values.append(ivs[-1 - a.level] * a.scale)
-                        elif isinstance(a, str):
-                            if not held.get(a):
-                                raise EmulationError(f"{self.design.name}: {core.tile} calls "
-                                                     f"{op.function} on {a} without holding it")
-                            values.append(held[a][-1].ctypes.data)
-                        else:
-                            values.append(a)
-                    self.function(op.function, op.args)(*values)
+                    self.call(core, op, held, buffers, ivs)
 
-        yield from run(core.body)
+        while True:
+            yield from run(core.body)
+
+    def call(self, core, op: Call, held, buffers, ivs) -> None:
+        values, given = [], []
+        for a in op.args:
+            if isinstance(a, Buf):
+                given.append(buffers[a.name])
+                values.append(given[-1].array.ctypes.data)
+            elif isinstance(a, Iv):
+                values.append(ivs[-1 - a.level] * a.scale)
+            elif isinstance(a, str):
+                if not held.get(a):
+                    raise EmulationError(f"{self.design.name}: {core.tile} calls "
+                                         f"{op.function} on {a} without holding it")
+                given.append(held[a][-1])
+                values.append(given[-1].array.ctypes.data)
+            else:
+                values.append(a)
+        problem = self.kernels.call(op.function, op.args, values, given)
+        if problem:
+            raise EmulationError(f"{self.design.name}: kernel {op.function} on {core.tile} "
+                                 f"accessed memory outside the buffers it was given: {problem}")
 
     def sequence(self) -> Iterator[Wait]:
         for i, phase in enumerate(self.design.sequence):
-            done = []
+            done: list[Transfer] = []
             for t in phase:
-                gen = self.transfer(t)
-                if t.direction == "out":
-                    gen = self._tracked(gen, done)
-                self.sched.spawn(gen, f"{t.tile} {t.direction} {t.fifo}")
-            outs = sum(t.direction == "out" for t in phase)
-            yield (lambda: len(done) == outs), f"wait for phase {i}'s output transfers"
+                self.sched.spawn(self.transfer(t, done), f"{t.tile} {t.direction} {t.fifo}")
+            outs = [t for t in phase if t.direction == "out"]
+            if not outs:
+                continue
+            yield (lambda: all(t in done for t in outs)), f"wait for phase {i}'s outputs"
+            unfinished = [t for t in phase if t not in done]
+            if unfinished:
+                t = unfinished[0]
+                raise EmulationError(
+                    f"{self.design.name}: phase {i}'s wait returned while transfer "
+                    f"{t.direction} via {t.fifo} had not finished: the wait frees its buffer "
+                    "descriptor, which the next phase or dispatch would reprogram while it runs")
 
-    @staticmethod
-    def _tracked(gen, done: list) -> Iterator[Wait]:
-        yield from gen
-        done.append(True)
+    # ---- dispatches -------------------------------------------------------------------------
 
-    def run(self) -> None:
-        for phase in self.design.sequence:
+    def dispatch(self, args: Sequence[np.ndarray]) -> None:
+        d = self.design
+        for a, spec in zip(args, d.args):
+            if a.size != spec.numel or a.dtype != NP_DTYPE[spec.dtype]:
+                raise EmulationError(f"{d.name}: argument {spec.name} must be {spec.numel} "
+                                     f"{spec.dtype} elements, got {a.size} {a.dtype}")
+        for phase in d.sequence:
             for t in phase:
-                a = self.design.args[t.arg]
+                a = d.args[t.arg]
                 lo, hi = pattern_bounds(t.pattern)
                 if lo < 0 or hi >= a.numel:
                     raise EmulationError(
-                        f"{self.design.name}: transfer {t.direction} of {a.name} via {t.fifo} "
+                        f"{d.name}: transfer {t.direction} of {a.name} via {t.fifo} "
                         f"(offset {t.pattern.offset}, sizes {list(t.pattern.sizes)}, strides "
                         f"{list(t.pattern.strides)}) reaches elements {lo}..{hi}, outside "
                         f"its {a.numel} elements")
-        for c in self.design.cores:
-            self.sched.spawn(self.core(c), str(c.tile))
-        for link in self.design.links:
-            ring = self.rings[link.srcs[0]]
-            self.sched.spawn(self.link(link, ring.fifo.consumers[0]),
-                             f"link {'+'.join(link.srcs)} -> {'+'.join(link.dsts)}", daemon=True)
+        self.args = args
         self.sched.spawn(self.sequence(), "runtime sequence")
-        self.sched.run(self.design.name)
+        self.sched.run(d.name)
+        self.dispatches += 1
+        for c in d.cores:
+            for (fifo, port), per in sorted(self.per_program[c.tile].items()):
+                moved = self.moved[(c.tile, fifo, port)]
+                if moved != per * self.dispatches:
+                    verb = "taken" if port == "consume" else "filled"
+                    raise EmulationError(
+                        f"{d.name}: after dispatch {self.dispatches} {c.tile} has {verb} {moved} "
+                        f"elements of {fifo}, its program {per} per dispatch (it waits to "
+                        f"{self.sched.waiting(str(c.tile))}): the next dispatch would start "
+                        "from the middle of its program, the design only works once")
+        for name, ring in self.rings.items():
+            left = ring.leftover()
+            if left:
+                raise EmulationError(f"{d.name}: after dispatch {self.dispatches} FIFO {name} "
+                                     f"is not empty ({left}): the next dispatch would read it")
 
 
 def emulate_design(design: Design, args: Sequence[np.ndarray], lib: str) -> None:
-    """Run ``design`` on ``args`` (flat arrays, outputs written in place)."""
-    for a, spec in zip(args, design.args):
-        if a.size != spec.numel or a.dtype != NP_DTYPE[spec.dtype]:
-            raise EmulationError(f"{design.name}: argument {spec.name} must be {spec.numel} "
-                                 f"{spec.dtype} elements, got {a.size} {a.dtype}")
-    Emulation(design, args, lib).run()
+    """Run ``design`` once on ``args`` (flat arrays, outputs written in place) on a freshly
+    loaded array."""
+    Emulation(design, lib).dispatch(args)

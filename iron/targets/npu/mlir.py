@@ -1,21 +1,29 @@
 """A design as MLIR-AIE text, in custom form (what aiecc.py reads) and in generic form.
 
-The custom form follows mlir-aie's object-FIFO dialect syntax as of mlir-aie v1.1
-(``aie.device``, ``aie.tile``, ``aie.objectfifo``, ``aie.objectfifo.link``, ``aie.core``
-with ``scf.for`` loops and ``func.call`` s to the core kernels, ``aiex.runtime_sequence`` with
-``aiex.npu.dma_memcpy_nd`` and ``aiex.npu.dma_wait``).  The generic form is the same module in
-MLIR's generic operation syntax, which any MLIR tool parses without the AIE dialect
-(``mlir-opt --allow-unregistered-dialect``), so the standard dialects inside (arith, scf,
-func) are verified by upstream MLIR itself.
+Both follow the pinned mlir-aie (``ods.UPSTREAM``): ``aie.device`` with the device as its enum
+(an ``i32`` in generic form) and an ``aie.end`` closing its region; ``func.func`` declarations
+of the core kernels carrying ``link_with`` (the object file); ``aie.tile``, ``aie.objectfifo``
+with every property its ODS requires, ``aie.objectfifo.link`` with ``I64ArrayAttr`` offsets;
+each ``aie.core`` running its program in a loop until the array is reconfigured (an
+``scf.for`` to the largest ``index``, as mlir-aie's tests and IRON's ``range_(sys.maxsize)``
+write it), one iteration per dispatch; ``aie.runtime_sequence`` with ``aiex.npu.dma_memcpy_nd``
+(descriptor ids from ``bds``, ``issue_token`` on every transfer that is waited on, operand
+segment sizes) and ``aiex.npu.dma_wait``.  The generic form is what mlir-aie's
+``--mlir-print-op-generic`` prints: inherent attributes as properties ``<{...}>``.  ``verify``
+checks it against the transcription of mlir-aie's op definitions in ``ods``.
 """
 
 from __future__ import annotations
 
+from .bds import allocate
 from .design import DTYPE_BYTES, Acquire, Buf, Call, Design, Fifo, Iv, Loop, Release, walk_ops
+from .ods import AIE_DEVICE, OBJECTFIFO_PORT, UPSTREAM
+from .resources import resources
 
-SYNTAX = "mlir-aie v1.1 (object FIFO dialect)"
+SYNTAX = UPSTREAM
 ELEM = {"bf16": "bf16", "f32": "f32", "i32": "i32"}
-PORT = {"produce": ("Produce", 0), "consume": ("Consume", 1)}
+#: The bound of a core's loop "until reconfiguration": the largest index.
+FOREVER = (1 << 63) - 1
 
 
 def memref(shape, dtype: str) -> str:
@@ -34,6 +42,11 @@ def tile_name(t) -> str:
     return f"%tile_{t.col}_{t.row}"
 
 
+def object_file(source: str) -> str:
+    """The object file Peano makes of a kernel source (``aiecc``)."""
+    return source.rsplit(".", 1)[0] + ".o"
+
+
 class Writer:
     """Shared walk of a design; ``custom`` selects the syntax of every line."""
 
@@ -42,6 +55,10 @@ class Writer:
         self.lines: list[str] = []
         self.n = 0
         self.fifos = {f.name: f for f in design.fifos}
+        plan = allocate(design, resources(design.device).shim_bds)
+        if plan.overflow:
+            raise ValueError(f"{design.name}: {plan.overflow}")  # the legality rule refuses it
+        self.bd_ids = plan.ids
 
     def fresh(self, stem: str = "v") -> str:
         self.n += 1
@@ -62,7 +79,11 @@ class Writer:
         return memref(f.shape, f.dtype)
 
     def const(self, depth: int, value, kind: str) -> str:
-        name = self.fresh("c")
+        """A constant of the core being written, defined once at the top of its region."""
+        key = (value, kind)
+        if key in self.consts:
+            return self.consts[key]
+        name = self.consts[key] = self.fresh("c")
         lit = f"{value:.8e}" if kind == "f32" else str(value)  # MLIR floats need a point
         if self.custom:
             self.emit(depth, f"{name} = arith.constant {lit} : {kind}")
@@ -75,17 +96,19 @@ class Writer:
 
     def render(self) -> str:
         d = self.d
-        self.emit(0, "module {")
+        self.emit(0, "module {" if self.custom else '"builtin.module"() ({')
         self.emit(1, f"aie.device({d.device}) {{" if self.custom else
-                  f'"aie.device"() <{{device = "{d.device}"}}> ({{')
+                  f'"aie.device"() <{{device = {AIE_DEVICE[d.device]} : i32}}> ({{')
+        link = object_file(d.kernel_source)
         for name, args in sorted(d.functions().items()):
-            ftype = f"({', '.join(self.arg_type(a) for a in args)}) -> ()"
+            types = ", ".join(self.arg_type(a) for a in args)
             if self.custom:
-                types = ", ".join(self.arg_type(a) for a in args)
-                self.emit(2, f"func.func private @{name}({types})")
+                self.emit(2, f'func.func private @{name}({types}) attributes {{link_with = '
+                          f'"{link}"}}')
             else:
-                self.emit(2, f'"func.func"() <{{function_type = {ftype}, sym_name = "{name}", '
-                          'sym_visibility = "private"}> ({}) : () -> ()')
+                self.emit(2, f'"func.func"() <{{function_type = ({types}) -> (), sym_name = '
+                          f'"{name}", sym_visibility = "private"}}> ({{\n'
+                          f'    }}) {{link_with = "{link}"}} : () -> ()')
         for t in d.tiles():
             self.emit(2, f"{tile_name(t)} = aie.tile({t.col}, {t.row})" if self.custom else
                       f'{tile_name(t)} = "aie.tile"() <{{col = {t.col} : i32, row = {t.row} : '
@@ -97,9 +120,12 @@ class Writer:
                           f"{f.depth} : i32) : {fifo_type(f)}")
             else:
                 types = ", ".join(["index"] * (1 + len(f.consumers)))
-                self.emit(2, f'"aie.objectfifo"({tile_name(f.producer)}, {cons}) <{{elemNumber = '
-                          f'{f.depth} : i32, elemType = {fifo_type(f)}, sym_name = "{f.name}"}}> : '
-                          f"({types}) -> ()")
+                per_consumer = ", ".join("[]" for _ in f.consumers)
+                self.emit(2, f'"aie.objectfifo"({tile_name(f.producer)}, {cons}) '
+                          f"<{{dimensionsFromStreamPerConsumer = #aie<bd_dim_layout_array_array"
+                          f"[{per_consumer}]>, dimensionsToStream = #aie<bd_dim_layout_array[]>,"
+                          f" elemNumber = {f.depth} : i32, elemType = {fifo_type(f)}, "
+                          f'sym_name = "{f.name}"}}> : ({types}) -> ()')
         for k in d.links:
             srcs = ", ".join(f"@{s}" for s in k.srcs)
             dsts = ", ".join(f"@{s}" for s in k.dsts)
@@ -108,10 +134,9 @@ class Writer:
             if self.custom:
                 self.emit(2, f"aie.objectfifo.link [{srcs}] -> [{dsts}] ({src_off} {dst_off})")
             else:
-                self.emit(2, f'"aie.objectfifo.link"() <{{fifoIns = [{srcs}], fifoOuts = '
-                          f"[{dsts}], src_offsets = array<i64{': ' if src_off else ''}"
-                          f"{', '.join(map(str, src_off))}>, dst_offsets = array<i64"
-                          f"{': ' if dst_off else ''}{', '.join(map(str, dst_off))}>}}> : () -> ()")
+                self.emit(2, f'"aie.objectfifo.link"() <{{dst_offsets = {dst_off}, fifoIns = '
+                          f"[{srcs}], fifoOuts = [{dsts}], src_offsets = {src_off}}}> : "
+                          "() -> ()")
         for b in d.buffers:
             t = memref(b.shape, b.dtype)
             self.emit(2, f'%{b.name} = aie.buffer({tile_name(b.tile)}) {{sym_name = "{b.name}"}} '
@@ -121,11 +146,16 @@ class Writer:
         for core in d.cores:
             self.core(core)
         self.sequence()
-        self.emit(1, "}" if self.custom else "}) : () -> ()")
-        self.emit(0, "}")
+        if self.custom:
+            self.emit(1, "}")
+        else:
+            self.emit(2, '"aie.end"() : () -> ()')
+            self.emit(1, "}) : () -> ()")
+        self.emit(0, "}" if self.custom else "}) : () -> ()")
         return "\n".join(self.lines) + "\n"
 
     def core(self, core) -> None:
+        """The core's program, one iteration per dispatch, until reconfiguration."""
         name = f"%core_{core.tile.col}_{core.tile.row}"
         if self.custom:
             self.emit(2, f"{name} = aie.core({tile_name(core.tile)}) {{")
@@ -133,11 +163,21 @@ class Writer:
             self.emit(2, f'{name} = "aie.core"({tile_name(core.tile)}) ({{')
         self.held: dict[str, str] = {}
         self.ivs: list[str] = []
-        self.body(3, core.body)
+        self.consts: dict[tuple, str] = {}
+        program = (Loop(FOREVER, core.body),)
+        for op in walk_ops(program):  # constants first: one definition each, used in the loops
+            if isinstance(op, Loop):
+                for v in (0, op.count, 1):
+                    self.const(3, v, "index")
+            elif isinstance(op, Call):
+                for a in op.args:
+                    if isinstance(a, Iv):
+                        self.const(3, a.scale, "i32")
+                    elif isinstance(a, (int, float)):
+                        self.const(3, a, self.arg_type(a))
+        self.body(3, program)
         self.emit(3, "aie.end" if self.custom else '"aie.end"() : () -> ()')
-        link = f'link_with = "{self.d.kernel_source.replace(".c", ".o")}"'
-        self.emit(2, f"}} {{{link}}}" if self.custom else
-                  f"}}) {{{link}}} : (index) -> index")
+        self.emit(2, "}" if self.custom else "}) : (index) -> index")
 
     def body(self, depth: int, ops) -> None:
         for op in ops:
@@ -159,7 +199,7 @@ class Writer:
                     self.emit(depth, "}) : (index, index, index) -> ()")
             elif isinstance(op, Acquire):
                 f = self.fifos[op.fifo]
-                word, num = PORT[op.port]
+                word = op.port.capitalize()
                 sub, elem = self.fresh("s"), self.fresh("e")
                 mt = memref(f.shape, f.dtype)
                 if self.custom:
@@ -169,71 +209,72 @@ class Writer:
                               f"{subview_type(f)} -> {mt}")
                 else:
                     self.emit(depth, f'{sub} = "aie.objectfifo.acquire"() <{{objFifo_name = '
-                              f"@{f.name}, port = {num} : i32, size = 1 : i32}}> : () -> "
-                              f"{subview_type(f)}")
+                              f"@{f.name}, port = {OBJECTFIFO_PORT[word]} : i32, size = 1 : "
+                              f"i32}}> : () -> {subview_type(f)}")
                     self.emit(depth, f'{elem} = "aie.objectfifo.subview.access"({sub}) '
                               f"<{{index = 0 : i32}}> : ({subview_type(f)}) -> {mt}")
                 self.held[op.fifo] = elem
             elif isinstance(op, Release):
-                word, num = PORT[op.port]
+                word = op.port.capitalize()
                 self.emit(depth, f"aie.objectfifo.release @{op.fifo}({word}, 1)" if self.custom
                           else f'"aie.objectfifo.release"() <{{objFifo_name = @{op.fifo}, '
-                          f"port = {num} : i32, size = 1 : i32}}> : () -> ()")
+                          f"port = {OBJECTFIFO_PORT[word]} : i32, size = 1 : i32}}> : () -> ()")
             elif isinstance(op, Call):
-                values = []
-                for a in op.args:
-                    if isinstance(a, Buf):
-                        values.append(f"%{a.name}")
-                    elif isinstance(a, str):
-                        values.append(self.held[a])
-                    elif isinstance(a, Iv):
-                        iv = self.ivs[-1 - a.level]
-                        x, m = self.fresh("x"), self.fresh("m")
-                        scale = self.const(depth, a.scale, "i32")
-                        if self.custom:
-                            self.emit(depth, f"{x} = arith.index_cast {iv} : index to i32")
-                            self.emit(depth, f"{m} = arith.muli {x}, {scale} : i32")
-                        else:
-                            self.emit(depth, f'{x} = "arith.index_cast"({iv}) : (index) -> i32')
-                            self.emit(depth, f'{m} = "arith.muli"({x}, {scale}) : '
-                                      "(i32, i32) -> i32")
-                        values.append(m)
-                    else:
-                        values.append(self.const(depth, a, self.arg_type(a)))
-                types = ", ".join(self.arg_type(a) for a in op.args)
+                self.call(depth, op)
+
+    def call(self, depth: int, op: Call) -> None:
+        values = []
+        for a in op.args:
+            if isinstance(a, Buf):
+                values.append(f"%{a.name}")
+            elif isinstance(a, str):
+                values.append(self.held[a])
+            elif isinstance(a, Iv):
+                iv = self.ivs[-1 - a.level]
+                x, m = self.fresh("x"), self.fresh("m")
+                scale = self.const(depth, a.scale, "i32")
                 if self.custom:
-                    self.emit(depth, f"func.call @{op.function}({', '.join(values)}) : "
-                              f"({types}) -> ()")
+                    self.emit(depth, f"{x} = arith.index_cast {iv} : index to i32")
+                    self.emit(depth, f"{m} = arith.muli {x}, {scale} : i32")
                 else:
-                    self.emit(depth, f'"func.call"({", ".join(values)}) <{{callee = '
-                              f"@{op.function}}}> : ({types}) -> ()")
+                    self.emit(depth, f'{x} = "arith.index_cast"({iv}) : (index) -> i32')
+                    self.emit(depth, f'{m} = "arith.muli"({x}, {scale}) <{{overflowFlags = '
+                              "#arith.overflow<none>}> : (i32, i32) -> i32")
+                values.append(m)
+            else:
+                values.append(self.const(depth, a, self.arg_type(a)))
+        types = ", ".join(self.arg_type(a) for a in op.args)
+        if self.custom:
+            self.emit(depth, f"func.call @{op.function}({', '.join(values)}) : ({types}) -> ()")
+        else:
+            self.emit(depth, f'"func.call"({", ".join(values)}) <{{callee = @{op.function}}}> : '
+                      f"({types}) -> ()")
 
     def sequence(self) -> None:
         d = self.d
         types = [memref((a.numel,), a.dtype) for a in d.args]
         params = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(types))
         if self.custom:
-            self.emit(2, f"aiex.runtime_sequence @sequence({params}) {{")
+            self.emit(2, f"aie.runtime_sequence @sequence({params}) {{")
         else:
-            self.emit(2, '"aiex.runtime_sequence"() <{sym_name = "sequence"}> ({')
+            self.emit(2, '"aie.runtime_sequence"() <{sym_name = "sequence"}> ({')
             self.emit(2, f"^bb0({params}):")
-        ident = 0
-        for phase in d.sequence:
-            for t in phase:
+        for phase, ids in zip(d.sequence, self.bd_ids):
+            for t, ident in zip(phase, ids):
                 p = t.pattern
                 offsets = [0] * (len(p.sizes) - 1) + [p.offset]
+                token = str(t.direction == "out").lower()  # outputs are waited on
                 if self.custom:
                     self.emit(3, f"aiex.npu.dma_memcpy_nd(%arg{t.arg}{offsets}{list(p.sizes)}"
-                              f"{list(p.strides)}) {{id = {ident} : i64, metadata = @{t.fifo}, "
-                              f"issue_token = {str(t.direction == 'out').lower()}}} : "
-                              f"{types[t.arg]}")
+                              f"{list(p.strides)}) {{id = {ident} : i64, issue_token = {token}, "
+                              f"metadata = @{t.fifo}}} : {types[t.arg]}")
                 else:
                     arr = lambda v: f"array<i64: {', '.join(map(str, v))}>"  # noqa: E731
                     self.emit(3, f'"aiex.npu.dma_memcpy_nd"(%arg{t.arg}) <{{id = {ident} : i64, '
-                              f"metadata = @{t.fifo}, static_offsets = {arr(offsets)}, "
+                              f"issue_token = {token}, metadata = @{t.fifo}, operandSegmentSizes"
+                              f" = array<i32: 1, 0, 0, 0>, static_offsets = {arr(offsets)}, "
                               f"static_sizes = {arr(p.sizes)}, static_strides = "
                               f"{arr(p.strides)}}}> : ({types[t.arg]}) -> ()")
-                ident += 1
             for t in phase:
                 if t.direction == "out":
                     self.emit(3, f"aiex.npu.dma_wait {{symbol = @{t.fifo}}}" if self.custom

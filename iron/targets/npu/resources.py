@@ -9,7 +9,8 @@ Architecture Manual" (AIE2, the tile architecture of both NPU generations), at
 docs.amd.com/r/en-US/am020-versal-aie-ml.
 
 The second group of fields, and the constants below the class, are what the designs' cost model
-(``iron.targets.npu.cost``) prices a design with.  Where no public figure exists the number is
+(``iron.targets.npu.cost``) prices a design with; the kernels' own widths are read from their
+sources (``iron.targets.npu.kernels``).  Where no public figure exists the number is
 marked as an assumption, with the reasoning behind it; a measurement on a device replaces it.
 """
 
@@ -42,7 +43,6 @@ class NpuResources:
     ap_repeat_max: int = 64  # size of the outermost (repeat) dimension (DMA verifier: [1:64])
     ap_stride_max: int = 1 << 20  # strides, in 32-bit words (DMA verifier: [1:1M])
     word_bytes: int = 4  # the DMA's unit: innermost runs are whole 32-bit words (DMA verifier)
-    mac_bf16: tuple[int, int, int] = (4, 8, 4)  # r x s x t of one bf16 MAC (aie_kernels/aie2)
     # ---- speeds (the cost model's) ----
     #: Array clock.  npu1: AMD rates the Phoenix NPU at 10 int8 TOPS over its 20 AIE-ML cores
     #: (5 columns x 4), each 256 int8 MACs per cycle (the 4x8x8 int8 MMUL of mlir-aie's
@@ -50,9 +50,6 @@ class NpuResources:
     #: upstream IRON's (github.com/amd/IRON) performance checks assume for AIE2P.  The Linux
     #: driver's DPM tables (drivers/accel/amdxdna/npu*_regs.c) list the real levels.
     clock_hz: float = 1.0e9
-    #: bf16 lanes of one vector operation per cycle, for elementwise and row-wise work and the
-    #: GEMV's multiply-accumulate: a 512-bit vector of 32 bf16 (AM020, the AIE-ML vector unit).
-    vector_lanes: int = 32
     #: Bytes per cycle of one DMA channel.  Shim: "each channel can sustain 4 bytes per cycle"
     #: (AM020, Array Interface DMA Memory-Mapped AXI4 Master Interface).  Memory and compute
     #: tiles: 32-bit stream ports (AM020, memory tile and tile DMA chapters); AIE-ML v2's memory
@@ -66,20 +63,13 @@ class NpuResources:
     #: 4 channels x 4 B x 1.8 GHz = 230 GB/s in and out together).
     dram_bytes_per_second: float = 120e9
 
-    @property
-    def macs_per_cycle(self) -> int:
-        """bf16 MACs per cycle per compute tile: one MMUL of ``mac_bf16`` per cycle."""
-        r, s, t = self.mac_bf16
-        return r * s * t
-
 
 NPUS = {
     # Phoenix / Hawk Point, AIE2: mlir-aie device npu1 (4 usable columns; the 5th column of
     # the array is not available to applications, see mlir-aie's NPU1TargetModel)
-    "npu1": NpuResources("npu1", "npu1", columns=4, mac_bf16=(4, 8, 4), clock_hz=1.0e9),
-    # Strix / Strix Halo / Krackan, AIE2P: mlir-aie device npu2; bf16 through the bfp16
-    # 8x8x8 MAC (mlir-aie aie_kernels/aie2p/mm.cc)
-    "npu2": NpuResources("npu2", "npu2", columns=8, mac_bf16=(8, 8, 8), clock_hz=1.8e9),
+    "npu1": NpuResources("npu1", "npu1", columns=4, clock_hz=1.0e9),
+    # Strix / Strix Halo / Krackan, AIE2P: mlir-aie device npu2
+    "npu2": NpuResources("npu2", "npu2", columns=8, clock_hz=1.8e9),
 }
 
 

@@ -1,5 +1,9 @@
 """Programs on an NPU device, run through the emulator: designed steps as their designs would
-run, host-placed steps with their numpy maths, every tensor rounded to its dtype in between."""
+run, host-placed steps with their numpy maths, every tensor rounded to its dtype in between.
+
+A design is loaded once per executable and kept (``Emulation``): its cores keep looping, and
+every call of its step is one more dispatch of the runtime sequence, as on the device, where a
+decode step dispatches the same configuration again and again."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import numpy as np
 from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
 from .design import Design, design_from_json
-from .emulator import emulate_design
+from .emulator import Emulation
 
 
 @functools.lru_cache(maxsize=1024)
@@ -27,7 +31,7 @@ def step_design(path: str) -> Design | None:
 
 
 def emulate_step(step, design: Design | None, env: dict[int, np.ndarray], program: Program,
-                 lib: str) -> None:
+                 loaded: Emulation | None) -> None:
     """Run one step on the arrays of ``env`` (index -> array in the tensor's dtype)."""
     op = step.op
     if design is None:
@@ -38,13 +42,13 @@ def emulate_step(step, design: Design | None, env: dict[int, np.ndarray], progra
         return
     outs = [np.zeros(program.tensors[i].shape, program.tensors[i].dtype) for i in step.outputs]
     args = [np.ascontiguousarray(env[i]).reshape(-1) for i in step.inputs]
-    emulate_design(design, args + [o.reshape(-1) for o in outs], lib)
+    loaded.dispatch(args + [o.reshape(-1) for o in outs])
     for i, o in zip(step.outputs, outs):
         env[i] = o
 
 
-def emulate_program(program: Program, designs: Sequence[Design | None],
-                    arrays: Sequence[np.ndarray], lib: str,
+def emulate_program(program: Program, loaded: Sequence[tuple[Design | None, Emulation | None]],
+                    arrays: Sequence[np.ndarray],
                     weights: Mapping[str, np.ndarray] = {},
                     state: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
     """``Program.reference``'s contract, computed by the emulator; ``state`` is updated in
@@ -67,8 +71,8 @@ def emulate_program(program: Program, designs: Sequence[Design | None],
             env[t.index] = np.asarray(weights[t.name]).astype(t.dtype, copy=False)
         elif t.kind == "state":
             env[t.index] = np.array(state.get(t.name, np.zeros(t.shape, t.dtype)), t.dtype)
-    for step, design in zip(program.steps, designs):
-        emulate_step(step, design, env, program, lib)
+    for step, (design, emulation) in zip(program.steps, loaded):
+        emulate_step(step, design, env, program, emulation)
     for t in program.tensors:
         if t.kind == "state":
             if t.name in state:
@@ -86,6 +90,11 @@ class Emulated:
         self.program = program
         self.designs = [step_design(str(p)) for p in step_files]
         self.library = str(library)
+        by_file: dict[str, Emulation] = {}
+        for path, design in zip(step_files, self.designs):
+            if design is not None and str(path) not in by_file:
+                by_file[str(path)] = Emulation(design, self.library)
+        self.loaded = [(d, by_file.get(str(p))) for p, d in zip(step_files, self.designs)]
         self.weights: dict[str, np.ndarray] = {}
         self.states = {name: np.zeros(t.shape, t.dtype)
                        for name, t in program.named("state").items()}
@@ -112,8 +121,7 @@ class Emulated:
             a[...] = 0
 
     def run(self, arrays: Sequence[np.ndarray], copy: bool = True) -> list[np.ndarray]:
-        return emulate_program(self.program, self.designs, arrays, self.library, self.weights,
-                               self.states)
+        return emulate_program(self.program, self.loaded, arrays, self.weights, self.states)
 
     def run_timed(self, arrays: Sequence[np.ndarray], seconds: np.ndarray) -> list[np.ndarray]:
         return self.run(arrays)

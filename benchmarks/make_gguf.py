@@ -1,0 +1,241 @@
+"""Write a Llama GGUF file of a given shape with random weights, for benchmarks at the size people
+run (the default is the shape of Llama 3.2 1B) without downloading a model.
+
+The vocabulary, merges, special tokens and chat template are the embedded SmolLM2 file's
+(``benchmarks/llamacpp.py`` fetches it), so every engine tokenizes and loads it as a real
+model; the weights are random (normal, std 0.02; norms 1), so the text it generates is noise
+and only its speed means anything. The embedding rows (tied: also the output rows) of tokens
+that are not whole UTF-8 text (byte tokens, special tokens) are zero, so that greedy decoding
+never picks them and a server streams every token (servers hold back partial characters).
+Written with gguf's own ``GGUFWriter``, atomically.
+
+Types: ``Q4_0``, ``Q4_1`` and ``Q8_0`` quantize the random float32 weights with gguf's own
+quantizers (``gguf.quants.quantize``), every 2-D tensor in that type. gguf has no quantizer for
+the K-quants, so ``Q4_K_M`` writes random valid blocks directly (random codes, 6-bit scales
+and minimums, fp16 super-block scales sized for the same std), with llama.cpp's Q4_K_M mix:
+Q6_K for the tied embedding / output and for attn_v and ffn_down of the layers llama.cpp gives
+more bits (the first and last eighth, every third between), Q4_K elsewhere.
+
+    python benchmarks/make_gguf.py                       # build/gguf/llama-1b-Q4_0.gguf
+    python benchmarks/make_gguf.py --type Q4_K_M
+    python benchmarks/make_gguf.py --hidden 576 --layers 30 --heads 9 --kv-heads 3 --ffn 1536
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M")
+STD = 0.02
+QK_K = 256
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int = 2048
+    layers: int = 16
+    heads: int = 32
+    kv_heads: int = 8
+    ffn: int = 8192
+    context: int = 8192
+    rope_base: float = 500000.0
+
+    def check(self) -> None:
+        rules = [(self.hidden % self.heads == 0, "hidden % heads == 0"),
+                 (self.heads % self.kv_heads == 0, "heads % kv_heads == 0"),
+                 (self.hidden % QK_K == 0 and self.ffn % QK_K == 0,
+                  f"hidden and ffn multiples of {QK_K} (the K-quants' super-blocks)"),
+                 (min(self.hidden, self.layers, self.heads, self.kv_heads, self.ffn) > 0,
+                  "every size positive")]
+        for ok, rule in rules:
+            if not ok:
+                raise SystemExit(f"make_gguf: shape {self} breaks the rule {rule}")
+
+
+def default_path(shape: Shape, qtype: str) -> Path:
+    name = "llama-1b" if shape == Shape() else (
+        f"llama-h{shape.hidden}-l{shape.layers}-a{shape.heads}-kv{shape.kv_heads}-f{shape.ffn}")
+    return REPO / "build" / "gguf" / f"{name}-{qtype}.gguf"
+
+
+def tensor_shapes(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, numpy shape (rows, columns)) of every tensor, in llama.cpp's names; tied
+    embeddings: no output.weight."""
+    head_dim = shape.hidden // shape.heads
+    kv = shape.kv_heads * head_dim
+    out = [("token_embd.weight", (vocab, shape.hidden))]
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        out += [(b + "attn_norm.weight", (shape.hidden,)),
+                (b + "attn_q.weight", (shape.hidden, shape.hidden)),
+                (b + "attn_k.weight", (kv, shape.hidden)),
+                (b + "attn_v.weight", (kv, shape.hidden)),
+                (b + "attn_output.weight", (shape.hidden, shape.hidden)),
+                (b + "ffn_norm.weight", (shape.hidden,)),
+                (b + "ffn_gate.weight", (shape.ffn, shape.hidden)),
+                (b + "ffn_up.weight", (shape.ffn, shape.hidden)),
+                (b + "ffn_down.weight", (shape.hidden, shape.ffn))]
+    return out + [("output_norm.weight", (shape.hidden,))]
+
+
+def more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits (llama-quant.cpp): the layers Q4_K_M gives Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(name: str, qtype: str, layers: int) -> str:
+    """The GGML type of a 2-D tensor in a file of ``qtype``."""
+    if qtype != "Q4_K_M":
+        return qtype
+    if name == "token_embd.weight":  # tied: it is also the output matrix
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        return "Q6_K" if more_bits(int(name.split(".")[1]), layers) else "Q4_K"
+    return "Q4_K"
+
+
+def random_k_blocks(ggml_type: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random valid Q4_K / Q6_K blocks (rows, cols / 256 * block bytes), values of about STD.
+
+    Q4_K (144 bytes): d, dmin (fp16), 12 bytes of 6-bit scales and minimums, 128 bytes of 4-bit
+    codes; value = d * scale * q - dmin * min. Q6_K (210 bytes): 128 bytes of low 4 bits, 64 of
+    high 2 bits, 16 int8 scales, d (fp16); value = d * scale * (q - 32). Field order as in
+    ggml-common.h (block_q4_K, block_q6_K)."""
+    n = rows * cols // QK_K
+    if ggml_type == "Q4_K":
+        # codes 0..15 (mean 7.5), scales and minimums 0..63: each 32 values' offset
+        # d * 7.5 * scale - dmin * min varies as much as the codes do
+        d = np.full((n, 1), STD / (31.5 * 4.6 * 1.8), np.float16)
+        dmin = np.full((n, 1), STD * 7.5 / (31.5 * 4.6 * 1.8), np.float16)
+        rest = rng.integers(0, 256, (n, 12 + 128), dtype=np.uint8)
+        blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), rest], axis=1)
+    elif ggml_type == "Q6_K":
+        codes = rng.integers(0, 256, (n, 128 + 64), dtype=np.uint8)
+        scales = rng.integers(16, 128, (n, 16), dtype=np.int8) * rng.choice(
+            np.array([-1, 1], np.int8), (n, 16))
+        d = np.full((n, 1), STD / (18.5 * 76), np.float16)  # |scale| mean ~72, q - 32 std 18.5
+        blocks = np.concatenate([codes, scales.view(np.uint8), d.view(np.uint8)], axis=1)
+    else:
+        raise ValueError(f"no random blocks for {ggml_type}")
+    return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def non_text_tokens(reader) -> np.ndarray:
+    """Indices of the vocabulary's tokens that do not decode to whole UTF-8 text on their own
+    (byte-level BPE pieces of a character, control tokens)."""
+    from tokenizers.decoders import ByteLevel
+
+    decoder = ByteLevel()
+    field = reader.get_field("tokenizer.ggml.tokens")
+    types = reader.get_field("tokenizer.ggml.token_type").contents()
+    bad = [i for i, token in enumerate(field.contents())
+           if types[i] != 1 or "\ufffd" in decoder.decode([token])]
+    return np.array(bad, dtype=np.int64)
+
+
+def tokenizer_fields(reader) -> list:
+    """The embedded file's tokenizer.* fields, as (name, value, value type, sub type)."""
+    import gguf
+
+    out = []
+    for field in reader.fields.values():
+        if not field.name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        out.append((field.name, field.contents(), vtype, sub))
+    return out
+
+
+def write(path: Path, shape: Shape, qtype: str, seed: int = 0) -> Path:
+    import gguf
+    from gguf.quants import quantize
+
+    sys.path.insert(0, str(HERE))
+    from llamacpp import fetch_smollm2_gguf
+
+    if qtype not in TYPES:
+        raise SystemExit(f"make_gguf: --type {qtype!r} is not one of {', '.join(TYPES)}")
+    shape.check()
+    reader = gguf.GGUFReader(fetch_smollm2_gguf())
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    vocab = len(tokens.data)
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        w = gguf.GGUFWriter(tmp, "llama")
+        w.add_name(f"random llama h{shape.hidden} l{shape.layers} {qtype}")
+        w.add_context_length(shape.context)
+        w.add_embedding_length(shape.hidden)
+        w.add_block_count(shape.layers)
+        w.add_feed_forward_length(shape.ffn)
+        w.add_head_count(shape.heads)
+        w.add_head_count_kv(shape.kv_heads)
+        w.add_rope_freq_base(shape.rope_base)
+        w.add_rope_dimension_count(shape.hidden // shape.heads)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_vocab_size(vocab)
+        w.add_file_type({"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15}[qtype])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for name, value, vtype, sub in tokenizer_fields(reader):
+            w.add_key_value(name, value, vtype, sub_type=sub)
+        for name, dims in tensor_shapes(shape, vocab):
+            if len(dims) == 1:
+                w.add_tensor(name, np.ones(dims, np.float32))
+                continue
+            ggml = tensor_type(name, qtype, shape.layers)
+            kind = gguf.GGMLQuantizationType[ggml]
+            if ggml in ("Q4_K", "Q6_K"):
+                blocks = random_k_blocks(ggml, *dims, rng)
+                if name == "token_embd.weight":  # all-zero blocks are zero values
+                    blocks[non_text_tokens(reader)] = 0
+            else:
+                values = rng.standard_normal(dims, dtype=np.float32)
+                values *= np.float32(STD)
+                if name == "token_embd.weight":
+                    values[non_text_tokens(reader)] = 0
+                blocks = quantize(values, kind)
+            w.add_tensor(name, blocks, raw_dtype=kind)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = Shape()
+    parser.add_argument("--type", default="Q4_0", choices=TYPES)
+    parser.add_argument("--hidden", type=int, default=defaults.hidden)
+    parser.add_argument("--layers", type=int, default=defaults.layers)
+    parser.add_argument("--heads", type=int, default=defaults.heads)
+    parser.add_argument("--kv-heads", type=int, default=defaults.kv_heads)
+    parser.add_argument("--ffn", type=int, default=defaults.ffn)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="default: build/gguf/<shape>-<type>.gguf")
+    args = parser.parse_args(argv)
+    shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
+    path = write(args.out or default_path(shape, args.type), shape, args.type, args.seed)
+    print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+/* qmatmul.h: a block-quantized matrix W (iron_quant.h, tiled layout) times x vectors rounded
+ * to int8 codes per 16 values, out[b, m] = sum_k W[m, k] x[b, k]: the quantized GEMV (x one
+ * token's vectors) and GEMM (x a prompt chunk's rows) in one scheme, so that a row's result
+ * does not depend on how many vectors share the kernel.
+ *
+ * x is rounded to int8 codes per 16 values (quantize_group), so a code times x is an integer
+ * product, summed exactly; the tile kernel of the instruction set (qmatmul_vnni.h: vpdpbusd on
+ * the 16 rows of a tile in a zmm; qmatmul_avx2.h: vpmaddubsw + vpmaddwd on each half of 8 rows)
+ * computes a tile of 16 rows for up to VECTORS vectors per expansion of its codes, in whole
+ * registers without summing across lanes; per block of x the integer sums are scaled by x's
+ * scale, per group by the 16 rows' d, and the term of the minimums and offsets (a multiple of
+ * the group's sum of x) is added. Both give the same bits: same integer sums, same float steps.
+ *
+ * macros (besides iron_quant.h's): Q_K (row length), Q_VECTORS (x vectors), Q_OUT_STRIDE (out's
+ * row stride: W's rows), Q_ITEM_ROWS (rows of W per parallel work item, a multiple of 16),
+ * Q_VECTOR_BLOCK (vectors swept over each tile in turn, dividing Q_VECTORS: a block's codes
+ * stay in cache while the item's tiles pass), IRON_NUM_AIE_COLUMNS (threads).
+ */
+#ifndef IRON_QMATMUL_H
+#define IRON_QMATMUL_H
+
+#include <float.h>
+
+#include "iron_quant.h"
+
+#if !defined(Q_K) || !defined(Q_VECTORS) || !defined(Q_OUT_STRIDE) || !defined(Q_ITEM_ROWS) \
+    || !defined(Q_VECTOR_BLOCK)
+#error "qmatmul.h needs Q_K, Q_VECTORS, Q_OUT_STRIDE, Q_ITEM_ROWS, Q_VECTOR_BLOCK"
+#endif
+_Static_assert(Q_K % 32 == 0 && Q_K % QG == 0 && Q_ITEM_ROWS % Q_TILE == 0
+               && Q_VECTORS % Q_VECTOR_BLOCK == 0,
+               "a quantized W holds whole groups and 32-value chunks, computed a tile of 16 rows "
+               "at a time, its vectors in whole blocks");
+
+#define NG (Q_K / QG) /* groups per row */
+#define NC (Q_K / 32) /* 32-value chunks per row */
+#define XB (Q_K / 16) /* blocks of 16 values of x per row, each with its own scale */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VNNI 1 /* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2) */
+#define VECTORS 4
+#else
+#define VNNI 0
+#define VECTORS 2
+#endif
+#define BB (Q_VECTOR_BLOCK < VECTORS ? Q_VECTOR_BLOCK : VECTORS)
+#define PREFETCH 4096 /* software prefetch distance in bytes of W (see gemv.c's bf16 kernel) */
+
+/* x as the tile kernels read it, per vector (see quantize_group) */
+typedef struct {
+    const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
+    const float *dx;    /* per block of 16: the scale of its codes */
+    const float *xs;    /* per group: the sum of the values the codes give back, dx * code */
+} vectors_t;
+
+/* A quantized W multiplies x rounded to int8 codes per 16 values (scale = max |x| / 127, round
+ * half to even; iron.quant.activation_values), so that a 4-bit code times x is an integer dot
+ * product, exact in any order. This rounds group bg % NG of vector bg / NG (the threads share
+ * the groups out) and sums its values. The codes of plane j are stored in the order lo/hi
+ * below take the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
+static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xs) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const long b = bg / NG;
+    xs[bg] = 0.0f;
+    for (long c = bg % NG * Q_CHUNKS; c < (bg % NG + 1) * Q_CHUNKS; c++) {
+        const long k0 = b * (long)Q_K + 32 * c;
+        __m256i q[4];
+        float sum = 0.0f;
+        for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
+            const __m256 v0 = iron_load8_bf16(x + k0 + 16 * half);
+            const __m256 v1 = iron_load8_bf16(x + k0 + 16 * half + 8);
+            const float amax = iron_hmax8(_mm256_max_ps(_mm256_and_ps(v0, magnitude),
+                                                        _mm256_and_ps(v1, magnitude)));
+            const float scale = amax / 127.0f, over = 127.0f / amax;
+            const float inv = over <= FLT_MAX ? over : 0.0f; /* max |x| 0 or tiny: codes 0 */
+            /* cvtps rounds half to even (the default mode) */
+            q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
+            q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
+            const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
+            sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
+            dx[b * XB + 2 * c + half] = scale;
+        }
+        /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3, of
+         * the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+        const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+        int8_t *codes = x8 + (b * NC + c) * 32;
+        _mm_storeu_si128((__m128i *)codes, _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128((__m128i *)(codes + 16), _mm_unpackhi_epi8(lo, hi));
+        xs[bg] += sum;
+    }
+}
+
+/* A value is d (u - Q_ZERO) + m: the dot products give sum u x, the rest is a multiple of the
+ * group's sum of x, (m - Q_ZERO d) */
+#define BIAS_D ((float)Q_ZERO)
+
+#if VNNI
+#include "qmatmul_vnni.h"
+#else
+#include "qmatmul_avx2.h"
+#endif
+
+/* a tile of W times the vectors v0 .. v0 + Q_VECTOR_BLOCK - 1, BB at a time (the last pass
+ * takes the rest); out points at the tile's first row of vector 0 */
+static inline void tile_times_vectors(const uint8_t *tile, const vectors_t v, const long v0,
+                                      uint16_t *out) {
+    acc_t acc[BB];
+    long b0 = v0;
+    for (; b0 + BB <= v0 + Q_VECTOR_BLOCK; b0 += BB) {
+        tile_dot(BB, tile, v, b0, acc);
+        store_rows(acc, BB, out + b0 * Q_OUT_STRIDE);
+    }
+    switch (v0 + Q_VECTOR_BLOCK - b0) { /* constant nb: accumulators stay in registers */
+#if BB > 1
+    case 1: tile_dot(1, tile, v, b0, acc); store_rows(acc, 1, out + b0 * Q_OUT_STRIDE); break;
+#endif
+#if BB > 2
+    case 2: tile_dot(2, tile, v, b0, acc); store_rows(acc, 2, out + b0 * Q_OUT_STRIDE); break;
+    case 3: tile_dot(3, tile, v, b0, acc); store_rows(acc, 3, out + b0 * Q_OUT_STRIDE); break;
+#endif
+    default: break;
+    }
+}
+
+/* out (Q_VECTORS, Q_OUT_STRIDE) bf16 = x (Q_VECTORS, Q_K) bf16 times the rows of W */
+static void q_matmul(const uint8_t *W, const uint16_t *x, uint16_t *out) {
+    /* per vector: group sums (NG floats), block scales (XB), then the codes (K bytes) */
+    const long floats = (long)Q_VECTORS * (NG + XB);
+    float *xs = aligned_alloc(64, (sizeof(float) * floats + (long)Q_VECTORS * Q_K + 63) / 64 * 64);
+    float *dx = xs + (long)Q_VECTORS * NG;
+    int8_t *x8 = (int8_t *)(xs + floats);
+    const vectors_t v = {(const uint32_t *)x8, dx, xs};
+
+#if IRON_NUM_AIE_COLUMNS > 1
+    #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
+#endif
+    {
+#if IRON_NUM_AIE_COLUMNS > 1
+        #pragma omp for schedule(static)
+#endif
+        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++)
+            quantize_group(x, bg, x8, dx, xs);
+#if IRON_NUM_AIE_COLUMNS > 1
+        #pragma omp for schedule(static) /* after the barrier that ends the loop above */
+#endif
+        for (long item = 0; item < Q_OUT_STRIDE / Q_ITEM_ROWS; item++)
+            for (long v0 = 0; v0 < Q_VECTORS; v0 += Q_VECTOR_BLOCK)
+                for (long m = item * Q_ITEM_ROWS; m < (item + 1) * Q_ITEM_ROWS; m += Q_TILE)
+                    tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(Q_K), v, v0, out + m);
+    }
+    free(xs);
+}
+
+#endif /* IRON_QMATMUL_H */

@@ -1,0 +1,93 @@
+/* qmatmul_avx2.h: the tile kernel of the quantized GEMV and GEMM with AVX2: the 16 rows of a
+ * tile as two halves of 8 lanes, 4-byte dot products as vpmaddubsw + vpmaddwd. Included by
+ * qmatmul.h, which defines vectors_t, NG, NC, XB, BB, BIAS_D and PREFETCH; defines acc_t,
+ * tile_dot and store_rows. */
+#ifndef IRON_QMATMUL_TILE_KERNEL
+#define IRON_QMATMUL_TILE_KERNEL
+
+typedef struct {
+    __m256 h[2];
+} acc_t;
+
+/* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, the same arithmetic as
+ * the AVX512-VNNI kernel: per block of 16 values of x, every row's integer sum of code times
+ * x code, exact, then the same float steps in the same order. AVX2 has no 4-byte dot product:
+ * vpmaddubsw multiplies the unsigned code bytes by x's int8 codes and adds pairs into 16-bit
+ * lanes (at most 2 * 15 * 127 per pair, 4 such sums per block: no saturation), and one
+ * vpmaddwd per block adds the 16-bit pairs into 32-bit lanes. Each 64-byte plane holds the
+ * rows 0-7 in its first 32 bytes, 8-15 in the others. */
+static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
+                                                           const vectors_t v, const long b0,
+                                                           acc_t *acc) {
+    const __m256i nibbles = _mm256_set1_epi8(0x0f);
+    const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+    for (int b = 0; b < nb; b++) acc[b].h[0] = acc[b].h[1] = _mm256_setzero_ps();
+    for (long g = 0; g < NG; g++) {
+        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
+        const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+        for (int c = 0; c < Q_CHUNKS; c++)
+            for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
+                _mm_prefetch((const char *)gp + c * Q_CHUNK_BYTES + PREFETCH + line,
+                             _MM_HINT_T0);
+        for (int half = 0; half < 2; half++) {
+            __m256 sum[BB]; /* sum over the group's blocks of dx * (codes . x codes) */
+            for (int c = 0; c < Q_CHUNKS; c++) {
+                const uint8_t *cp = gp + c * Q_CHUNK_BYTES + 32 * half;
+                const long chunk = g * Q_CHUNKS + c;
+                for (int blk = 0; blk < 2; blk++) { /* planes 2 blk, 2 blk + 1 */
+                    __m256i part[BB][Q_NIBBLES];
+                    for (int h = 0; h < Q_NIBBLES; h++)
+                        for (int p = 0; p < 2; p++) {
+                            const int j = 2 * blk + p;
+                            const __m256i w = _mm256_loadu_si256(
+                                (const __m256i *)(cp + 256 * h + 64 * j));
+                            const __m256i lo = _mm256_and_si256(w, nibbles);
+                            const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(w, 4),
+                                                                nibbles);
+                            for (int b = 0; b < nb; b++) {
+                                const int32_t *x4 = (const int32_t *)v.x8
+                                                    + ((b0 + b) * NC + chunk) * 8 + 2 * j;
+                                const __m256i s = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[0])),
+                                    _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])));
+                                part[b][h] = p == 0 ? s : _mm256_add_epi16(part[b][h], s);
+                            }
+                        }
+                    for (int b = 0; b < nb; b++) {
+                        __m256i s = _mm256_madd_epi16(part[b][0], ones);
+                        if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(part[b][Q_NIBBLES - 1],
+                                                                      sixteens));
+                        const __m256 f = _mm256_cvtepi32_ps(s);
+                        const __m256 scale = _mm256_broadcast_ss(v.dx + (b0 + b) * XB
+                                                                 + 2 * chunk + blk);
+                        sum[b] = c == 0 && blk == 0 ? _mm256_mul_ps(f, scale)
+                                                    : _mm256_fmadd_ps(f, scale, sum[b]);
+                    }
+                }
+            }
+            const __m256 d = q_load8_params(ds + 16 * half);
+#if Q_HAS_MIN
+            const __m256 bias = _mm256_fnmadd_ps(_mm256_set1_ps(BIAS_D), d,
+                                                 q_load8_params(ds + 2 * Q_TILE + 16 * half));
+#else
+            const __m256 bias = _mm256_mul_ps(_mm256_set1_ps(-BIAS_D), d);
+#endif
+            for (int b = 0; b < nb; b++) {
+                acc[b].h[half] = _mm256_fmadd_ps(sum[b], d, acc[b].h[half]);
+                acc[b].h[half] = _mm256_fmadd_ps(
+                    bias, _mm256_broadcast_ss(v.xs + (b0 + b) * NG + g), acc[b].h[half]);
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store_rows(const acc_t *acc, const int nb,
+                                                             uint16_t *out) {
+    for (int b = 0; b < nb; b++) {
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE, acc[b].h[0]);
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE + 8, acc[b].h[1]);
+    }
+}
+
+#endif /* IRON_QMATMUL_TILE_KERNEL */

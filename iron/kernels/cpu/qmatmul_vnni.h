@@ -1,0 +1,96 @@
+/* qmatmul_vnni.h: the tile kernel of the quantized GEMV and GEMM with AVX512-VNNI: the 16 rows
+ * of a tile in the 16 lanes of a zmm, 4-byte dot products with vpdpbusd. Included by
+ * qmatmul.h, which defines vectors_t, NG, NC, XB, BB, BIAS_D and PREFETCH; defines acc_t,
+ * tile_dot and store_rows. */
+#ifndef IRON_QMATMUL_TILE_KERNEL
+#define IRON_QMATMUL_TILE_KERNEL
+
+/* *acc += the 4 unsigned bytes of every lane of codes . 4 int8 of x broadcast to every lane,
+ * in 32-bit integers (exact). The broadcast is embedded in the instruction's memory operand,
+ * which compilers do not fold from _mm512_set1_epi32: a separate broadcast costs a shuffle per
+ * vector and plane. */
+static inline __attribute__((always_inline)) void dp_codes(__m512i *acc, const __m512i codes,
+                                                           const uint32_t *x4) {
+#if defined(__GNUC__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(*acc) : "v"(codes), "m"(*x4));
+#else
+    *acc = _mm512_dpbusd_epi32(*acc, codes, _mm512_set1_epi32((int)*x4));
+#endif
+}
+
+/* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, one float32 lane per row.
+ * Per plane of 16 words, one mask (and one shift) make each row's 8 codes into two words of 4
+ * bytes, and one vpdpbusd per vector and word multiplies them by 4 codes of x: a chunk's sums
+ * are integers, exact, so a row's result does not depend on how many vectors share the pass.
+ * Per block of 16 values they are scaled by x's scale, per group by the rows' d (16 in one
+ * load), and the bias is added. */
+static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
+                                                           const vectors_t v, const long b0,
+                                                           __m512 *acc) {
+    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f);
+    for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
+    for (long g = 0; g < NG; g++) {
+        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
+        __m512 sum[BB]; /* sum over the group's chunks of dx * (codes . x codes) */
+        for (int c = 0; c < Q_CHUNKS; c++) {
+            const uint8_t *cp = gp + c * Q_CHUNK_BYTES;
+            const long chunk = g * Q_CHUNKS + c;
+            for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
+                _mm_prefetch((const char *)cp + PREFETCH + line, _MM_HINT_T0);
+            __m512i part[BB][Q_NIBBLES][2]; /* per vector and code set: x's two blocks */
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < Q_NIBBLES; h++)
+                    part[b][h][0] = part[b][h][1] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 2") for (int h = 0; h < Q_NIBBLES; h++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                    const __m512i w = _mm512_loadu_si512(cp + 256 * h + 64 * j);
+                    const __m512i lo = _mm512_and_si512(w, nibbles);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), nibbles);
+                    for (int b = 0; b < nb; b++) {
+                        const uint32_t *x4 = v.x8 + ((b0 + b) * NC + chunk) * 8 + 2 * j;
+                        dp_codes(&part[b][h][j / 2], lo, x4);
+                        dp_codes(&part[b][h][j / 2], hi, x4 + 1);
+                    }
+                }
+            for (int b = 0; b < nb; b++) {
+                const float *dx = v.dx + (b0 + b) * XB + 2 * chunk;
+                for (int half = 0; half < 2; half++) {
+                    __m512i s = part[b][0][half];
+                    if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
+                        s = _mm512_add_epi32(s, _mm512_slli_epi32(part[b][Q_NIBBLES - 1][half], 4));
+                    const __m512 f = _mm512_cvtepi32_ps(s), scale = _mm512_set1_ps(dx[half]);
+                    sum[b] = c == 0 && half == 0 ? _mm512_mul_ps(f, scale)
+                                                 : _mm512_fmadd_ps(f, scale, sum[b]);
+                }
+            }
+        }
+        const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+        const __m512 d = q_load16_params(ds);
+#if Q_HAS_MIN
+        const __m512 bias = _mm512_fnmadd_ps(_mm512_set1_ps(BIAS_D), d,
+                                             q_load16_params(ds + 2 * Q_TILE));
+#else
+        const __m512 bias = _mm512_mul_ps(_mm512_set1_ps(-BIAS_D), d);
+#endif
+        for (int b = 0; b < nb; b++) {
+            acc[b] = _mm512_fmadd_ps(sum[b], d, acc[b]);
+            acc[b] = _mm512_fmadd_ps(bias, _mm512_set1_ps(v.xs[(b0 + b) * NG + g]), acc[b]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store_rows(const __m512 *acc, const int nb,
+                                                             uint16_t *out) {
+    for (int b = 0; b < nb; b++) {
+#if defined(__AVX512BF16__)
+        _mm256_storeu_si256((__m256i *)(out + b * (long)Q_OUT_STRIDE),
+                            (__m256i)_mm512_cvtneps_pbh(acc[b]));
+#else /* VNNI without BF16 (Ice Lake): the same rounding, 8 lanes at a time */
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE, _mm512_castps512_ps256(acc[b]));
+        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE + 8, _mm512_extractf32x8_ps(acc[b], 1));
+#endif
+    }
+}
+typedef __m512 acc_t;
+
+#endif /* IRON_QMATMUL_TILE_KERNEL */

@@ -1,0 +1,89 @@
+"""Structured output: JSON that follows a schema, enforced token by token while decoding.
+
+llguidance (Microsoft's grammar engine, the one llama.cpp and vLLM can use) compiles a JSON
+schema into a grammar and, at each step, tells which tokens of the vocabulary may come next;
+the others get a logit of minus infinity before the sampler sees them, so whatever is sampled
+keeps the text a prefix of a valid document, and the end token is allowed only once the
+document is complete. An answer that ends with an end token therefore parses and validates;
+one cut by ``max_tokens`` is incomplete (finish reason "length"), as with OpenAI.
+
+The JSON is written in one fixed layout, ``{"key": value, "key": [1, 2]}``: no free whitespace,
+so a small model cannot wander into endless blank lines inside a document.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import IronError
+
+#: the layout of generated JSON: no whitespace but the single spaces after ':' and ','
+LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(IronError, ValueError):
+    """A schema llguidance cannot compile, or llguidance is not installed."""
+
+
+class JsonGrammars:
+    """Compiles schemas for one model's tokenizer (the tokenizer is converted once, ~1 s)."""
+
+    def __init__(self, tokenizer, eos: list[int], vocab_size: int):
+        self.tokenizer, self.eos, self.vocab_size = tokenizer, eos, vocab_size
+        self._ll = None
+        self._lock = threading.Lock()
+
+    def _ll_tokenizer(self):
+        with self._lock:
+            if self._ll is None:
+                try:
+                    import llguidance
+                except ImportError:
+                    raise GrammarError("response_format needs llguidance: pip install -e "
+                                       "'.[serve]'") from None
+                self._ll = llguidance.LLTokenizer(self.tokenizer.to_str(),
+                                                  n_vocab=self.vocab_size, eos_token=self.eos)
+            return self._ll
+
+    def matcher(self, schema: dict[str, Any]):
+        """A fresh llguidance matcher of ``schema``; ``GrammarError`` naming what it refused."""
+        tokenizer = self._ll_tokenizer()
+        from llguidance import LLMatcher
+
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(schema, overrides=LAYOUT)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"the schema is not usable: {e}") from None
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"the schema is not usable: {matcher.get_error()}")
+        return matcher
+
+
+class Constrained:
+    """A sampler whose choices a grammar matcher restricts: same interface as ``Sampler``
+    (``start(prompt)``, then a call per token with the logits)."""
+
+    def __init__(self, sampler, matcher, vocab_size: int):
+        self.sampler, self.matcher = sampler, matcher
+        self.words = (vocab_size + 31) // 32
+        self.mask = np.zeros(self.words, np.int32)
+
+    def start(self, prompt: list[int]) -> None:
+        self.sampler.start(prompt)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar failed: {self.matcher.get_error()}")
+        logits = logits.astype(np.float32).ravel()  # a copy: the program's buffer stays as is
+        allowed = np.unpackbits(self.mask.view(np.uint8), bitorder="little")[:logits.size]
+        logits[allowed == 0] = -np.inf
+        token = self.sampler(logits)
+        if not self.matcher.consume_token(token):
+            raise GrammarError(f"the grammar refused token {token}: "
+                               f"{self.matcher.get_error()}")
+        return token
