@@ -208,8 +208,13 @@ def test_iron_run_answers_from_q4_1_and_f16_gguf_files_sharing_weights_across_co
     import os
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.llamacpp import write_gguf
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(  # the benchmarks' GGUF writer, by path
+        "llamacpp_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    write_gguf = bench.write_gguf
     from iron.lm.gguf_import import GGUF_MEMBER
 
     q4_1 = smollm2.parent.parent / "downloads" / Path(GGUF_MEMBER).name
