@@ -13,3 +13,6 @@ if [ "${1:-}" = test ]; then
 else
     .venv/bin/pip install -q -e .
 fi
+if [[ ":$PATH:" != *":$PWD/.venv/bin:"* ]]; then
+    echo "set up: run 'source .venv/bin/activate' to put iron, doit and python on your PATH"
+fi

@@ -22,11 +22,13 @@ def project(tmp_path):
     return copy_project(tmp_path / "project")
 
 
-def doit(project, *args, check=True, env=None):
+def doit(project, *args, check=True, env=None, verbose=True):
+    """doit on the demo application; ``verbose``: a line per task (``executed`` reads them)."""
     environment = {**os.environ, "PYTHONPATH": str(project), **(env or {})}
     environment.pop("IRON_BUILD_DIR", None)
     environment.pop("IRON_CACHE_DIR", None)
-    result = subprocess.run([sys.executable, "-m", "doit", *args, "app=demo"], cwd=project,
+    result = subprocess.run([sys.executable, "-m", "doit", *args, "app=demo",
+                             *(["verbose=1"] if verbose else [])], cwd=project,
                             capture_output=True, text=True, env=environment, timeout=600)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
@@ -152,7 +154,7 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
 def test_doit_tune_on_an_npu_ranks_by_the_cost_model_and_the_npu_build_uses_it(project):
     """`doit tune device=npu2` writes profiles/demo/npu2.json from the npu cost model (the
     device cannot run here), and `doit device=npu2` builds with that profile."""
-    tuned = doit(project, "tune", "device=npu2", "weights=bf16")
+    tuned = doit(project, "tune", "device=npu2")
     assert tuned.stdout.count("source: model") == 2 and "tuning complete" in tuned.stdout
     written = project / "profiles" / "demo" / "npu2.json"
     assert len(json.loads(written.read_text())["entries"]) == 4  # GEMV x2, AXPY, SiLU
@@ -213,3 +215,74 @@ def test_npu_profile_entry_overflowing_l1_stops_before_any_compile(project):
             ) in said
     assert not (project / "build" / "ops").exists() or not list(
         (project / "build" / "ops").iterdir())
+
+
+def test_npu_build_after_a_tune_in_the_readme_order_and_after_losing_a_cache_entry(project):
+    """`doit tune device=npu2`, `doit device=npu2`, then another selection, in that order, and
+    again once a cache entry is gone: the builds that reuse the programs recorded
+    by an earlier process (under build/.programs/) compile npu instances too."""
+    doit(project, "tune", "device=npu2")
+    doit(project, "tune", "device=npu2")  # the profile is now stable: its record is reused
+    doit(project, "device=npu2")
+    doit(project, "device=npu2", "hidden=256")  # another selection (llama: weights=bf16)
+    entries = [p for p in (project / "build/ops").iterdir() if (p / "design.mlir").exists()]
+    shutil.rmtree(entries[0])
+    rebuilt = doit(project, "device=npu2")
+    assert len(executed(rebuilt)) == 1 and (entries[0] / "design.mlir").exists()
+
+
+def test_doit_is_quiet_and_lists_every_variable_with_its_default(project):
+    """Without verbose=1 a build says what it built in one line (two with the progress line),
+    a no-op in one; `doit list` and `doit help TASK` show each variable with its default, the
+    application's own included."""
+    first = doit(project, verbose=False)
+    lines = first.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("building ") and \
+        lines[1].startswith(f"built {project}/build/demo/cpu: compiled 5 instances"), lines
+    assert doit(project, verbose=False).stdout.splitlines() == [
+        f"{project}/build/demo/cpu is up to date (5 instances)"]
+    listed = doit(project, "list", verbose=False).stdout
+    bundle = next(line for line in listed.splitlines() if line.startswith("bundle "))
+    assert "app=demo device=($IRON_DEVICE or cpu)" in bundle and "hidden=512" in bundle
+    generate = next(line for line in listed.splitlines() if line.startswith("generate "))
+    assert "prompt=(the bundle's)" in generate and "max_new_tokens" in generate
+    helped = doit(project, "help", "bundle", verbose=False).stdout
+    assert "march=($IRON_MARCH or native)" in helped and "hidden=512" in helped
+
+
+def test_application_variables_are_checked_and_name_the_bundle(project):
+    """apps/demo declares `hidden`: a bad value is one line naming it, a good one builds
+    build/demo/cpu-h256 with that width; the pipeline names no application."""
+    bad = doit(project, "hidden=0", check=False)
+    assert bad.returncode != 0 and "hidden='0': must be an integer from 1 to 4096" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    doit(project, "hidden=256")
+    manifest = json.loads((project / "build/demo/cpu-h256/manifest.json").read_text())
+    assert manifest["build"]["variables"] == {"hidden": "256"}
+    first = manifest["programs"]["block"]["steps"][0]
+    assert first["operator"] == "GEMV" and first["fields"]["M"] == 256  # up: (hidden, 256)
+    for source in (ROOT / "iron" / "pipeline").glob("*.py"):
+        assert "llama" not in source.read_text().lower(), source
+
+
+def test_ctrl_c_during_a_build_is_one_line_and_keeps_the_previous_bundle(project):
+    import signal
+    import time
+
+    doit(project)
+    bundle = project / "build/demo/cpu"
+    before = (bundle / "manifest.json").read_bytes()
+    set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    process = subprocess.Popen([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("building ")  # a compile has started
+    time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, (out, err)
+    assert err.strip().splitlines() == ["interrupted: the previous bundle and every finished "
+                                        "compile are kept; the same command resumes"], err
+    assert (bundle / "manifest.json").read_bytes() == before
+    resumed = doit(project)
+    assert executed(resumed, "bundle") == ["bundle"]

@@ -307,9 +307,11 @@ def test_unpermute_inverts_llama_cpp_permute():
         gguf_import.unpermute_rows(llama_cpp_permute(w, 3), 3, 4), w)
 
 
-def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False) -> dict[str, np.ndarray]:
+def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
+                     types: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling);
-    with ``quantize``, projections in Q4_1 and the embedding in Q8_0, like SmolLM2's file.
+    with ``quantize``, projections in Q4_1 and the embedding in Q8_0, like SmolLM2's file;
+    ``types`` stores the tensors whose name ends with a key as that GGML type instead.
     Returns the float32 weights written (the blocks' values when quantized)."""
     import gguf
     from gguf.quants import dequantize, quantize as gguf_quantize
@@ -354,6 +356,9 @@ def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False) -> dict[str,
             qtype = gguf.GGMLQuantizationType.Q4_1
         elif quantize and name == "model.embed_tokens.weight":
             qtype = gguf.GGMLQuantizationType.Q8_0
+        for suffix, kind in (types or {}).items():
+            if name.endswith(suffix):
+                qtype = gguf.GGMLQuantizationType[kind]
         if qtype is None:
             w.add_tensor(gname, np.ascontiguousarray(t))
             continue
@@ -535,3 +540,39 @@ def test_embedded_says_paris(smollm2: Path):
     new = ref.greedy(prompt, 2)
     assert new == [int(logits[-1].argmax()), new[1]]
     assert tok.decode(new) == " Paris."
+
+
+def test_gguf_of_every_stored_type_converts_and_says_what_it_converted(tmp_path: Path, capsys):
+    """F16 and BF16 tensors become bf16 as their values round; a type iron does not run as
+    stored (Q5_0 here, the K-quants alike) is dequantized to bf16 with one line naming it and
+    how many tensors; Q4_0 blocks are kept."""
+    src = tmp_path / "mixed.gguf"
+    weights = _write_tiny_gguf(src, seed=3, types={
+        "q_proj.weight": "F16", "k_proj.weight": "BF16", "down_proj.weight": "Q5_0",
+        "gate_proj.weight": "Q4_0"})
+    ckpt = Checkpoint.open(gguf_import.convert_gguf(src, tmp_path / "ckpt"))
+    said = capsys.readouterr().err
+    lines = [line for line in said.splitlines() if "converted to bf16" in line]
+    assert len(lines) == 1 and "2 tensors stored as Q5_0 (2) converted to bf16" in lines[0]
+    for name, w in weights.items():
+        np.testing.assert_array_equal(ckpt.tensor(name), w.astype(ml_dtypes.bfloat16), name)
+    kept = {n: ckpt.quantized(n)[0] for n in ckpt.tensor_names() if ckpt.quantized(n)}
+    assert kept == {f"model.layers.{i}.mlp.gate_proj.weight": "q4_0" for i in range(2)}
+
+
+def test_gguf_of_another_architecture_is_refused_in_one_line(tmp_path: Path):
+    import gguf
+
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError) as e:
+        gguf_import.ensure_checkpoint(path, tmp_path / "build")
+    assert str(e.value) == (f"{path}: general.architecture = 'gpt2'; only 'llama' GGUF files "
+                            "convert")
+    assert not (tmp_path / "build" / "checkpoints").exists() or not any(
+        (tmp_path / "build" / "checkpoints").iterdir())

@@ -160,6 +160,93 @@ def test_run_cli_prints_json(smollm2_bundle):
         assert report[key] > 0
 
 
+def run_cli(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "iron.lm.run", *map(str, args)],
+                          capture_output=True, text=True, input=stdin, timeout=timeout)
+
+
+def test_run_cli_json_says_why_it_stopped(smollm2_bundle):
+    short = json.loads(run_cli(smollm2_bundle, "-p", "The capital of France is", "-n", "3",
+                               "--json").stdout)
+    assert short["finish_reason"] == "length" and len(short["tokens"]) == 3
+    stopped = json.loads(run_cli(smollm2_bundle, "-p", "The capital of France is", "-n", "20",
+                                 "--stop", ".", "--json").stdout)
+    assert stopped["finish_reason"] == "stop" and stopped["text"] == " Paris"
+
+
+def test_run_cli_reads_the_prompt_from_a_file_or_stdin_and_refuses_before_echoing(
+        smollm2_bundle, tmp_path):
+    piped = json.loads(run_cli(smollm2_bundle, "-n", "2", "--json",
+                               stdin="The capital of France is").stdout)
+    assert piped["text"].startswith(" Paris") and piped["prompt_tokens"] == 5
+    (tmp_path / "p.txt").write_text("The capital of France is")
+    filed = json.loads(run_cli(smollm2_bundle, "-f", tmp_path / "p.txt", "-n", "2",
+                               "--json").stdout)
+    assert filed["tokens"] == piped["tokens"]
+    long = "word " * 5000
+    refused = run_cli(smollm2_bundle, "-c", "1024", "-n", "4", stdin=long)
+    assert refused.returncode == 2 and refused.stdout == ""  # the prompt is not echoed
+    assert refused.stderr.count("\n") == 1 and "do not fit the bundle's context of 1024" \
+        in refused.stderr
+    too_big = run_cli(smollm2_bundle, "-c", "100000", "-p", "Hi")
+    assert too_big.returncode == 2 and "--ctx-size 100000: the bundle" in too_big.stderr
+
+
+def test_run_cli_system_message_uses_the_chat_template(smollm2_bundle):
+    plain = json.loads(run_cli(smollm2_bundle, "-p", "Hi", "-n", "1", "--json").stdout)
+    system = json.loads(run_cli(smollm2_bundle, "-p", "Hi", "-n", "1", "-s", "Be brief.",
+                                "--json").stdout)
+    assert plain["prompt_tokens"] == 1 and system["prompt_tokens"] > 10
+
+
+def test_iron_run_answers_from_q4_1_and_f16_gguf_files_sharing_weights_across_contexts(
+        smollm2, tmp_path):
+    """`iron run FILE.gguf` on the embedded Q4_1 file and an F16 file written from it with the
+    gguf package: each is converted and built on first use (compiled kernels from the shared
+    cache) and answers " Paris"; `-c 512` builds a second bundle that holds the same weights
+    file (one inode), not a copy."""
+    import os
+    from pathlib import Path
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(  # the benchmarks' GGUF writer, by path
+        "llamacpp_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    write_gguf = bench.write_gguf
+    from iron.lm.gguf_import import GGUF_MEMBER
+
+    q4_1 = smollm2.parent.parent / "downloads" / Path(GGUF_MEMBER).name
+    f16 = write_gguf(q4_1, tmp_path / "smollm2-f16.gguf", "F16")
+    iron = Path(sys.executable).with_name("iron")
+    env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
+           "IRON_CACHE_DIR": str(smollm2.parent.parent / "ops")}
+
+    def iron_run(model, *flags):
+        result = subprocess.run([iron, "run", model, "-p", "The capital of France is", "-n",
+                                 "8", *flags], capture_output=True, text=True, env=env,
+                                timeout=1200)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("The capital of France is Paris"), result.stdout
+        return result
+
+    first = iron_run(q4_1)
+    assert "building " in first.stderr and "Traceback" not in first.stderr
+    again = iron_run(q4_1)
+    assert "building" not in again.stderr and "checkpoint:" not in again.stderr  # reused
+    iron_run(q4_1, "-c", "512")
+    iron_run(f16)
+    bundles = {p.parent.name: p.stat() for p in
+               (tmp_path / "build" / "llama").glob("*/weights.safetensors")}
+    assert len(bundles) == 3, bundles
+    q4, q4_512 = (next(st for name, st in bundles.items() if "Q4_1" in name and
+                       name.endswith("ctx512") == small) for small in (False, True))
+    assert (q4.st_dev, q4.st_ino) == (q4_512.st_dev, q4_512.st_ino)
+    f16_weights = next(st for name, st in bundles.items() if "f16" in name)
+    assert f16_weights.st_size > 2 * q4.st_size  # bf16 matrices, not the Q4_1 blocks
+
+
 def test_native_bundle_runs_the_files_blocks(tmp_path):
     """A GGUF with Q4_1 projections and a Q8_0 embedding: the default bundle binds the
     projections' blocks (not bf16 copies) and matches the float32 reference of the same weights.
@@ -232,3 +319,55 @@ def test_uint4_bundle_quantizes_an_hf_checkpoint_at_bundle_time(tmp_path):
     kl, agree = kl_stats(decode_logits(bf16, ids), decode_logits(LlamaModel(path), ids))
     print(f"tiny uint4 vs bf16: KL mean {kl.mean():.4f} max {kl.max():.4f} top-1 {agree:.3f}")
     assert kl.mean() <= 0.05 and agree >= 0.8
+
+
+def test_iron_command_runs_a_bundle_folder_as_it_is_and_lists_it(smollm2_bundle, tmp_path):
+    """`iron run BUNDLE` needs no build; `-c N` above its context needs the selection it was
+    built from (a bundle written outside doit does not record one: one line says so); `iron
+    list` shows it with its size."""
+    import os
+    from pathlib import Path
+
+    iron = Path(sys.executable).with_name("iron")
+    ran = subprocess.run([iron, "run", smollm2_bundle, "-p", "The capital of France is", "-n",
+                          "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    assert json.loads(ran.stdout)["text"].startswith(" Paris")
+    bigger = subprocess.run([iron, "run", smollm2_bundle, "-c", "100000", "-p", "Hi"],
+                            capture_output=True, text=True, timeout=300)
+    assert bigger.returncode == 2 and bigger.stderr.count("\n") == 1
+    assert "does not say what it was built from" in bigger.stderr
+    build = tmp_path / "build"
+    (build / "llama").mkdir(parents=True)
+    os.symlink(smollm2_bundle, build / "llama" / "cpu")
+    listed = subprocess.run([iron, "list"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "IRON_BUILD_DIR": str(build)})
+    line = listed.stdout.splitlines()[0]
+    assert line.startswith(f"{build}/llama/cpu ") and "llama on cpu: smollm2-135m-instruct" \
+        in line and " MB " in line
+
+
+def test_doit_generate_on_a_built_bundle_prints_the_text_and_few_other_lines(smollm2,
+                                                                              tmp_path):
+    """`doit generate prompt=...` on a built bundle: the prompt and answer, and at most five
+    other lines (stdout and stderr together); the same tokens as `iron.lm.run`'s default."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
+           "IRON_CACHE_DIR": str(smollm2.parent.parent / "ops")}
+    args = [sys.executable, "-m", "doit", "generate", f"checkpoint={smollm2}",
+            "prompt=The capital of France is", "max_new_tokens=8"]
+    first = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True,
+                           timeout=1200)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    bundle = next((tmp_path / "build" / "llama").iterdir())
+    text = json.loads(run_cli(bundle, "-p", "The capital of France is", "-n", "8",
+                              "--json").stdout)["text"]
+    shown = "The capital of France is" + text
+    assert shown in again.stdout
+    others = (again.stdout.replace(shown, "", 1) + again.stderr).strip("\n").splitlines()
+    assert len(others) <= 5, others

@@ -1,56 +1,24 @@
 """A small demo application: a residual MLP block of a few chained operators.
 
-It exercises the whole build (compile tasks, profile edits, bundles, gc) in seconds, with
-random weights made from a fixed seed instead of a checkpoint.
+It exercises the whole build (compile tasks, profile edits, bundles, gc, application
+variables) in seconds.  This module declares the build variables; ``App`` (``app.py``) is
+imported on first use, so a no-op ``doit`` imports neither it nor numpy.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Any, Iterator
-
-import numpy as np
-
-import iron
-from iron.operators import GEMV, AXPY, RMSNorm, SiLU
+from iron.pipeline.variables import Variable, positive
 
 DIM, HIDDEN = 256, 512
 
-
-class Block(iron.Graph):
-    """``rmsnorm(x + 0.5 * down(silu(up(x))))`` for one vector x."""
-
-    def body(self, x):  # x: (1, DIM)
-        h = SiLU.step(GEMV.step(self.weight("up", (HIDDEN, DIM)), x))  # (1, HIDDEN)
-        y = GEMV.step(self.weight("down", (DIM, HIDDEN)), h)  # (1, DIM)
-        return RMSNorm.step(AXPY.step(y, x, scalar_factor=0.5), self.weight("norm", (DIM,)))
+VARIABLES = {
+    "hidden": Variable(HIDDEN, positive(4096), "the MLP's hidden width", tag="h{}"),
+}
 
 
-class App:
-    name = "demo"
+def __getattr__(name: str):
+    if name in ("App", "Block"):
+        from . import app
 
-    def __init__(self, checkpoint: str | Path | None = None, **options: Any):
-        self.seed = 0
-
-    def programs(self, device, profile) -> dict:
-        return {"block": Block(device=device, profile=profile).record(x=(1, DIM))}
-
-    def weights(self) -> Iterator[tuple[str, np.ndarray]]:
-        rng = np.random.default_rng(self.seed)
-        yield "up", (rng.standard_normal((HIDDEN, DIM)) / DIM ** 0.5).astype(iron.bfloat16)
-        yield "down", (rng.standard_normal((DIM, HIDDEN)) / HIDDEN ** 0.5).astype(iron.bfloat16)
-        yield "norm", np.ones(DIM, iron.bfloat16)
-
-    def files(self) -> dict[str, Path]:
-        return {}
-
-    def sources(self) -> list[Path]:
-        return []
-
-    def meta(self) -> dict[str, Any]:
-        return {"dim": DIM}
-
-    def run_command(self, bundle: Path, prompt: str | None = None,
-                    options: dict[str, str] | None = None) -> list[str]:
-        return [sys.executable, "-m", "apps.demo", str(bundle)]
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

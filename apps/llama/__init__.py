@@ -1,111 +1,35 @@
-"""The Llama application: a decoder over any Llama-architecture checkpoint in Hugging Face
-layout; by default the embedded SmolLM2-135M-Instruct (see iron.lm.gguf_import)."""
+"""The Llama application: a decoder over any Llama-architecture checkpoint (a Hugging Face
+folder or a GGUF file); by default the embedded SmolLM2-135M-Instruct (see
+iron.lm.gguf_import).
+
+This module only declares the application's build variables, so that ``doit`` can check a
+command line without importing numpy; ``App`` (in ``app.py``) is imported on first use.
+"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Any, Iterator
+from iron.pipeline.variables import Variable, choice, positive
 
-import numpy as np
-
-from iron.lm.checkpoint import Checkpoint
-from iron.lm.layout import LmMeta
-
-from .model import batch_sizes, kernel_weights, record, tail_chunk, weight_formats
-
-#: Prompt rows per prefill call; longer prompts take several chunks. A bundle also holds a
-#: program for half a chunk, for a prompt's last rows: each call streams every weight once,
-#: so big chunks serve long prompts, and the small one spares a short prompt (or a short rest)
-#: the padding of a big one (README, Performance, has the measured times).
-PREFILL_CHUNK = 64
-#: KV cache positions a bundle holds, unless the model's own context is shorter.
-DEFAULT_CONTEXT = 2048
-DEFAULT_PROMPT = "Once upon a time, there was a little"
 #: Most sequences one batched decode step runs (programs for 2, 4, ... up to it).
 DEFAULT_BATCH = 8
 
+VARIABLES = {
+    "context": Variable(None, positive(1 << 20), "KV cache positions, at most the checkpoint's "
+                        "own", tag="ctx{}",
+                        shown="the checkpoint's, or what fits memory"),
+    "weights": Variable("native", choice("native", "bf16", "uint4"),
+                        "native: the checkpoint's own formats (GGUF blocks); bf16; uint4 "
+                        "quantized at bundle time", tag="{}"),
+    "group": Variable(128, choice("32", "128", as_int=True), "uint4's group size",
+                      tag="g{}"),
+    "batch": Variable(DEFAULT_BATCH, positive(64), "most sequences one batched decode step "
+                      "runs", tag="batch{}"),
+}
 
-class App:
-    name = "llama"
 
-    def __init__(self, checkpoint: str | Path | None = None, context: int | None = None,
-                 chunk: int = PREFILL_CHUNK, weights: str = "native", group: int = 128,
-                 batch: int = DEFAULT_BATCH):
-        """``weights``: one of WEIGHT_MODES (see ``model.weight_formats``); ``group``: the
-        uint4 group size; ``batch``: the most sequences a batched decode program holds."""
-        if checkpoint is None:
-            from iron.lm.gguf_import import ensure_default_checkpoint
-            from iron.paths import build_dir
+def __getattr__(name: str):
+    if name in ("App", "DEFAULT_PROMPT", "PREFILL_CHUNK"):
+        from . import app
 
-            checkpoint = ensure_default_checkpoint(build_dir())
-        self.checkpoint = Checkpoint.open(checkpoint)
-        self.config = self.checkpoint.config
-        limit = self.config.max_position_embeddings
-        self.context = min(int(context or DEFAULT_CONTEXT), limit)
-        self.chunk = int(chunk)
-        self.weight_mode, self.group = weights, int(group)
-        self.formats = weight_formats(self.checkpoint, weights, self.group)
-        self.batch = int(batch)
-
-    def programs(self, device, profile) -> dict:
-        return record(self.config, self.context, self.chunk, device, profile, self.formats,
-                      self.batch)
-
-    def tuned_programs(self, device, profile) -> dict:
-        """The programs the tuner times: the batched decode programs take every tunable from
-        the one-row decode and head programs, so they have nothing of their own to tune."""
-        return record(self.config, self.context, self.chunk, device, profile, self.formats)
-
-    def phases(self) -> dict[str, tuple[tuple[str, ...], int]]:
-        """What the tuner's whole-model A/B reports per phase: a decode token runs the decode
-        and head programs; prefill runs ``chunk`` tokens per call of the prefill program."""
-        return {"decode": (("decode", "head"), 1), "prefill": (("prefill",), self.chunk)}
-
-    def weights(self) -> Iterator[tuple[str, np.ndarray]]:
-        return kernel_weights(self.checkpoint, self.config, self.formats)
-
-    def files(self) -> dict[str, Path]:
-        """The tokenizer, the config and, where the checkpoint has them, its tokenizer config,
-        chat template (``tokenizer_config.json``'s ``chat_template``, or the separate
-        ``chat_template.jinja`` newer transformers versions write) and sampling defaults
-        (``generation_config.json``, which the server follows)."""
-        d = self.checkpoint.directory
-        files = {"tokenizer.json": self.checkpoint.tokenizer_path, "config.json": d / "config.json"}
-        for name in ("tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-            if (d / name).is_file():
-                files[name] = d / name
-        return files
-
-    def sources(self) -> list[Path]:
-        return sorted(p for p in self.checkpoint.directory.iterdir() if p.is_file())
-
-    def run_command(self, bundle: Path, prompt: str | None = None,
-                    options: dict[str, str] | None = None) -> list[str]:
-        """``iron.lm.run`` on ``bundle``; ``options`` (doit variables such as ``top_k``,
-        ``stop``, ``chat``) become its flags, which it validates. Without ``--chat`` the
-        default prompt is the bundle's."""
-        options = {k: v for k, v in (options or {}).items() if v is not None}
-        argv = [sys.executable, "-m", "iron.lm.run", str(bundle)]
-        chat = str(options.pop("chat", "")).lower() in ("1", "true", "yes")
-        if prompt or not chat:
-            argv += ["--prompt", prompt or DEFAULT_PROMPT]
-        if chat:
-            argv.append("--chat")
-        options.setdefault("max_new_tokens", "64")
-        for name, value in options.items():
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-        return argv
-
-    def meta(self) -> dict[str, Any]:
-        c = self.config
-        eos = c.eos_token_id
-        return LmMeta(context=self.context, chunk=self.chunk, tail_chunk=tail_chunk(self.chunk),
-                      vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                      bos_token_id=c.bos_token_id,
-                      eos_token_ids=tuple(eos) if isinstance(eos, tuple) else
-                      (() if eos is None else (eos,)),
-                      default_prompt=DEFAULT_PROMPT, weights=self.weight_mode,
-                      weight_formats={n: tuple(f) for n, f in sorted(self.formats.items())},
-                      model_name=self.checkpoint.directory.name,
-                      batch_sizes=tuple(batch_sizes(self.batch))).to_json()
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -215,8 +215,13 @@ class LlamaModel:
     def _check_room(self, n: int, what: str = "") -> None:
         if self.position + n > self.context:
             raise IronError(f"{what or f'{self.position + n} tokens'} do not fit the bundle's "
-                            f"context of {self.context} positions; shorten the prompt or rebuild "
-                            "the bundle with a larger context (doit context=N)")
+                            f"context of {self.context} positions; shorten the prompt or choose "
+                            "a larger context (iron run -c N, doit context=N)")
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, before any work, a prompt and answer the context cannot hold."""
+        self._check_room(prompt_tokens + max(max_new_tokens - 1, 0),
+                         f"a prompt of {prompt_tokens} tokens and {max_new_tokens} new tokens")
 
     def _chunks(self, tokens: list[int]) -> Iterator[np.ndarray]:
         """Run prompt tokens through the prefill programs a chunk at a time; yield each

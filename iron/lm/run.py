@@ -22,26 +22,49 @@ from .chat import ChatTemplate
 from .generate import LlamaModel, SamplingError, Sampler, Stats, StopText
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m iron.lm.run", description=__doc__,
+#: New tokens per answer unless told (``doit generate`` runs this command, so it is the same).
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def parser(prog: str = "python -m iron.lm.run") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="a bundle folder, e.g. build/llama/cpu")
-    p.add_argument("--prompt", default=None,
-                   help="the prompt (default: the bundle's; with --chat: ask interactively)")
-    p.add_argument("--max-new-tokens", type=int, default=128,
-                   help="most tokens generated per answer, at least 1 (default 128)")
+    add_flags(p)
+    return p
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The generation flags, shared with ``iron run`` / ``iron chat`` (llama.cpp's short
+    names)."""
+    p.add_argument("-p", "--prompt", default=None,
+                   help="the prompt (default: -f, else piped standard input, else the bundle's; "
+                        "with --chat: ask interactively)")
+    p.add_argument("-f", "--file", default=None, metavar="FILE",
+                   help="read the prompt from FILE ('-' for standard input)")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help=f"most tokens generated per answer, at least 1 (default "
+                        f"{DEFAULT_MAX_NEW_TOKENS})")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                   help="most positions a conversation uses, at most the bundle's context "
+                        "(default: the bundle's)")
     p.add_argument("--chat", action="store_true",
-                   help="use the checkpoint's chat template; without --prompt, a conversation")
-    p.add_argument("--system", default=None, help="with --chat: a system message")
+                   help="use the checkpoint's chat template; without a prompt, a conversation")
+    p.add_argument("-s", "--system", default=None,
+                   help="a system message (implies --chat: only the template has a place "
+                        "for it)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end the answer before this text (repeatable)")
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--temperature", "--temp", type=float, default=0.0,
                    help="0 <= T <= 100; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=0,
                    help="sample from the k most likely tokens, k >= 0 (0: all)")
     p.add_argument("--top-p", type=float, default=1.0,
                    help="sample from the smallest set of tokens whose probability reaches p, "
                         "0 < p <= 1")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="sample only tokens at least this fraction as likely as the most "
+                        "likely one, 0 <= p <= 1 (0: off)")
     p.add_argument("--seed", type=int, default=None, help="random seed, >= 0")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="divide the logits of tokens already seen (prompt and output) by this, "
@@ -50,13 +73,14 @@ def parser() -> argparse.ArgumentParser:
                    help="subtract this times a token's count in the output, -2 .. 2")
     p.add_argument("--presence-penalty", type=float, default=0.0,
                    help="subtract this from every token in the output, -2 .. 2")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end (text, tokens, finish_reason, "
+                        "figures)")
+    p.add_argument("-t", "--threads", type=int, default=None,
                    help="at most this many threads per kernel (default: as built, which is at "
                         "most the cores this process may use)")
     p.add_argument("--emulate", action="store_true",
                    help="run an npu1 / npu2 bundle in the emulator (slow)")
-    return p
 
 
 def sampler_from(args, parse: argparse.ArgumentParser) -> Sampler:
@@ -64,7 +88,8 @@ def sampler_from(args, parse: argparse.ArgumentParser) -> Sampler:
         parse.error(f"--max-new-tokens {args.max_new_tokens} is out of range: at least 1")
     try:
         return Sampler(args.temperature, args.top_k, args.top_p, args.seed,
-                       args.repetition_penalty, args.frequency_penalty, args.presence_penalty)
+                       args.repetition_penalty, args.frequency_penalty, args.presence_penalty,
+                       args.min_p)
     except SamplingError as e:
         name = str(e).split("=", 1)[0]
         parse.error(f"--{name.replace('_', '-')}: {e}")
@@ -87,6 +112,7 @@ class Chat:
         self.messages = [{"role": "system", "content": system}] if system else []
         self.prompts: list[list[int]] = []  # the token ids each turn was given
         self.tokens: list[int] = []  # the last answer's tokens
+        self.finish = ""  # why the last answer ended: stop or length
 
     def turn(self, text: str, max_new_tokens: int, sampler: Sampler, stop=(),
              on_text=None, stats: Stats | None = None) -> str:
@@ -106,6 +132,8 @@ class Chat:
         try:
             self.tokens, _ = self.model.generate(ids, max_new_tokens, sampler, on_token,
                                                  stats=stats, keep_prefix=True)
+            self.finish = finish_reason(self.model, self.tokens, stream.stopped,
+                                        max_new_tokens)
         finally:
             pieces.append(stream.flush())
             if on_text and pieces[-1]:
@@ -141,12 +169,45 @@ def interactive(chat: Chat, args, parse) -> int:
     return 0
 
 
+def finish_reason(model: LlamaModel, tokens: list[int], stopped: bool, limit: int) -> str:
+    """``stop`` (an end token or a stop text) or ``length`` (the token limit), as OpenAI says."""
+    if stopped or (tokens and tokens[-1] in model.eos) or len(tokens) < limit:
+        return "stop"
+    return "length"
+
+
+def read_prompt(args) -> str | None:
+    """The prompt: ``--prompt``, else ``--file`` (``-`` is standard input), else piped standard
+    input when there is no conversation to hold on it; None when none is given."""
+    if args.prompt is not None and args.file is not None:
+        raise IronError("give the prompt once: --prompt or --file, not both")
+    if args.file is not None:
+        try:
+            if args.file == "-":
+                return sys.stdin.read()
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise IronError(f"--file {args.file}: cannot read the prompt "
+                            f"({getattr(e, 'strerror', None) or e})") from None
+    if args.prompt is None and not args.chat and not sys.stdin.isatty():
+        text = sys.stdin.read()
+        return text if text else None
+    return args.prompt
+
+
 def main(argv: list[str] | None = None) -> int:
     parse = parser()
-    args = parse.parse_args(argv)
+    return run(parse.parse_args(argv), parse)
+
+
+def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
+    """Generate as the parsed flags say (``args.bundle``: the bundle folder)."""
+    args.chat = args.chat or args.system is not None
     sampler = sampler_from(args, parse)
     stats = Stats()
     chunks: list[str] = []
+    finish = "length"
     try:
         if args.threads is not None:
             if args.threads < 1:
@@ -154,15 +215,18 @@ def main(argv: list[str] | None = None) -> int:
             from ..targets.cpu import set_thread_limit
 
             set_thread_limit(args.threads)
-        if args.prompt is not None:
-            check_text(args.prompt, "--prompt")
+        prompt = read_prompt(args)
+        if prompt is not None:
+            check_text(prompt, "--prompt" if args.prompt is not None else "the prompt")
+        not_a_bundle(args.bundle)
         model = LlamaModel(args.bundle, emulate=args.emulate)
+        limit_context(model, args.ctx_size)
         tokenizer = model.tokenizer()
         if args.chat:
             chat = Chat(model, ChatTemplate.from_dir(model.bundle.path), args.system)
-            if args.prompt is None:
+            if prompt is None:
                 return interactive(chat, args, parse)
-        prompt = args.prompt if args.prompt is not None else model.meta.default_prompt
+        prompt = prompt if prompt is not None else model.meta.default_prompt
 
         def show(piece: str) -> None:
             chunks.append(piece)
@@ -172,11 +236,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.chat:
             chat.turn(prompt, args.max_new_tokens, sampler, args.stop, show, stats)
-            tokens = chat.tokens
+            tokens, finish = chat.tokens, chat.finish
         else:
+            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+            model.check_fits(len(ids), args.max_new_tokens)  # before the prompt is echoed
             if not args.json:
                 sys.stdout.write(prompt)
-            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
             stream = StopText(tokenizer, args.stop)
 
             def on_token(token: int) -> bool:
@@ -186,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 return not stream.stopped
 
             tokens, _ = model.generate(ids, args.max_new_tokens, sampler, on_token, stats=stats)
+            finish = finish_reason(model, tokens, stream.stopped, args.max_new_tokens)
             rest = stream.flush()
             if rest:
                 show(rest)
@@ -196,10 +262,34 @@ def main(argv: list[str] | None = None) -> int:
         report(stats, interrupted=True)
         return 130
     if args.json:
-        print(json.dumps({"text": "".join(chunks), "tokens": tokens, **stats.as_dict()}))
+        print(json.dumps({"text": "".join(chunks), "tokens": tokens, "finish_reason": finish,
+                          **stats.as_dict()}))
     else:
         report(stats, sys.stdout)
     return 0
+
+
+def not_a_bundle(path: str) -> None:
+    """A model that is not a bundle yet gets a one-line pointer to the command that builds it."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".gguf" or (
+            (p / "config.json").is_file() and not (p / "manifest.json").exists()):
+        raise IronError(f"{path}: a {'GGUF file' if p.is_file() else 'checkpoint folder'}, not "
+                        f"a bundle; `iron run {path}` builds one and runs it")
+
+
+def limit_context(model: LlamaModel, positions: int | None) -> None:
+    """Hold a run to ``positions`` of the bundle's context (a larger one needs another
+    bundle: ``iron run -c N`` builds it)."""
+    if positions is None:
+        return
+    if not 1 <= positions <= model.context:
+        raise IronError(f"--ctx-size {positions}: the bundle {model.bundle.path} holds "
+                        f"{model.context} positions; give 1 to {model.context}, or run "
+                        f"`iron run CHECKPOINT -c {positions}`, which builds a bundle for it")
+    model.context = positions
 
 
 def check_text(text: str, what: str) -> None:

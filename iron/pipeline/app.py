@@ -3,7 +3,7 @@
 An application is a package ``apps.<name>`` whose ``App(checkpoint=None, **options)`` class
 provides:
 
-- ``name``: the application's name (``llama``);
+- ``name``: the application's name (its package's);
 - ``programs(device, profile) -> dict[str, Program]``: its graphs, recorded and resolved;
 - ``weights() -> Iterator[(name, array)]``: every weight the programs bind, in the layout the
   kernels read (this is where e.g. gate and up projections are stacked);
@@ -15,6 +15,11 @@ provides:
 - optionally ``tuned_programs(device, profile)``: the programs whose tunables the tuner
   chooses, when some of ``programs`` derive theirs from others.
 
+The package's module-level ``VARIABLES`` (name -> ``iron.pipeline.variables.Variable``)
+declares the options ``App`` takes, with their defaults and checks: ``doit NAME=VALUE``
+accepts them, and the tuner and ``iron run`` pass them through ``open_app``.  An application
+without options declares none.
+
 Profiles live in ``profiles/<app>/<device>.json`` (on the cpu ``cpu-<host class>.json``, see
 ``profile_path``); a missing file means "defaults only".
 """
@@ -23,21 +28,43 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IronError, ProfileError
 from ..paths import project_root
+from .variables import Variable, check_all
+
+if TYPE_CHECKING:  # profiles bring numpy and the operators: a no-op doit loads neither
+    from ..profile import Profile
 
 
-def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
-    """The application ``apps.<name>``, opened on ``checkpoint`` (its default when None)."""
+def app_module(name: str):
     try:
-        module = importlib.import_module(f"apps.{name}")
+        return importlib.import_module(f"apps.{name}")
     except ModuleNotFoundError as e:
         if e.name not in ("apps", f"apps.{name}"):
             raise
         raise IronError(f"unknown application {name!r}: no package apps/{name}") from None
-    return module.App(checkpoint, **options)
+
+
+def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
+    """The application ``apps.<name>``, opened on ``checkpoint`` (its default when None), with
+    ``options`` already checked (see ``open_app``)."""
+    return app_module(name).App(checkpoint, **options)
+
+
+def app_variables(name: str) -> dict[str, Variable]:
+    """The build variables application ``name`` declares (``VARIABLES`` in its package)."""
+    return dict(getattr(app_module(name), "VARIABLES", {}))
+
+
+def open_app(name: str, checkpoint: str | Path | None = None,
+             variables: dict[str, str] | None = None):
+    """The application opened with ``variables`` (name -> text, as on a command line), each
+    checked against what it declares: an unknown name or a bad value is one ``IronError``."""
+    declared = app_variables(name)
+    options = check_all(dict(variables or {}), declared, f"variable of application {name!r}")
+    return load_app(name, checkpoint, **options)
 
 
 def profiles_dir() -> Path:
@@ -56,7 +83,7 @@ def profile_path(app: str, device: str, host_class: str | None = None) -> Path:
     return profiles_dir() / app / f"{device}.json"
 
 
-def app_profile(app: str, device: str):
+def app_profile(app: str, device: str) -> Profile:
     """The committed profile of ``app`` on ``device`` (on the cpu, this host class's); an empty
     one, every tunable from ``resolve()``, if there is none.  A cpu profile whose recorded
     class is not this host's is refused: it was copied under the wrong name."""

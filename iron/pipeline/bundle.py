@@ -54,8 +54,11 @@ WEIGHT_FIELDS = {"xxh3_128": str, "size": int}
 STAMP = ".weights-mtime"  # the weights' mtime as written
 
 
-def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None) -> Path:
-    """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``."""
+def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None,
+                 build: dict[str, Any] | None = None) -> Path:
+    """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``;
+    ``build`` (the selection it was built from: application, checkpoint, variables) is kept in
+    the manifest so that a bundle can be rebuilt with one variable changed."""
     from safetensors.numpy import save_file
 
     from ..targets import target_for
@@ -80,24 +83,92 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
             doc["placements"] = [target.placement(op) for op in program.ops]
             manifest_programs[name] = doc
         runtime = next(names)
-        save_file(dict(app.weights()), str(tmp / WEIGHTS))
-        os.chmod(tmp / WEIGHTS, 0o666 & ~umask())  # safetensors writes it 0600
+        weights = tmp / WEIGHTS
+
+        def write_weights() -> None:
+            save_file(dict(app.weights()), str(weights))
+            os.chmod(weights, 0o666 & ~umask())  # safetensors writes it 0600
+
+        digest = shared_weights(app, weights, write_weights)
         for name, src in app.files().items():
             shutil.copyfile(src, tmp / name)  # as the umask allows, not as src is
         (tmp / "profile.json").write_text(profile.dumps())
         files = {str(p.relative_to(tmp)): sha256_file(p)
                  for p in sorted(tmp.rglob("*")) if p.is_file()}
-        weights = tmp / WEIGHTS
         manifest = {"format": FORMAT, "app": app.name, "device": device.name,
                     "programs": manifest_programs, "runtime": runtime, "meta": app.meta(),
                     "files": files, **target.requirements(),
-                    "weights": {"xxh3_128": xxh3_file(weights), "size": weights.stat().st_size}}
+                    "weights": {"xxh3_128": digest, "size": weights.stat().st_size}}
+        if build:
+            manifest["build"] = build
         manifest["digest"] = manifest_digest(manifest)
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         # outside the manifest (which stays reproducible): lets `doit` skip re-hashing
         (tmp / STAMP).write_text(json.dumps(weights.stat().st_mtime_ns))
         swap_into_place(tmp, out)
     return out
+
+
+#: Folder (under the build folder) of the weights files bundles share: bundles whose weights
+#: are the same (they differ only in context, batch, device or -march) hold hard links to one
+#: file here instead of a copy each.
+WEIGHTS_POOL = "weights"
+
+
+def shared_weights(app, dest: Path, write) -> str:
+    """Put the application's weights at ``dest`` and return their xxh3: a hard link to the pool's
+    file when one was written for the same ``app.weights_key()`` (what the weights depend on)
+    and is still as written (size and time), else ``write()`` then link the new file into the
+    pool.  Without a key, or where hard links cannot be made (another file system), the file
+    is written and not shared."""
+    from ..paths import build_dir
+
+    key_of = getattr(app, "weights_key", None)
+    if key_of is None:
+        write()
+        return xxh3_file(dest)
+    key = hashlib.sha256(json.dumps([app.name, key_of()], sort_keys=True).encode()
+                         ).hexdigest()[:32]
+    pool = build_dir() / WEIGHTS_POOL
+    shared, index = pool / f"{key}.safetensors", pool / f"{key}.json"
+    try:
+        record = json.loads(index.read_text())
+        st = shared.stat()
+        if [st.st_size, st.st_mtime_ns] == [record["size"], record["mtime_ns"]]:
+            os.link(shared, dest)
+            return record["xxh3_128"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    write()
+    digest = xxh3_file(dest)
+    try:
+        pool.mkdir(parents=True, exist_ok=True)
+        tmp = pool / f".{key}.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        os.link(dest, tmp)
+        os.replace(tmp, shared)
+        st = dest.stat()
+        atomic_write_bytes(index, json.dumps({"xxh3_128": digest, "size": st.st_size,
+                                              "mtime_ns": st.st_mtime_ns}).encode())
+    except OSError:
+        pass  # not shared: the bundle holds its own copy
+    return digest
+
+
+def collect_weights() -> int:
+    """Remove the pool's weights files no bundle links to any more; how many were removed."""
+    from ..paths import build_dir
+
+    removed = 0
+    for shared in (build_dir() / WEIGHTS_POOL).glob("*.safetensors"):
+        try:
+            if shared.stat().st_nlink == 1:
+                shared.unlink()
+                shared.with_suffix(".json").unlink(missing_ok=True)
+                removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

@@ -1,32 +1,38 @@
 """The doit task graph behind ``dodo.py``: checkpoint, compile, bundle, generate, tune, gc
 (the task that runs the bundle is ``generate``: doit reserves ``run`` for its own command).
 
-At set-up the command-line variables are checked against ``VARIABLES`` (an unknown name or a
-bad value is a one-line error naming it).  The application's programs are recorded under the
-device's profile and every operator instance resolved; each distinct instance becomes one
-``compile:<name>`` subtask whose name carries the operator, its shape and a short artifact key.
-Because the key hashes the resolved tunables, a profile edit creates new compile tasks only
-for the instances whose tunables moved, and reverting the edit brings back tasks doit already
-knows to be done.  ``bundle`` depends on every compile target, the checkpoint's files and the
-profile, and is out of date whenever the bundle on disk no longer checks out (a kernel deleted
-or edited, weights changed).
+At set-up the command-line variables are checked against ``VARIABLES`` and the variables the
+chosen application declares (``apps/<app>/__init__.py``'s ``VARIABLES``, see ``app.py``): an
+unknown name or a bad value is a one-line error naming it.  The application's programs are
+recorded under the device's profile and every operator instance resolved; each distinct
+instance becomes one ``compile:<name>`` subtask whose name carries the operator, its shape and
+a short artifact key.  Because the key hashes the resolved tunables, a profile edit creates new
+compile tasks only for the instances whose tunables moved, and reverting the edit brings back
+tasks doit already knows to be done.  ``bundle`` depends on every compile target, the
+checkpoint's files and the profile, and is out of date whenever the bundle on disk no longer
+checks out (a kernel deleted or edited, weights changed).
 
 Recording is the slow part of loading, so its result (task names, recipes, the bundle's
 configuration) is kept in ``build/.programs/``, keyed by everything it depends on: the
 variables, the profile's bytes, the host's usable cores and -march level, the sizes and times of
 iron's and the application's sources and of the checkpoint's files.  A no-op ``doit`` reads that
-record and imports neither numpy nor the application.
+record and imports neither numpy nor the application's code (only its declared variables).
+Each selection keeps its own doit state file (``build/.doit/``), so building one bundle leaves
+another's tasks current.
 
-Variables: ``app`` (llama), ``device`` (``$IRON_DEVICE`` or cpu), ``checkpoint`` (the
-application's default), ``context``, ``weights`` (``native``: the checkpoint's own formats,
-``bf16`` or ``uint4``), ``group`` (uint4's group size), ``batch`` (most sequences one batched
-decode step runs), ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable
-cores), ``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of
-``python -m iron.lm.run``, e.g. ``top_k=40 stop=. chat=1``, which it validates), the tuner's
-``only``, ``budget``, ``prune`` (``0``: measure every candidate), ``fresh``,
-``max_load``, ``scheduler``, and gc's ``days``.
-The default bundle is ``build/<app>/<device>/``; another checkpoint, context, weights, batch or
--march level gets its own folder beside it, ``build/<app>/<device>-<what differs>/``.
+The pipeline's variables: ``app`` (``apps.DEFAULT_APP`` unless given), ``device``
+(``$IRON_DEVICE`` or cpu), ``checkpoint`` (the application's default; a folder or a file),
+``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable cores), ``verbose``,
+``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of the
+application's run command, which it validates), the tuner's ``only``, ``budget``, ``prune``
+(``0``: measure every candidate), ``fresh``, ``max_load``, ``scheduler``, and gc's ``days``;
+``doit list`` shows each with its default.  The default bundle is ``build/<app>/<device>/``;
+another checkpoint, application variable or -march level gets its own folder beside it,
+``build/<app>/<device>-<what differs>/``, tagged as the application's variables say.
+
+Output is quiet: one line says what was built (``verbose=1`` or ``doit -v 2`` shows every task
+and compile line); Ctrl-C ends with one line, the previous bundle and every finished compile
+kept.
 
 With a remote cache (``IRON_REMOTE_CACHE``), each action that touched the store returns its
 share of the remote tier's counts as a doit value; ``Reporter`` adds them up (with ``-n N`` too,
@@ -54,24 +60,97 @@ from ..errors import IronError
 from ..paths import PACKAGE_DIR, build_dir, project_root
 from ..remote_cache import from_env as remote_cache_from_env
 from ..util import atomic_write_bytes, read_bounded
+from . import variables as v
+from .variables import Variable
 
 RECORD_VERSION = 2
 
 
+#: ``verbose=1`` given: every task line and every compile line, as doit prints them
+VERBOSE = False
+#: set once Ctrl-C was pressed: the run ends with the one line already printed
+INTERRUPTED = False
+#: whether a run that built nothing says so (``iron run`` uses a current bundle silently)
+REPORT_CURRENT = True
+#: the bundle folder of the selection (the progress line names it)
+BUNDLE = ""
+
+
 class Reporter(ConsoleReporter):
-    """doit's console reporter, with iron's own errors on one line instead of a traceback, and
-    the remote cache's hits, misses and uploads of the run at the end."""
+    """doit's console reporter, quiet unless ``verbose=1`` (or ``doit -v 2``): instead of a
+    line per task, one line says what was built, before the answer of ``generate`` (or at the
+    end).  iron's own errors are one line instead of a traceback, and the remote cache's hits,
+    misses and uploads of the run are added up into one line at the end."""
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
         self.remote_counts: Counter[str] = Counter()
+        self.verbose = VERBOSE or options.get("verbosity") == 2
+        self.compiled, self.instances = 0, 0
+        self.bundle: str | None = None
+        self.bundle_written = self.said = self.started = self.failed = False
+
+    def execute_task(self, task):
+        if self.verbose:
+            return super().execute_task(task)
+        if task.name in ("generate", "tune", "gc"):
+            self.summary()
+        elif task.name.startswith("compile:") or task.name == "bundle":
+            if not self.started:
+                self.started = True
+                self.write(f"building {BUNDLE} (once: later runs reuse it) ...\n")
+                self.outstream.flush()
+
+    def skip_uptodate(self, task):
+        if self.verbose:
+            return super().skip_uptodate(task)
+        self.count(task, ran=False)
+
+    def skip_ignore(self, task):
+        if self.verbose:
+            super().skip_ignore(task)
 
     def add_success(self, task):
         super().add_success(task)
         self.remote_counts.update(task.values.get("remote_cache", {}))
+        self.count(task, ran=True)
+
+    def count(self, task, ran: bool) -> None:
+        if task.name.startswith("compile:"):
+            self.instances += 1
+            self.compiled += ran and not task.values.get("cached")
+        elif task.name == "bundle":
+            self.bundle = str(Path(task.targets[0]).parent)
+            self.bundle_written = ran
+
+    def add_failure(self, task, fail):
+        self.failed = True
+        super().add_failure(task, fail)
+
+    def summary(self) -> None:
+        """One line: what this run compiled and whether it wrote the bundle."""
+        if self.said or self.verbose or self.bundle is None or self.failed:
+            return
+        self.said = True
+        if self.bundle_written:
+            what = (f"compiled {self.compiled} of {self.instances} instances (the rest cached)"
+                    if self.compiled < self.instances else
+                    f"compiled {self.instances} instances")
+            if not self.compiled:
+                what = f"every one of its {self.instances} instances was cached"
+            self.write(f"built {self.bundle}: {what}; -v 2 or verbose=1 lists every task\n")
+        elif REPORT_CURRENT:
+            self.write(f"{self.bundle} is up to date ({self.instances} instances)\n")
+        self.outstream.flush()
 
     def complete_run(self):
+        if INTERRUPTED:
+            return
+        # an iron error was said in one line already: no dump of the task's captured output
+        self.failures = [f for f in self.failures if not (
+            isinstance(f["exception"], TaskFailed) and not f["exception"].traceback)]
         super().complete_run()
+        self.summary()
         remote = remote_cache_from_env()
         if remote is not None:
             self.write(remote.summary(self.remote_counts) + "\n")
@@ -82,6 +161,18 @@ class Reporter(ConsoleReporter):
             self.write(f"error: {result['task'].name}: {fail.message}\n")
         else:
             super()._write_failure(result, write_exception)
+
+
+def on_interrupt(signum, frame):
+    """Ctrl-C during a build: one line, then doit stops; its state file keeps every task that
+    finished, and an unfinished bundle or cache entry is a temporary folder the next run
+    replaces (the previous bundle stays in place)."""
+    global INTERRUPTED
+    if not INTERRUPTED:
+        INTERRUPTED = True
+        print("\ninterrupted: the previous bundle and every finished compile are kept; the "
+              "same command resumes", file=sys.stderr, flush=True)
+    raise SystemExit(130)
 
 
 class BuildError(InvalidDodoFile):
@@ -96,102 +187,82 @@ except OSError as e:
 DOIT_CONFIG = {
     "reporter": Reporter,
     "backend": "sqlite3",
-    "dep_file": str(build_dir() / ".doit.db"),
     "default_tasks": ["bundle"],
-    "verbosity": 2,
 }
 
 
 #: doit variables ``generate`` passes on to the application's run command (as its flags)
-GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop",
+GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
                     "repetition_penalty", "frequency_penalty", "presence_penalty", "chat",
                     "system")
-
-
-def _positive(limit: int) -> Callable[[str, str], int]:
-    def check(name: str, text: str) -> int:
-        if not re.fullmatch(r"[0-9]{1,9}", text.strip()) or not 1 <= int(text) <= limit:
-            raise IronError(f"doit variable {name}={text!r}: must be an integer from 1 to "
-                            f"{limit}")
-        return int(text)
-    return check
-
-
-def _count(name: str, text: str) -> int:
-    if not re.fullmatch(r"[0-9]{1,6}", text.strip()):
-        raise IronError(f"doit variable {name}={text!r}: must be a whole number, 0 or more")
-    return int(text)
-
-
-def _number(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and value < 1e9):
-        raise IronError(f"doit variable {name}={text!r}: must be a non-negative number")
-    return value
-
-
-def _choice(*allowed: str) -> Callable[[str, str], str]:
-    def check(name: str, text: str) -> str:
-        if text not in allowed:
-            raise IronError(f"doit variable {name}={text!r}: must be one of {', '.join(allowed)}")
-        return text
-    return check
-
-
-def _identifier(name: str, text: str) -> str:
-    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", text):
-        raise IronError(f"doit variable {name}={text!r}: must be a package name under apps/")
-    return text
-
-
-def _text(name: str, text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise IronError(f"doit variable {name}: byte {text[e.start]!r} at position {e.start} "
-                        "is not UTF-8 text") from None
-    return text
 
 
 def _march(name: str, text: str) -> str:
     return host.check_march(text, f"doit variable {name}")
 
 
-def _operators(name: str, text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(,[A-Za-z][A-Za-z0-9]*)*", text):
-        raise IronError(f"doit variable {name}={text!r}: must be operator names, "
-                        "comma-separated")
-    return text
-
-
-#: Every variable ``doit NAME=VALUE`` takes, and the check of its value.
-VARIABLES: dict[str, Callable[[str, str], Any]] = {
-    "app": _identifier, "device": _choice(*DEVICE_NAMES), "checkpoint": _text,
-    "context": _positive(1 << 20), "weights": _choice("native", "bf16", "uint4"),
-    "group": _choice("32", "128"), "march": _march, "threads": _positive(4096),
-    "prompt": _text, "only": _operators, "budget": _number, "fresh": _choice("0", "1"),
-    "max_load": _number, "days": _number, "batch": _positive(64), "scheduler": _text,
-    "prune": _count,
-    **{name: _text for name in GENERATE_OPTIONS},
+#: The pipeline's own variables; an application adds the ones it declares (see ``app.py``).
+VARIABLES: dict[str, Variable] = {
+    "app": Variable(None, v.identifier, "the application, a package apps/<app>",
+                    shown="apps.DEFAULT_APP"),
+    "device": Variable(None, v.choice(*DEVICE_NAMES), "the device built for",
+                       shown="$IRON_DEVICE or cpu"),
+    "checkpoint": Variable(None, v.text, "a checkpoint folder or a .gguf file",
+                           shown="the application's"),
+    "march": Variable(None, _march, "-march level of the cpu kernels",
+                      shown="$IRON_MARCH or native"),
+    "threads": Variable(None, v.positive(4096), "most threads per kernel",
+                        shown="the usable cores"),
+    "verbose": Variable(0, v.choice("0", "1", as_int=True), "1: every task and compile line"),
+    "prompt": Variable(None, v.text, "generate's prompt", shown="the bundle's"),
+    **{name: Variable(None, v.text, "a flag of the application's run command")
+       for name in GENERATE_OPTIONS},
+    "only": Variable(None, v.operators, "tune: only these operators"),
+    "budget": Variable(None, v.number, "tune: seconds"),
+    "prune": Variable(None, v.count, "tune: candidates measured per instance (0: all)",
+                      shown="8"),
+    "fresh": Variable(0, v.choice("0", "1"), "tune: 1 measures everything again"),
+    "max_load": Variable(None, v.number, "tune: others' load allowed while timing",
+                         shown="the tuner's"),
+    "scheduler": Variable(None, v.text, "tune: a Dask scheduler tcp://HOST:PORT"),
+    "days": Variable(None, v.number, "gc: keep entries used within this many days",
+                     shown="7 in a shared cache"),
 }
 
+#: Variables each task reads (shown with their defaults by ``doit list`` / ``doit help``).
+_BUILD = ("app", "device", "checkpoint", "march", "threads")
+_TASK_VARIABLES = {"bundle": _BUILD, "generate": (*_BUILD, "prompt", *GENERATE_OPTIONS),
+                   "tune": ("app", "device", "checkpoint", "only", "budget", "prune", "fresh",
+                            "max_load", "scheduler"),
+                   "gc": ("days",)}
 
-def check_variables(variables: dict[str, str]) -> dict[str, Any]:
-    """The command line's variables, each checked; an unknown name is an error naming it."""
-    import difflib
 
-    checked = {}
-    for name, text in variables.items():
-        if name not in VARIABLES:
-            close = difflib.get_close_matches(name, VARIABLES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise IronError(f"unknown doit variable {name!r}{hint}; the variables are "
-                            f"{', '.join(VARIABLES)}")
-        checked[name] = VARIABLES[name](name, str(text))
-    return checked
+def default_app() -> str:
+    """The application built when none is named (``apps.DEFAULT_APP``), found at run time as
+    ``app.load_app`` finds an application by name."""
+    import importlib
+
+    return importlib.import_module("apps").DEFAULT_APP
+
+
+def declared_variables(app_name: str) -> dict[str, Variable]:
+    """The pipeline's variables and those application ``app_name`` declares."""
+    from .app import app_variables
+
+    declared = app_variables(app_name)
+    clash = sorted(set(declared) & set(VARIABLES))
+    if clash:
+        raise IronError(f"application {app_name!r} declares variable {clash[0]!r}, which the "
+                        "pipeline already has; rename it")
+    return {**VARIABLES, **declared}
+
+
+def check_variables(variables: dict[str, str]) -> tuple[dict[str, Any], dict[str, Variable]]:
+    """The command line's variables, each checked (an unknown name is an error naming it), and
+    every variable declared for the chosen application."""
+    app = v.identifier("app", str(variables.get("app") or default_app()))
+    declared = declared_variables(app)
+    return v.check_all(variables, declared, "doit variable"), declared
 
 
 def task_name(op, key: str) -> str:
@@ -240,22 +311,22 @@ class BuildGraph:
 
     def __init__(self, get_var: Callable[[str, Any], Any],
                  variables: dict[str, str] | None = None):
+        global VERBOSE
         try:
-            self.vars = check_variables(dict(variables or {}))
+            self.vars, self.declared = check_variables(dict(variables or {}))
             if "march" in self.vars:
                 os.environ["IRON_MARCH"] = self.vars["march"]
             if "threads" in self.vars:
                 os.environ["IRON_THREADS"] = str(self.vars["threads"])
             self.level = host.march()
-            self.app_name = self.vars.get("app", "llama")
+            self.app_name = self.vars.get("app") or default_app()
             self.device = get_device(self.vars.get("device"))
         except IronError as e:
             raise BuildError(str(e)) from None
+        VERBOSE = bool(self.vars.get("verbose"))
         self.checkpoint = self.vars.get("checkpoint")
-        self.context = self.vars.get("context")
-        self.weights = self.vars.get("weights")
-        self.group = self.vars.get("group")
-        self.batch = self.vars.get("batch")
+        #: the application's variables given on the command line, checked
+        self.options = {k: val for k, val in self.vars.items() if k not in VARIABLES}
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
                                                             "max_load", "scheduler", "prune")}
@@ -263,6 +334,8 @@ class BuildGraph:
 
         self.store = default_store()
         self.bundle_dir = build_dir() / self.app_name / self.bundle_name()
+        global BUNDLE
+        BUNDLE = str(self.bundle_dir)
         from .app import profile_path
 
         self.profile_file = profile_path(self.app_name, self.device.name)
@@ -270,22 +343,33 @@ class BuildGraph:
         self._record = None
 
     def bundle_name(self) -> str:
-        """``cpu`` for the default selection; otherwise what differs, so bundles of different
-        checkpoints, contexts or -march levels do not overwrite one another."""
+        """``cpu`` for the default selection; otherwise what differs (the checkpoint, each
+        application variable not at its default, as the application tags it, the -march
+        level), so bundles of different selections do not overwrite one another."""
         parts = [self.device.name]
         if self.checkpoint:
             path = Path(self.checkpoint).resolve()
             digest = hashlib.sha256(str(path).encode()).hexdigest()[:6]
-            parts.append(f"{_slug(path.name)}-{digest}")
-        if self.context:
-            parts.append(f"ctx{self.context}")
-        if self.weights not in (None, "native"):
-            parts.append(self.weights + (f"-g{self.group}" if self.group else ""))
-        if self.batch:
-            parts.append(f"batch{self.batch}")
+            parts.append(f"{_slug(path.stem if path.is_file() else path.name)}-{digest}")
+        for name, value in self.options.items():
+            declared = self.declared[name]
+            if declared.tag is not None and value != declared.default:
+                parts.append(_slug(declared.tag.format(value)))
         if self.level != host.DEFAULT_MARCH:
             parts.append(_slug(self.level))
         return "-".join(parts)
+
+    def variables_doc(self, task: str) -> str:
+        """``; variables: name=default ...`` of what ``task`` reads (the application's too)."""
+        names = [n for n in _TASK_VARIABLES[task] if n not in GENERATE_OPTIONS]
+        if task in ("bundle", "generate"):
+            names += [n for n in self.declared if n not in VARIABLES]
+        line = "; variables: " + v.defaults_line({n: self.declared[n] for n in names},
+                                                 {**self.vars, "app": self.app_name})
+        if task == "generate":
+            line += (f", and the run command's flags {', '.join(GENERATE_OPTIONS)} (its "
+                     "defaults)")
+        return line
 
     # the application is opened lazily: only when the record of its programs is stale
     @property
@@ -293,9 +377,7 @@ class BuildGraph:
         if self._app is None:
             from .app import load_app
 
-            self._app = load_app(self.app_name, self.checkpoint,
-                                 **app_options(self.context, self.weights, self.group,
-                                               self.batch))
+            self._app = load_app(self.app_name, self.checkpoint, **self.options)
         return self._app
 
     def profile(self):
@@ -313,12 +395,12 @@ class BuildGraph:
         except OSError as e:
             raise IronError(f"{self.profile_file}: cannot read the profile ({e.strerror})") \
                 from None
-        key = {"version": RECORD_VERSION, "vars": {k: v for k, v in self.vars.items()
-                                                     if k in ("app", "device", "checkpoint",
-                                                              "context", "weights", "group",
-                                                              "batch")},
-               "march": self.level, "columns": self.device.columns,
-               "checkpoint": str(Path(self.checkpoint).resolve()) if self.checkpoint else None,
+        source = Path(self.checkpoint).resolve() if self.checkpoint else None
+        stat = source.stat() if source is not None and source.is_file() else None
+        key = {"version": RECORD_VERSION, "app": self.app_name, "device": self.device.name,
+               "options": self.options, "march": self.level, "columns": self.device.columns,
+               "checkpoint": str(source) if source else None,
+               "checkpoint_file": [stat.st_size, stat.st_mtime_ns] if stat else None,
                "profile": hashlib.sha256(profile).hexdigest(), "code": _code_stamp(),
                "compiler": host.compiler_stamp(), "cache": str(self.store.root)}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
@@ -381,7 +463,8 @@ class BuildGraph:
     def task_checkpoint(self) -> dict:
         return {"actions": [(self._ensure_checkpoint, [])], "uptodate": [False],
                 "verbosity": 1,
-                "doc": "fetch and convert the application's default checkpoint if needed"}
+                "doc": "fetch and convert the checkpoint if needed (a .gguf file is converted "
+                       "once)"}
 
     def _ensure_checkpoint(self):
         try:
@@ -403,6 +486,7 @@ class BuildGraph:
                    "file_dep": inst["sources"],
                    "targets": [str(self.store.path(inst["key"]) / ENTRY_MANIFEST)],
                    "uptodate": [config_changed(inst["description"])],
+                   "verbosity": 2 if VERBOSE else 1,
                    "doc": inst["doc"]}
 
     def task_bundle(self) -> dict:
@@ -416,21 +500,25 @@ class BuildGraph:
         if self.profile_file.exists():
             deps.append(str(self.profile_file))
         deps += record["runtime_sources"]
+        build = {"app": self.app_name, "device": self.device.name,
+                 "checkpoint": str(Path(self.checkpoint).resolve()) if self.checkpoint else None,
+                 "variables": {k: str(val) for k, val in self.options.items()},
+                 "march": self.vars.get("march")}
         return {"actions": [(write_bundle_action, [self.app_name, self.checkpoint,
-                                                   self.context, self.weights, self.group,
-                                                   self.batch, self.device.name,
-                                                   str(self.bundle_dir)])],
+                                                   self.options, self.device.name,
+                                                   str(self.bundle_dir), build])],
                 "file_dep": sorted(set(deps)),
                 "task_dep": ["compile"],
                 "targets": [str(self.bundle_dir / MANIFEST)],
                 "uptodate": [config_changed({"app": self.app_name, "device": self.device.name,
                                              "meta": record["meta"],
                                              "runtime": record["runtime"],
-                                             "march": self.level,
+                                             "march": self.level, "build": build,
                                              "columns": self.device.columns}),
                              (bundle_intact, [str(self.bundle_dir)])],
+                "verbosity": 2 if VERBOSE else 1,
                 "doc": f"the runnable {self.app_name} bundle for {self.device} in "
-                       f"{self.bundle_dir}"}
+                       f"{self.bundle_dir}{self.variables_doc('bundle')}"}
 
     def task_generate(self) -> dict:
         options = {k: self.vars.get(k) for k in GENERATE_OPTIONS if k in self.vars}
@@ -441,30 +529,33 @@ class BuildGraph:
             command = gen["default"]
         else:
             command = [self.prompt if a == gen["mark"] else a for a in gen["prompt"]]
-        return {"actions": [command], "task_dep": ["bundle"], "uptodate": [False],
-                "verbosity": 2, "doc": "build the bundle if needed, then run it"}
+        return {"actions": [(run_command, [command])], "task_dep": ["bundle"],
+                "uptodate": [False], "verbosity": 2,
+                "doc": "build the bundle if needed, then run it"
+                       f"{self.variables_doc('generate')}"}
 
     def task_tune(self) -> dict:
         argv = [sys.executable, "-m", "iron.lm.tune", self.app_name, "--device",
                 self.device.name]
         if self.checkpoint:
             argv += ["--checkpoint", str(self.checkpoint)]
-        if self.weights:
-            argv += ["--weights", self.weights]
+        if "weights" in self.options:  # the tuner's own option (see iron.tuning)
+            argv += ["--weights", str(self.options["weights"])]
         for option in ("only", "budget", "prune", "max_load", "scheduler"):
             if self.tune_options[option] is not None:
                 argv += [f"--{option.replace('_', '-')}", str(self.tune_options[option])]
         if self.tune_options["fresh"] == "1":
             argv.append("--fresh")
-        return {"actions": [argv], "task_dep": ["checkpoint"], "uptodate": [False],
-                "verbosity": 2,
+        return {"actions": [(run_command, [argv])], "task_dep": ["checkpoint"],
+                "uptodate": [False], "verbosity": 2,
                 "doc": f"time every legal setting and rewrite {self.profile_file} "
-                       "(a later `doit` rebuilds what moved)"}
+                       f"(a later `doit` rebuilds what moved){self.variables_doc('tune')}"}
 
     def task_gc(self) -> dict:
         return {"actions": [(self._gc, [])], "uptodate": [False], "verbosity": 2,
-                "doc": "remove cache entries nothing references (in a shared $IRON_CACHE_DIR, "
-                       "only those unused for `days`, default 7) and abandoned temp folders"}
+                "doc": "remove cache entries and shared weights nothing references (in a "
+                       "shared $IRON_CACHE_DIR, only those unused for `days`) and abandoned "
+                       f"temp folders{self.variables_doc('gc')}"}
 
     def _gc(self) -> None:
         from ..store import SHARED_KEEP_DAYS, collect_temp
@@ -482,9 +573,13 @@ class BuildGraph:
         for old in build_dir().glob("*/.old-*"):
             if old.with_name(old.name[len(".old-"):]).exists():
                 leftovers += collect_temp([old])
+        from .bundle import collect_weights
+
+        weights = collect_weights()
         age = "" if days is None else f" unused for {days:g} days"
-        print(f"gc: removed {len(removed)} cache entries{age} and {temp + len(leftovers)} "
-              f"abandoned temporary folders; kept {len(keep & set(self.store.keys()))} in use")
+        print(f"gc: removed {len(removed)} cache entries{age}, {weights} weights files no bundle "
+              f"uses and {temp + len(leftovers)} abandoned temporary folders; kept "
+              f"{len(keep & set(self.store.keys()))} in use")
 
 
 def where(placement: str) -> str:
@@ -500,6 +595,7 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
     try:
         target = target_for(device(device_name))
         store = default_store()
+        cached = store.lookup(key) is not None  # compiled for another selection, or remotely
         entry = target.compile(target.recipe_from(description, sources), store)
     except IronError as e:
         return TaskFailed(str(e))
@@ -507,24 +603,11 @@ def compile_action(device_name: str, description: dict, sources: list, key: str,
         return TaskFailed(f"the recipe of {description.get('operator')} hashes to {entry.key}, "
                           f"its task expects {key}: iron's sources changed during the build")
     print(f"[{counter}] {description.get('operator') or description.get('kernel')} -> "
-          f"{entry.path}")
-    return remote_values(store)
+          f"{entry.path}{' (cached)' if cached else ''}")
+    return {**remote_values(store), "cached": cached}
 
 
-def app_options(context, weights, group, batch=None) -> dict[str, Any]:
-    """The application's options from the doit variables that were given."""
-    options: dict[str, Any] = {"context": int(context)} if context else {}
-    if batch:
-        options["batch"] = int(batch)
-    if weights:
-        options["weights"] = weights
-    if group:
-        options["group"] = int(group)
-    return options
-
-
-def write_bundle_action(app_name, checkpoint, context, weights, group, batch, device_name,
-                        out):
+def write_bundle_action(app_name, checkpoint, options, device_name, out, build):
     """doit action: write the bundle (opens the application: it needs the weights)."""
     from ..devices import device
     from ..cache import default_store
@@ -533,15 +616,37 @@ def write_bundle_action(app_name, checkpoint, context, weights, group, batch, de
 
     try:
         store = default_store()
-        app = load_app(app_name, checkpoint, **app_options(context, weights, group, batch))
+        app = load_app(app_name, checkpoint, **options)
         dev = device(device_name)
         profile = app_profile(app_name, dev.name)
         profile.warnings_to = io.StringIO()  # said when the tasks were set up
-        write_bundle(app, dev, profile, Path(out), store)
+        write_bundle(app, dev, profile, Path(out), store, build)
     except IronError as e:
         return TaskFailed(str(e))
     print(f"bundle written to {out}")
     return remote_values(store)
+
+
+def run_command(argv: list[str]):
+    """doit action: run ``argv`` (the bundle, the tuner) in the foreground. Ctrl-C goes to it
+    alone, so it ends its own way (statistics so far, the profile untouched) and doit ends
+    with one line, not a traceback."""
+    import signal
+    import subprocess
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = subprocess.run(argv).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if code in (130, -signal.SIGINT):
+        global INTERRUPTED
+        INTERRUPTED = True  # the program said so itself
+        raise SystemExit(130)
+    if code != 0:
+        return TaskFailed(f"{Path(argv[2] if argv[1:2] == ['-m'] else argv[0]).name} "
+                          f"exited with status {code}")
+    return None
 
 
 def bundle_intact(out: str) -> bool:
@@ -560,3 +665,46 @@ def config_changed(config: dict):
     from doit.tools import config_changed as changed
 
     return changed(config)
+
+
+def dodo_namespace(variables: dict[str, str]) -> dict[str, Any]:
+    """What a dodo file holds for the selection ``variables`` (NAME=VALUE pairs): doit's
+    configuration and the task creators.  ``dodo.py`` is this namespace; ``iron run`` loads it
+    with doit's API, so both build through the same graph and the same state file."""
+    import signal
+
+    from doit import create_after
+
+    graph = BuildGraph(None, variables)
+    signal.signal(signal.SIGINT, on_interrupt)
+    # one state file per selection: building one bundle does not make another's tasks stale
+    states = build_dir() / ".doit"
+    states.mkdir(exist_ok=True)
+    config = {**DOIT_CONFIG,
+              "dep_file": str(states / f"{graph.app_name}-{graph.bundle_dir.name}.db")}
+
+    def task_checkpoint():
+        return graph.task_checkpoint()
+
+    @create_after(executed="checkpoint")
+    def task_compile():
+        yield from graph.task_compile()
+
+    @create_after(executed="checkpoint")
+    def task_bundle():
+        return graph.task_bundle()
+
+    @create_after(executed="checkpoint")
+    def task_generate():
+        return graph.task_generate()
+
+    def task_tune():
+        return graph.task_tune()
+
+    @create_after(executed="checkpoint")
+    def task_gc():
+        return graph.task_gc()
+
+    return {"DOIT_CONFIG": config, "graph": graph, "task_checkpoint": task_checkpoint,
+            "task_compile": task_compile, "task_bundle": task_bundle,
+            "task_generate": task_generate, "task_tune": task_tune, "task_gc": task_gc}

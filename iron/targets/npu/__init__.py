@@ -52,6 +52,19 @@ DESIGN_FILE, MLIR_FILE, GENERIC_FILE = "design.json", "design.mlir", "design.gen
 
 
 @functools.lru_cache(maxsize=1 << 14)
+def operator_class(name: str) -> type[Operator]:
+    """The operator class a recipe read back from a file names.  The registry fills as
+    ``iron.operators`` is imported, which a build that reuses recorded programs never does
+    otherwise (it opens no application), so it is imported here."""
+    from ... import operators  # noqa: F401
+
+    try:
+        return Operator.registry[name]
+    except KeyError:
+        raise CompileError(f"recipe names operator {name!r}, which iron does not define (it "
+                           f"has {', '.join(sorted(Operator.registry))})") from None
+
+
 def design_of(op: Operator, device: str):
     """The design of a resolved instance on ``device`` (None: placed on the host)."""
     from .designs import design_for
@@ -190,7 +203,7 @@ class NpuTarget(Target):
         d = recipe.description
         if d["target"] == "npu-host-cores":
             return build_host_cores(folder)
-        op = Operator.registry[d["operator"]](**d["fields"])
+        op = operator_class(d["operator"])(**d["fields"])
         design = design_of(op, d["target"])
         if design is None:
             (folder / STEP_FILE).write_text(json.dumps(
