@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers: opcases, tiny_llama, ...
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))  # shared helpers: buildtools, opcases, ...
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,3 +68,9 @@ def copy_project(dest: Path) -> Path:
         shutil.copy2(REPO / name, dest / name)
     (dest / "profiles" / "demo").mkdir(parents=True, exist_ok=True)
     return dest
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project's sources (no build/), importable on its own."""
+    return copy_project(tmp_path / "project")

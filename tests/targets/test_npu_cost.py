@@ -31,9 +31,9 @@ from iron.tuning.check import mismatch
 from iron.tuning.measure import single_step
 from iron.tuning.tuner import tune
 from opcases import case_inputs, OneStep
-from test_npu import SMALL
+from opcases import SMALL
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEVICES = ("npu1", "npu2")
 #: The commands that write the committed profiles, in order, as (device, weights option).
 RUNS = [(dev, weights) for dev in DEVICES for weights in (None, "bf16")]
@@ -174,6 +174,7 @@ def apps(smollm2):
             for w in (None, "bf16")}
 
 
+@pytest.mark.slow
 def test_committed_npu_profiles_are_what_the_model_tune_writes_now(apps, tmp_path):
     """``python -m iron.lm.tune llama --device D`` then ``... --weights bf16``, from no
     profile and no log, for npu1 and npu2, give the bytes of the committed files (which
@@ -189,6 +190,7 @@ def test_committed_npu_profiles_are_what_the_model_tune_writes_now(apps, tmp_pat
         assert written == (REPO / "profiles" / "llama" / f"{dev}.json").read_bytes(), dev
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dev", DEVICES)
 def test_every_entry_is_legal_applied_and_emulates_correctly(apps, dev):
     """Each entry of the committed profile is the setting the decoder resolves (what ``doit

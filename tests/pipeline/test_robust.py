@@ -21,7 +21,9 @@ from iron.errors import BundleError, CheckpointError, IronError, ProfileError
 from iron.pipeline import bundle as bundles
 from iron.profile import Profile
 
-from test_build import ROOT, doit, executed, project, run_bundle, set_profile  # noqa: F401
+from buildtools import ROOT, doit, executed, run_bundle, set_profile  # noqa: F401
+
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
 TASKSET = shutil.which("taskset")
 
@@ -658,7 +660,7 @@ def test_damaged_log_record_is_skipped_not_a_crash(tmp_path):
 
 
 def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
-    from test_tuner import FakeApp, FakeBench, fake_time
+    from tunetools import FakeApp, FakeBench, fake_time
     from iron.tuning.log import Comparison
     from iron.tuning.tuner import tune
 
@@ -699,7 +701,7 @@ def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
 
 
 def test_a_busy_machine_stops_the_tune_instead_of_rejecting_candidates(tmp_path):
-    from test_tuner import FakeApp, FakeBench
+    from tunetools import FakeApp, FakeBench
     from iron.tuning.quiet import BusyError
     from iron.tuning.tuner import tune
 

@@ -37,3 +37,39 @@ SHAPES = {c.__name__: list(c.test_shapes) for c in operators_under_test()}
 
 #: The shape of each operator whose every legal tunable setting is run.
 SWEEP = {c.__name__: c.test_shapes[c.sweep_shape] for c in operators_under_test()}
+
+
+# moved from tests/test_npu.py
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+import numpy as np
+import pytest
+import iron
+from iron.operators import AXPY, GEMM, GEMV, ElementwiseAdd, RMSNorm
+from iron.resolution import legal_settings, resolve
+from iron.store import USED, Store
+from iron.targets import npu, target_for
+from iron.targets.npu.bds import allocate
+from iron.targets.npu.check import design_rules, pattern_rules
+from iron.targets.npu.design import Call, Loop, Pattern, Transfer, design_from_json, walk_ops
+from iron.targets.npu.emulator import Emulation, EmulationError, emulate_design
+from iron.targets.npu.mlir import FOREVER, render
+from iron.targets.npu.resources import resources
+from iron.targets.npu.verify import Problem, check_text
+
+
+SMALL = [
+    ("AXPY", {"shape": (1024,)}), ("ElementwiseAdd", {"shape": (512,)}),
+    ("ElementwiseMul", {"shape": (2, 256)}), ("SiLU", {"shape": (512,)}),
+    ("SwiGLU", {"rows": 2, "size": 256}),
+    ("RMSNorm", {"rows": 8, "size": 64, "weighted": True}),
+    ("RMSNorm", {"rows": 4, "size": 96, "weighted": False}),
+    ("Softmax", {"rows": 8, "size": 64}),
+    ("GEMV", {"M": 64, "K": 32, "batches": 1}), ("GEMV", {"M": 32, "K": 48, "batches": 3}),
+    ("GEMM", {"M": 32, "K": 64, "N": 64}),
+]

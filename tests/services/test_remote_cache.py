@@ -20,7 +20,7 @@ pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
 from conftest import copy_project  # noqa: E402
-from test_build import doit, executed, run_bundle  # noqa: E402
+from buildtools import doit, executed, run_bundle  # noqa: E402
 
 from iron.operators import AXPY  # noqa: E402
 from iron import remote_cache  # noqa: E402
@@ -28,6 +28,8 @@ from iron.cache import default_store  # noqa: E402
 from iron.remote_cache import RemoteCache, RemoteCacheError, from_env, seal  # noqa: E402
 from iron.store import Store  # noqa: E402
 from iron.targets import cpu  # noqa: E402
+
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
 SECRET = "k" * 40
 OP = AXPY(size=1024, scalar_factor=0.75, tile_size=512, num_aie_columns=1, num_channels=1)

@@ -27,6 +27,8 @@ from iron.lm.generate import Sampler  # noqa: E402
 from iron.lm.serve import (LLAMA_SERVER_SAMPLING, Limits, Outbox, Server,  # noqa: E402
                            allowed_host, main, sampling_defaults, uvicorn_config)
 
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
+
 SLOTS = 4
 #: the server's defaults but short timeouts and queue, so that the tests of slow clients and of
 #: a full queue are quick

@@ -19,6 +19,8 @@ from iron.lm.generate import LlamaModel
 from iron.lm.texts import TEXTS
 from iron.tuning.check import bf16_ulp
 
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
+
 
 def log_softmax(x):
     x = np.asarray(x, np.float64)
@@ -211,7 +213,7 @@ def test_iron_run_answers_from_q4_1_and_f16_gguf_files_sharing_weights_across_co
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(  # the benchmarks' GGUF writer, by path
-        "llamacpp_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp.py")
+        "llamacpp_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     write_gguf = bench.write_gguf
@@ -255,7 +257,7 @@ def test_native_bundle_runs_the_files_blocks(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from llama_reference import LlamaReference
-    from test_checkpoint import _write_tiny_gguf
+    from tiny_llama import _write_tiny_gguf
 
     from iron.lm import gguf_import
     from iron.pipeline.bundle import Bundle
@@ -354,7 +356,7 @@ def test_doit_generate_on_a_built_bundle_prints_the_text_and_few_other_lines(smo
     import os
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
            "IRON_CACHE_DIR": str(smollm2.parent.parent / "ops")}
     args = [sys.executable, "-m", "doit", "generate", f"checkpoint={smollm2}",

@@ -8,6 +8,9 @@ import sys
 import iron
 from iron.pipeline.app import app_profile, load_app
 from iron.pipeline.bundle import write_bundle
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
 
 def test_emulated_smollm2_on_npu2_answers_paris(smollm2, tmp_path):

@@ -30,6 +30,7 @@ def test_kernel_matches_reference(name, shape):
     run_case(name, shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SWEEP))
 def test_every_legal_setting_matches_reference(name):
     rng = np.random.default_rng(1)

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "profiles.py"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "profiles.py"
 
 
 def run(*args):

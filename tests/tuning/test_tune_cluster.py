@@ -23,12 +23,14 @@ from iron.targets.cpu.host import class_name
 distributed = pytest.importorskip("distributed")
 
 from conftest import copy_project  # noqa: E402
-from test_build import doit  # noqa: E402
-from test_tuner import FakeApp  # noqa: E402
+from buildtools import doit  # noqa: E402
+from tunetools import FakeApp  # noqa: E402
 from tune_standin import StandInBench  # noqa: E402
 
 from iron.tuning.cluster import Cluster, ClusterError  # noqa: E402
 from iron.tuning.tuner import tune  # noqa: E402
+
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
 TESTS = Path(__file__).resolve().parent
 DASK = Path(sys.executable).with_name("dask")

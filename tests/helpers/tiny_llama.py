@@ -106,3 +106,83 @@ def write_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
     (directory / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
     write_tokenizer(directory / "tokenizer.json")
     return directory
+
+
+# moved from tests/test_checkpoint.py
+import json
+import math
+from pathlib import Path
+import ml_dtypes
+import numpy as np
+import pytest
+from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expected_tensors,
+                                inv_freq, read_safetensors, read_safetensors_header)
+from iron.lm import gguf_import
+
+
+def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
+                     types: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling);
+    with ``quantize``, projections in Q4_1 and the embedding in Q8_0, like SmolLM2's file;
+    ``types`` stores the tensors whose name ends with a key as that GGML type instead.
+    Returns the float32 weights written (the blocks' values when quantized)."""
+    import gguf
+    from gguf.quants import dequantize, quantize as gguf_quantize
+
+    cfg = {**TINY_CONFIG, "rope_scaling": None, "eos_token_id": 257}
+    weights = tiny_weights(cfg, seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(16)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(260)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    table = bytes_to_unicode()
+    w.add_token_list([table[b] for b in range(256)] + SPECIAL_TOKENS)
+    w.add_token_types([1] * 256 + [3] * 4)
+    w.add_token_merges([])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_pad_token_id(259)
+    to_gguf = {v: k for k, v in {**gguf_import._GLOBAL_NAMES}.items()}
+    for name, t in weights.items():
+        parts = name.split(".")
+        if parts[1] == "layers":
+            sub = ".".join(parts[3:-1])
+            g = {v: k for k, v in gguf_import._LAYER_NAMES.items()}[sub]
+            gname = f"blk.{parts[2]}.{g}.weight"
+        else:
+            gname = to_gguf[name.removesuffix(".weight")] + ".weight"
+        if name.endswith("q_proj.weight"):
+            t = llama_cpp_permute(t, 4)
+        elif name.endswith("k_proj.weight"):
+            t = llama_cpp_permute(t, 2)
+        qtype = None
+        if quantize and name.endswith("_proj.weight"):
+            qtype = gguf.GGMLQuantizationType.Q4_1
+        elif quantize and name == "model.embed_tokens.weight":
+            qtype = gguf.GGMLQuantizationType.Q8_0
+        for suffix, kind in (types or {}).items():
+            if name.endswith(suffix):
+                qtype = gguf.GGMLQuantizationType[kind]
+        if qtype is None:
+            w.add_tensor(gname, np.ascontiguousarray(t))
+            continue
+        blocks = gguf_quantize(np.ascontiguousarray(t, np.float32), qtype)
+        w.add_tensor(gname, blocks, raw_dtype=qtype)
+        values = dequantize(blocks, qtype)
+        heads = 4 if name.endswith("q_proj.weight") else 2
+        weights[name] = (gguf_import.unpermute_rows(values, heads, 16)
+                         if name.endswith(("q_proj.weight", "k_proj.weight")) else values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return weights

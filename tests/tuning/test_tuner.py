@@ -27,68 +27,7 @@ from iron.tuning.log import Comparison, TuneLog
 from iron.tuning.candidates import candidates, instances
 from iron.tuning.measure import Measurement, TargetBenchmark
 from iron.tuning.tuner import IMPLAUSIBLE, MIN_GAIN, tune
-
-
-class Chain(iron.Graph):
-    """x, y -> AXPY -> GEMV with a weight; plus an embedding lookup with one legal setting."""
-
-    def body(self, x, y, tokens):
-        w = self.weight("w", (16, 64))
-        table = self.weight("table", (10, 64))
-        e = Embedding.step(table, tokens)
-        h = AXPY.step(x, y, scalar_factor=2.0)
-        return GEMV.step(w, h), e
-
-
-class FakeApp:
-    name = "fake"
-
-    def __init__(self, graph=Chain):
-        self.graph = graph
-
-    def programs(self, device, profile):
-        g = self.graph(device, profile)
-        tok = iron.spec((1,), np.int32)
-        return {"decode": g.record((64,), (64,), tok), "prefill": g.record((2, 64), (2, 64), tok)}
-
-
-def fake_time(op):
-    """A repeatable pseudo-time per setting: 1 .. 1000 microseconds."""
-    return (zlib.crc32(json.dumps(op.config(), sort_keys=True).encode()) % 1000 + 1) * 1e-6
-
-
-class FakeBench:
-    """Times from ``fake_time``; counts calls; can reject settings or interrupt after N calls."""
-
-    method = "fake"
-
-    def __init__(self, wrong=lambda op: False, interrupt_after=None, sleep=0.0,
-                 head_to_head=None):
-        self.wrong, self.interrupt_after, self.sleep = wrong, interrupt_after, sleep
-        # (first quartile, median, third quartile) of the per-round gains of new over old
-        self.head_to_head = head_to_head or (
-            lambda new, old: (fake_time(old) / fake_time(new),) * 3)
-        self.measured, self.compared = [], []
-
-    def key(self, op):
-        return cpu.recipe_for(op).key
-
-    def compile(self, ops, deadline):
-        return {self.key(op): None for op in ops}
-
-    def measure(self, instance, op, best):
-        if self.interrupt_after is not None and len(self.measured) >= self.interrupt_after:
-            raise KeyboardInterrupt
-        self.measured.append(op)
-        time.sleep(self.sleep)
-        if self.wrong(op):
-            return Measurement(error="wrong result: deliberately corrupted")
-        return Measurement(fake_time(op), 0.0, 1)
-
-    def compare(self, instance, new, old):
-        self.compared.append((new, old))
-        low, gain, high = self.head_to_head(new, old)
-        return Comparison(self.key(new), self.key(old), gain, low, high, 1, self.method)
+from tunetools import Chain, FakeApp, fake_time, FakeBench  # noqa: F401
 
 
 def expected_choice(outcome):
@@ -295,6 +234,7 @@ class GemvApp(FakeApp):
         return {"decode": OnlyGemv(device, profile).record((1024,))}
 
 
+@pytest.mark.slow
 def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monkeypatch):
     op = AXPY(size=64, scalar_factor=0.5)
     cands = candidates(op, "cpu")
@@ -320,6 +260,7 @@ def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monke
     assert all(r["median"] > 0 and r["runs"] >= 1 for r in records if r["status"] == "ok")
 
 
+@pytest.mark.slow
 def test_real_head_to_head_finds_a_setting_even_with_itself_and_a_slow_one_slower(tmp_path):
     """The real alternating comparison: no gain of a setting over itself; a gain over the
     slowest setting of a 1 MB GEMV's sweep (which setting is slow depends on the host: on one
@@ -499,6 +440,7 @@ class Q41GemvApp(FakeApp):
         return {"decode": OnlyQ41Gemv(device, profile).record((1024,))}
 
 
+@pytest.mark.slow
 def test_real_benchmark_checks_and_times_quantized_instances():
     """A quantized weight gets valid blocks (finite scales) as its random input, so every
     candidate is checked against the reference and timed, not rejected."""
@@ -666,6 +608,7 @@ class WeightedApp(FakeApp):
         yield "table", rng.standard_normal((10, 64)).astype(iron.bfloat16)
 
 
+@pytest.mark.slow
 def test_real_program_head_to_head_of_a_setting_with_itself_is_exactly_even(tmp_path):
     from iron.tuning.program import InProgram, ProgramRunner, program_inputs
 

@@ -13,6 +13,8 @@ from iron.targets import cpu
 
 from opcases import OneStep
 
+pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
+
 PROMPTS = ["The capital of France is", "Once upon a time", "def fib(n):", "Water boils at",
            "1, 2, 3,", "My favourite colour is"]
 

@@ -26,18 +26,9 @@ from iron.targets.npu.mlir import FOREVER, render
 from iron.targets.npu.resources import resources
 from iron.targets.npu.verify import Problem, check_text
 from opcases import OneStep, assert_close, case_inputs
+from opcases import SMALL  # noqa: F401
 
 #: Every designed operator at small shapes; each is emulated at every legal setting.
-SMALL = [
-    ("AXPY", {"shape": (1024,)}), ("ElementwiseAdd", {"shape": (512,)}),
-    ("ElementwiseMul", {"shape": (2, 256)}), ("SiLU", {"shape": (512,)}),
-    ("SwiGLU", {"rows": 2, "size": 256}),
-    ("RMSNorm", {"rows": 8, "size": 64, "weighted": True}),
-    ("RMSNorm", {"rows": 4, "size": 96, "weighted": False}),
-    ("Softmax", {"rows": 8, "size": 64}),
-    ("GEMV", {"M": 64, "K": 32, "batches": 1}), ("GEMV", {"M": 32, "K": 48, "batches": 3}),
-    ("GEMM", {"M": 32, "K": 64, "N": 64}),
-]
 DEVICES = ("npu1", "npu2")
 MLIR_OPT = shutil.which("mlir-opt-22")
 
@@ -322,6 +313,7 @@ def test_custom_and_generic_forms_hold_the_same_design():
     assert "link_with" not in custom.split("aie.core", 1)[1].split("func.call", 1)[0]
 
 
+@pytest.mark.slow
 def test_every_core_loops_until_reconfiguration_and_every_bd_id_fits_its_tile(designs):
     """Each core's region is one loop to the largest index around its per-dispatch program,
     as mlir-aie's tests and IRON's range_(sys.maxsize) write it; every descriptor id is below
@@ -352,6 +344,7 @@ def verify_all(texts: list[str]) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_every_emulated_design_verifies_against_mlir_aies_op_definitions(designs):
     """The generic form of each design of the sweep, checked by xDSL against ``ods`` (two
     processes: xDSL parses in Python, about 0.2 s per design)."""

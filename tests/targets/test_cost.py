@@ -28,7 +28,7 @@ from iron.tuning.model import ModelBenchmark, prune, ranked, spearman
 from iron.tuning.tuner import MIN_GAIN, tune
 
 from opcases import OneStep, operators_under_test
-from test_tuner import FakeApp, FakeBench, fake_time
+from tunetools import FakeApp, FakeBench, fake_time
 
 #: A host: 10 GB/s from memory with one thread, 16 with two; cache 100 / 200 GB/s; 4 / 8 G
 #: vector FMAs per second; a 5 us fork / join; 1 ns per work item; AMX.

@@ -1,0 +1,49 @@
+"""Shared test helpers (moved out of tests/test_build.py so no test imports another)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+import pytest
+from iron.targets.cpu.host import class_name
+from conftest import copy_project
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def doit(project, *args, check=True, env=None, verbose=True):
+    """doit on the demo application; ``verbose``: a line per task (``executed`` reads them)."""
+    environment = {**os.environ, "PYTHONPATH": str(project), **(env or {})}
+    environment.pop("IRON_BUILD_DIR", None)
+    environment.pop("IRON_CACHE_DIR", None)
+    result = subprocess.run([sys.executable, "-m", "doit", *args, "app=demo",
+                             *(["verbose=1"] if verbose else [])], cwd=project,
+                            capture_output=True, text=True, env=environment, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def executed(result, prefix="compile:"):
+    """Tasks doit ran (lines '.  name'), as opposed to those up to date ('-- name')."""
+    return sorted(line[3:] for line in result.stdout.splitlines()
+                  if line.startswith(".  ") and line[3:].startswith(prefix))
+
+
+def compile_tasks(result):
+    return sorted(line[3:] for line in result.stdout.splitlines()
+                  if line[3:].startswith("compile:"))
+
+
+def set_profile(project, entries):
+    lines = ",\n  ".join(json.dumps(e) for e in entries)
+    (project / "profiles" / "demo" / f"cpu-{class_name()}.json").write_text(
+        '{"device": "cpu", "entries": [\n  ' + lines + "\n]}\n")
+
+
+def run_bundle(bundle, env=None):
+    return subprocess.run([sys.executable, "-m", "apps.demo", str(bundle)], capture_output=True,
+                          text=True, env=env, timeout=120)
