@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = test ]; then
     .venv/bin/pip install -q -e ".[test,serve,remote,cluster,npu,plots]"
 else
-    .venv/bin/pip install -q -e .
+    .venv/bin/pip install -q -e ".[serve,npu]"  # iron serve, and the npu designs' verifier
 fi
 if [[ ":$PATH:" != *":$PWD/.venv/bin:"* ]]; then
     echo "set up: run 'source .venv/bin/activate' to put iron, doit and python on your PATH"
