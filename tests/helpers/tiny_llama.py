@@ -120,6 +120,12 @@ from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expect
 from iron.lm import gguf_import
 
 
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py's q/k permutation (rotate-half -> interleaved)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
 def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
                      types: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling);

@@ -21,7 +21,7 @@ from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expect
 from iron.lm import gguf_import
 from tiny_llama import SPECIAL_TOKENS, TINY_CONFIG, bytes_to_unicode, tiny_weights, \
     write_tiny_llama
-from tiny_llama import _write_tiny_gguf  # noqa: F401
+from tiny_llama import _write_tiny_gguf, llama_cpp_permute  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -296,10 +296,6 @@ def test_tiny_checkpoint_runs_in_transformers(tiny: Path):
 # ---------------------------------------------------------------------------------------------
 # GGUF conversion on a tiny GGUF written here
 
-def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py's q/k permutation (rotate-half -> interleaved)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-        w.shape)
 
 
 def test_unpermute_inverts_llama_cpp_permute():
