@@ -105,8 +105,11 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
     tuned = doit(project, "tune", "only=AXPY,SiLU", "budget=300", "max_load=99")
     assert "tuning demo on cpu: 2 instances" in tuned.stdout, tuned.stdout
     assert "tuning complete" in tuned.stdout
+    assert "whole model:" in tuned.stdout, tuned.stdout  # the report ends with the A/B lines
     profile = json.loads((project / "profiles" / "demo" / f"cpu-{class_name()}.json").read_text())
-    assert sorted(e["operator"] for e in profile["entries"]) == ["AXPY", "SiLU"]
+    # an entry is written only where its program gained beyond the spread of the A/B rounds,
+    # so on a given machine either tuned operator may or may not have one
+    assert {e["operator"] for e in profile["entries"]} <= {"AXPY", "SiLU"}
     rebuilt = executed(doit(project))
     assert all(t.startswith(("compile:AXPY", "compile:SiLU")) for t in rebuilt), rebuilt
     again = doit(project, "tune", "only=AXPY", "max_load=99")

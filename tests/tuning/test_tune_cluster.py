@@ -32,7 +32,7 @@ from iron.tuning.tuner import tune  # noqa: E402
 
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: helpers/ holds the stand-in the workers import
 DASK = Path(sys.executable).with_name("dask")
 
 
@@ -214,7 +214,7 @@ class DaskProcesses:
 
 @pytest.fixture
 def dask_processes(tmp_path):
-    procs = DaskProcesses(f"{TESTS}{os.pathsep}{TESTS.parent}", tmp_path)
+    procs = DaskProcesses(f"{TESTS / 'helpers'}{os.pathsep}{TESTS.parent}", tmp_path)
     try:
         yield procs
     finally:
