@@ -1,0 +1,61 @@
+/* gemm.c's bf16 path with AVX2 + FMA: A and B widened to float32, a 6x16 micro kernel of FMAs.
+ * Included by gemm.c (which defines the instance's constants and NR, TN_PAD, PANELS, CT_FLOATS) on
+ * hosts without AVX512-BF16. */
+
+
+#define A_STRIDE IRON_K
+#define A_TILE_COLS IRON_TILE_K
+#define BP_ELEMS ((long)PANELS * IRON_TILE_K * NR)
+typedef float packed_t;
+
+/* c (rows x 16, row stride TN_PAD) += a (rows x TILE_K, row stride K) @ bp (TILE_K x 16).
+ * Called with constant rows (6, 4, 2, 1), so acc[][] lives in registers. */
+static inline __attribute__((always_inline)) void micro(const int rows, const float *a,
+                                                        const float *bp, float *c) {
+    __m256 acc[6][2];
+    for (int r = 0; r < rows; r++) {
+        acc[r][0] = _mm256_loadu_ps(c + r * TN_PAD);
+        acc[r][1] = _mm256_loadu_ps(c + r * TN_PAD + 8);
+    }
+    for (int k = 0; k < IRON_TILE_K; k++) {
+        const __m256 b0 = _mm256_load_ps(bp + k * NR), b1 = _mm256_load_ps(bp + k * NR + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 av = _mm256_broadcast_ss(a + r * (long)IRON_K + k);
+            acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(c + r * TN_PAD, acc[r][0]);
+        _mm256_storeu_ps(c + r * TN_PAD + 8, acc[r][1]);
+    }
+}
+
+/* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][k][16] in float32 */
+static void pack_b(const void *B, long n0, long k0, float *bp) {
+    for (long n = 0; n < IRON_TILE_N; n++) {
+        float *dst = bp + (n / NR) * (long)IRON_TILE_K * NR + n % NR;
+        const uint16_t *b = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
+        for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = iron_bf16_to_f32(b[k]);
+    }
+}
+
+/* ct (TILE_M rows, row stride TN_PAD) += Af[m0 .. m0+TILE_M, k0 .. k0+TILE_K] @ bp */
+static void tile_update(const float *Af, long m0, long k0, const float *bp, float *ct) {
+    for (int p = 0; p < PANELS; p++) {
+        const float *panel = bp + (long)p * IRON_TILE_K * NR;
+        int i = 0;
+        for (; i + 6 <= IRON_TILE_M; i += 6)
+            micro(6, Af + (m0 + i) * IRON_K + k0, panel, ct + i * TN_PAD + p * NR);
+        if (IRON_TILE_M - i >= 4) {
+            micro(4, Af + (m0 + i) * IRON_K + k0, panel, ct + i * TN_PAD + p * NR);
+            i += 4;
+        }
+        if (IRON_TILE_M - i >= 2) {
+            micro(2, Af + (m0 + i) * IRON_K + k0, panel, ct + i * TN_PAD + p * NR);
+            i += 2;
+        }
+        if (IRON_TILE_M - i >= 1)
+            micro(1, Af + (m0 + i) * IRON_K + k0, panel, ct + i * TN_PAD + p * NR);
+    }
+}
