@@ -37,16 +37,22 @@ def flags(level: str | None = None) -> list[str]:
     return [*FLAGS, f"-march={level or host.march()}"]
 
 
+def toolchain(variable: str, default: str, missing: str) -> tuple[str, str]:
+    """The compiler ``$variable`` (else ``default``) on PATH and its identity: path, version and
+    target, which artifact keys hash; ``missing`` is the error when there is none."""
+    path = shutil.which(os.environ.get(variable, default))
+    if path is None:
+        raise DeviceError(missing)
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    machine = subprocess.run([path, "-dumpmachine"], capture_output=True, text=True).stdout
+    return path, f"{os.path.realpath(path)} | {version.splitlines()[0]} | {machine.strip()}"
+
+
 @functools.lru_cache(maxsize=None)
 def compiler() -> tuple[str, str]:
     """The C compiler (``$CC`` or ``cc``) and its identity: path, version and target."""
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise DeviceError("the cpu target needs a C compiler: none found as $CC or cc on PATH "
-                          "(install gcc)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    machine = subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True).stdout
-    return cc, f"{os.path.realpath(cc)} | {version.splitlines()[0]} | {machine.strip()}"
+    return toolchain("CC", "cc", "the cpu target needs a C compiler: none found as $CC or cc "
+                     "on PATH (install gcc)")
 
 
 def source_closure(source: Path) -> dict[Path, str]:

@@ -25,7 +25,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -249,13 +248,10 @@ class NpuTarget(Target):
 def cxx_compiler() -> tuple[str, str]:
     """The host C++ compiler (``$CXX`` or ``c++``) and its identity: the core kernels are C++
     (the AIE API is a C++ library), built for the host with its host implementation."""
-    cxx = shutil.which(os.environ.get("CXX", "c++"))
-    if cxx is None:
-        raise DeviceError("the npu emulator builds the core kernels with a C++ compiler: none "
-                          "found as $CXX or c++ on PATH (install g++)")
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    machine = subprocess.run([cxx, "-dumpmachine"], capture_output=True, text=True).stdout
-    return cxx, f"{os.path.realpath(cxx)} | {version.splitlines()[0]} | {machine.strip()}"
+    from ..cpu.build import toolchain
+
+    return toolchain("CXX", "c++", "the npu emulator builds the core kernels with a C++ "
+                     "compiler: none found as $CXX or c++ on PATH (install g++)")
 
 
 def build_host_cores(folder: Path) -> None:

@@ -66,38 +66,33 @@ def _int(op: IRDLOperation, name: str, attr: Attribute | None, *, minimum: int |
 # ---- types and attributes (AIETypes.td, AIEAttrs.td) ---------------------------------------
 
 
+class _MemrefInAngles:
+    """Parsing and printing of a type whose one parameter is a memref in angle brackets."""
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser):
+        with parser.in_angle_brackets():
+            return (parser.parse_type(),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_attribute(self.memref)
+
+
 @irdl_attr_definition
-class ObjectFifoType(ParametrizedAttribute, TypeAttribute):
+class ObjectFifoType(_MemrefInAngles, ParametrizedAttribute, TypeAttribute):
     """def AIE_ObjectFifoType: ``!aie.objectfifo<memref>``."""
 
     name = "aie.objectfifo"
     memref: MemRefType = param_def()
 
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser):
-        with parser.in_angle_brackets():
-            return (parser.parse_type(),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_attribute(self.memref)
-
 
 @irdl_attr_definition
-class ObjectFifoSubviewType(ParametrizedAttribute, TypeAttribute):
+class ObjectFifoSubviewType(_MemrefInAngles, ParametrizedAttribute, TypeAttribute):
     """def AIE_ObjectFifoSubviewType: ``!aie.objectfifosubview<memref>``."""
 
     name = "aie.objectfifosubview"
     memref: MemRefType = param_def()
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser):
-        with parser.in_angle_brackets():
-            return (parser.parse_type(),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_attribute(self.memref)
 
 
 @irdl_attr_definition
