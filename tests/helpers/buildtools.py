@@ -2,13 +2,10 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-import pytest
 from iron.targets.cpu.host import class_name
-from conftest import copy_project
 
 
 ROOT = Path(__file__).resolve().parents[2]

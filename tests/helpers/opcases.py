@@ -39,30 +39,6 @@ SHAPES = {c.__name__: list(c.test_shapes) for c in operators_under_test()}
 SWEEP = {c.__name__: c.test_shapes[c.sweep_shape] for c in operators_under_test()}
 
 
-# moved from tests/test_npu.py
-import dataclasses
-import os
-import re
-import shutil
-import subprocess
-import sys
-from concurrent.futures import ProcessPoolExecutor
-import numpy as np
-import pytest
-import iron
-from iron.operators import AXPY, GEMM, GEMV, ElementwiseAdd, RMSNorm
-from iron.resolution import legal_settings, resolve
-from iron.store import USED, Store
-from iron.targets import npu, target_for
-from iron.targets.npu.bds import allocate
-from iron.targets.npu.check import design_rules, pattern_rules
-from iron.targets.npu.design import Call, Loop, Pattern, Transfer, design_from_json, walk_ops
-from iron.targets.npu.emulator import Emulation, EmulationError, emulate_design
-from iron.targets.npu.mlir import FOREVER, render
-from iron.targets.npu.resources import resources
-from iron.targets.npu.verify import Problem, check_text
-
-
 SMALL = [
     ("AXPY", {"shape": (1024,)}), ("ElementwiseAdd", {"shape": (512,)}),
     ("ElementwiseMul", {"shape": (2, 256)}), ("SiLU", {"shape": (512,)}),

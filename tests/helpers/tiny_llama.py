@@ -14,6 +14,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from iron.lm import gguf_import
+
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -106,18 +108,6 @@ def write_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
     (directory / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
     write_tokenizer(directory / "tokenizer.json")
     return directory
-
-
-# moved from tests/test_checkpoint.py
-import json
-import math
-from pathlib import Path
-import ml_dtypes
-import numpy as np
-import pytest
-from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expected_tensors,
-                                inv_freq, read_safetensors, read_safetensors_header)
-from iron.lm import gguf_import
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:

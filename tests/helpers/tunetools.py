@@ -1,25 +1,14 @@
 """Shared test helpers (moved out of tests/test_tuner.py so no test imports another)."""
 
-import itertools
 import json
-import subprocess
-import sys
 import time
 import zlib
 import numpy as np
-import pytest
 import iron
-from iron.errors import CompileError, DeviceError, IronError
-from iron.operator import Operator
-from iron.operators import AXPY, GEMM, GEMV, Attention, Embedding, RMSNorm
-from iron.profile import diff as profile_diff
-from iron.resolution import legal, legal_settings, resolve
+from iron.operators import AXPY, GEMV, Embedding
 from iron.targets import cpu
-from iron.tuning.check import mismatch
-from iron.tuning.log import Comparison, TuneLog
-from iron.tuning.candidates import candidates, instances
-from iron.tuning.measure import Measurement, TargetBenchmark
-from iron.tuning.tuner import IMPLAUSIBLE, MIN_GAIN, tune
+from iron.tuning.log import Comparison
+from iron.tuning.measure import Measurement
 
 
 class Chain(iron.Graph):
