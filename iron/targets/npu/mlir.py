@@ -50,8 +50,8 @@ def object_file(source: str) -> str:
 class Writer:
     """Shared walk of a design; ``custom`` selects the syntax of every line."""
 
-    def __init__(self, design: Design, custom: bool):
-        self.d, self.custom = design, custom
+    def __init__(self, design: Design, custom: bool, symbol: str | None = None):
+        self.d, self.custom, self.symbol = design, custom, symbol
         self.lines: list[str] = []
         self.n = 0
         self.fifos = {f.name: f for f in design.fifos}
@@ -95,10 +95,16 @@ class Writer:
     # ---- the module ------------------------------------------------------------------------
 
     def render(self) -> str:
-        d = self.d
         self.emit(0, "module {" if self.custom else '"builtin.module"() ({')
-        self.emit(1, f"aie.device({d.device}) {{" if self.custom else
-                  f'"aie.device"() <{{device = {AIE_DEVICE[d.device]} : i32}}> ({{')
+        self.device()
+        self.emit(0, "}" if self.custom else "}) : () -> ()")
+        return "\n".join(self.lines) + "\n"
+
+    def device(self) -> None:
+        """The design's ``aie.device`` op; named ``symbol`` when it is one of several devices
+        of a module (a folded configuration, ``fold``)."""
+        d = self.d
+        self.emit(1, device_open(d.device, self.symbol, self.custom))
         link = object_file(d.kernel_source)
         for name, args in sorted(d.functions().items()):
             types = ", ".join(self.arg_type(a) for a in args)
@@ -146,13 +152,7 @@ class Writer:
         for core in d.cores:
             self.core(core)
         self.sequence()
-        if self.custom:
-            self.emit(1, "}")
-        else:
-            self.emit(2, '"aie.end"() : () -> ()')
-            self.emit(1, "}) : () -> ()")
-        self.emit(0, "}" if self.custom else "}) : () -> ()")
-        return "\n".join(self.lines) + "\n"
+        self.lines += device_close(self.custom)
 
     def core(self, core) -> None:
         """The core's program, one iteration per dispatch, until reconfiguration."""
@@ -280,6 +280,20 @@ class Writer:
                     self.emit(3, f"aiex.npu.dma_wait {{symbol = @{t.fifo}}}" if self.custom
                               else f'"aiex.npu.dma_wait"() <{{symbol = @{t.fifo}}}> : () -> ()')
         self.emit(2, "}" if self.custom else "}) : () -> ()")
+
+
+def device_open(device: str, symbol: str | None, custom: bool) -> str:
+    """The first line of an ``aie.device`` op; ``symbol`` names it."""
+    if custom:
+        return f"aie.device({device}) {'@' + symbol + ' ' if symbol else ''}{{"
+    name = f', sym_name = "{symbol}"' if symbol else ""
+    return f'"aie.device"() <{{device = {AIE_DEVICE[device]} : i32{name}}}> ({{'
+
+
+def device_close(custom: bool) -> list[str]:
+    """The lines closing an ``aie.device`` op at depth 1 (its ``aie.end``, explicit in generic
+    form)."""
+    return ["  }"] if custom else ['    "aie.end"() : () -> ()', "  }) : () -> ()"]
 
 
 def render(design: Design, generic: bool = False) -> str:

@@ -393,9 +393,83 @@ class NpuDmaWaitOp(IRDLOperation):
         _flat(self, "symbol", self.symbol)
 
 
+def _module_device(op: IRDLOperation, symbol: str) -> DeviceOp | None:
+    """The ``aie.device`` named ``symbol`` among the devices of ``op``'s module."""
+    module = op
+    while module.parent_op() is not None:
+        module = module.parent_op()
+    for other in module.walk():
+        if isinstance(other, DeviceOp) and other.sym_name is not None and \
+                other.sym_name.data == symbol:
+            return other
+    return None
+
+
+@irdl_op_definition
+class ConfigureOp(IRDLOperation):
+    """def AIE_ConfigureOp: AIEX_Op<"configure", [HasParent<"AIE::RuntimeSequenceOp">,
+    NoTerminator]>: ``FlatSymbolRefAttr:$symbol``, ``region AnyRegion:$body``; its verifier
+    (``ConfigureOp::verify``) resolves ``symbol`` to a device of the module of the same device
+    type as the one it is in (mlir-aie's messages: "No such device", "Device types do not
+    match")."""
+
+    name = "aiex.configure"
+    symbol = prop_def(SymbolRefAttr)
+    body = region_def("single_block")
+    traits = traits_def(HasParent(RuntimeSequenceOp), NoTerminator())
+
+    def verify_(self) -> None:
+        _flat(self, "symbol", self.symbol)
+        target = _module_device(self, self.symbol.root_reference.data)
+        if target is None:
+            raise VerifyException(f"No such device: '{self.symbol.root_reference.data}'")
+        own = self.parent_op()
+        while own is not None and not isinstance(own, DeviceOp):
+            own = own.parent_op()
+        if own is not None and own.device.value.data != target.device.value.data:
+            raise VerifyException(f"Device types do not match: {own.device.value.data} vs. "
+                                  f"{target.device.value.data}")
+
+
+@irdl_op_definition
+class RunOp(IRDLOperation):
+    """def AIE_RunOp: AIEX_Op<"run", [HasParent<"ConfigureOp">]>:
+    ``FlatSymbolRefAttr:$runtime_sequence_symbol, Variadic<AnyType>:$args``; the callee is a
+    runtime sequence of the configured device, taking as many arguments of the same types
+    (mlir-aie: "No such runtime sequence for device", and the argument count check of its
+    lowering)."""
+
+    name = "aiex.run"
+    runtime_sequence_symbol = prop_def(SymbolRefAttr)
+    args = var_operand_def()
+    traits = traits_def(HasParent(ConfigureOp))
+
+    def verify_(self) -> None:
+        _flat(self, "runtime_sequence_symbol", self.runtime_sequence_symbol)
+        configure = self.parent_op()
+        device_name = configure.symbol.root_reference.data
+        device = _module_device(self, device_name)
+        want = self.runtime_sequence_symbol.root_reference.data
+        callee = None if device is None else next(
+            (op for op in device.body_region.block.ops if isinstance(op, RuntimeSequenceOp)
+             and (op.sym_name.data if op.sym_name is not None else "sequence") == want), None)
+        if callee is None:
+            raise VerifyException(f"No such runtime sequence for device '{device_name}': "
+                                  f"'{want}'")
+        params = [a.type for a in callee.body.block.args]
+        given = [a.type for a in self.args]
+        if len(params) != len(given):
+            raise VerifyException(f"number of run op arguments ({len(given)}) does not match "
+                                  f"number of callee runtime sequence arguments ({len(params)})")
+        for i, (p, g) in enumerate(zip(params, given)):
+            if p != g:
+                raise VerifyException(f"run op argument {i} is {g}, the callee runtime "
+                                      f"sequence's {p}")
+
+
 AIE = Dialect("aie", [EndOp, DeviceOp, TileOp, CoreOp, BufferOp, ObjectFifoCreateOp,
                       ObjectFifoLinkOp, ObjectFifoAcquireOp, ObjectFifoReleaseOp,
                       ObjectFifoSubviewAccessOp, RuntimeSequenceOp],
               [ObjectFifoType, ObjectFifoSubviewType, BDDimLayoutArrayAttr,
                BDDimLayoutArrayArrayAttr])
-AIEX = Dialect("aiex", [NpuDmaMemcpyNdOp, NpuDmaWaitOp], [])
+AIEX = Dialect("aiex", [NpuDmaMemcpyNdOp, NpuDmaWaitOp, ConfigureOp, RunOp], [])

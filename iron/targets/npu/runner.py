@@ -1,9 +1,10 @@
 """Programs on an NPU device, run through the emulator: designed steps as their designs would
 run, host-placed steps with their numpy maths, every tensor rounded to its dtype in between.
 
-A design is loaded once per executable and kept (``Emulation``): its cores keep looping, and
-every call of its step is one more dispatch of the runtime sequence, as on the device, where a
-decode step dispatches the same configuration again and again."""
+Consecutive NPU steps run as one folded configuration (``fold``): one dispatch of a main
+runtime sequence that configures each step's design in turn and runs its sequence on the
+fold's device buffers; between folds the host runs its steps on the tensors the folds hand
+back.  ``fold=False`` gives every NPU step a fold of its own, one dispatch each."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
 from .design import Design, design_from_json
-from .emulator import Emulation
+from .fold import Configured, plan
 
 
 @functools.lru_cache(maxsize=1024)
@@ -30,24 +31,27 @@ def step_design(path: str) -> Design | None:
         raise BundleError(f"{path}: not a readable npu step file ({e})") from None
 
 
-def emulate_step(step, design: Design | None, env: dict[int, np.ndarray], program: Program,
-                 loaded: Emulation | None) -> None:
-    """Run one step on the arrays of ``env`` (index -> array in the tensor's dtype)."""
-    op = step.op
-    if design is None:
-        result = op.reference(*(upcast(env[i]) for i in step.inputs))
-        result = result if isinstance(result, tuple) else (result,)
-        for i, r in zip(step.outputs, result):
-            env[i] = np.asarray(r).astype(program.tensors[i].dtype)
-        return
-    outs = [np.zeros(program.tensors[i].shape, program.tensors[i].dtype) for i in step.outputs]
-    args = [np.ascontiguousarray(env[i]).reshape(-1) for i in step.inputs]
-    loaded.dispatch(args + [o.reshape(-1) for o in outs])
-    for i, o in zip(step.outputs, outs):
-        env[i] = o
+def emulate_host_step(step, env: dict[int, np.ndarray], program: Program) -> None:
+    """A host-placed step: its numpy maths on the arrays of ``env`` (index -> array in the
+    tensor's dtype)."""
+    result = step.op.reference(*(upcast(env[i]) for i in step.inputs))
+    result = result if isinstance(result, tuple) else (result,)
+    for i, r in zip(step.outputs, result):
+        env[i] = np.asarray(r).astype(program.tensors[i].dtype)
 
 
-def emulate_program(program: Program, loaded: Sequence[tuple[Design | None, Emulation | None]],
+def emulate_fold(configured: Configured, env: dict[int, np.ndarray], program: Program) -> None:
+    """One dispatch of a folded configuration: the tensors it takes from the host written into
+    its buffers, its main sequence run, the tensors the host reads back taken out."""
+    for t in configured.fold.reads:
+        configured.put(t, env[t])
+    configured.dispatch()
+    for t in configured.fold.writes:
+        tensor = program.tensors[t]
+        env[t] = configured.get(t, np.dtype(tensor.dtype), tensor.shape)
+
+
+def emulate_program(program: Program, segments: Sequence[int | Configured],
                     arrays: Sequence[np.ndarray],
                     weights: Mapping[str, np.ndarray] = {},
                     state: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
@@ -71,8 +75,11 @@ def emulate_program(program: Program, loaded: Sequence[tuple[Design | None, Emul
             env[t.index] = np.asarray(weights[t.name]).astype(t.dtype, copy=False)
         elif t.kind == "state":
             env[t.index] = np.array(state.get(t.name, np.zeros(t.shape, t.dtype)), t.dtype)
-    for step, (design, emulation) in zip(program.steps, loaded):
-        emulate_step(step, design, env, program, emulation)
+    for segment in segments:
+        if isinstance(segment, Configured):
+            emulate_fold(segment, env, program)
+        else:
+            emulate_host_step(program.steps[segment], env, program)
     for t in program.tensors:
         if t.kind == "state":
             if t.name in state:
@@ -86,15 +93,13 @@ class Emulated:
     """A program on an NPU device, run by the emulator, with the cpu executable's interface
     (``bind_weights``, ``bind_state``, ``run``, ``reset_state``)."""
 
-    def __init__(self, program: Program, step_files: Sequence[Path], library: Path):
+    def __init__(self, program: Program, step_files: Sequence[Path], library: Path,
+                 fold: bool = True):
         self.program = program
         self.designs = [step_design(str(p)) for p in step_files]
         self.library = str(library)
-        by_file: dict[str, Emulation] = {}
-        for path, design in zip(step_files, self.designs):
-            if design is not None and str(path) not in by_file:
-                by_file[str(path)] = Emulation(design, self.library)
-        self.loaded = [(d, by_file.get(str(p))) for p, d in zip(step_files, self.designs)]
+        self.segments = [s if isinstance(s, int) else Configured(s, self.library)
+                         for s in plan(program, self.designs, fold)]
         self.weights: dict[str, np.ndarray] = {}
         self.states = {name: np.zeros(t.shape, t.dtype)
                        for name, t in program.named("state").items()}
@@ -121,7 +126,11 @@ class Emulated:
             a[...] = 0
 
     def run(self, arrays: Sequence[np.ndarray], copy: bool = True) -> list[np.ndarray]:
-        return emulate_program(self.program, self.loaded, arrays, self.weights, self.states)
+        return emulate_program(self.program, self.segments, arrays, self.weights, self.states)
+
+    def dispatches(self) -> int:
+        """NPU dispatches so far: one per fold per call."""
+        return sum(s.dispatches for s in self.segments if isinstance(s, Configured))
 
     def run_timed(self, arrays: Sequence[np.ndarray], seconds: np.ndarray) -> list[np.ndarray]:
         return self.run(arrays)

@@ -28,12 +28,12 @@ from pathlib import Path
 @functools.lru_cache(maxsize=1)
 def context():
     from xdsl.context import Context
-    from xdsl.dialects import arith, builtin, func, scf
+    from xdsl.dialects import arith, builtin, func, memref, scf
 
     from .ods import AIE, AIEX
 
     ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, arith.Arith, scf.Scf, AIE, AIEX):
+    for dialect in (builtin.Builtin, func.Func, arith.Arith, scf.Scf, memref.MemRef, AIE, AIEX):
         ctx.load_dialect(dialect)
     return ctx
 
