@@ -2,6 +2,8 @@
 
     python -m iron.targets.npu.verify FILE...   # design.generic.mlir, or step files (a
                                                 # bundle's kernels/*.json; host steps skipped)
+    python -m iron.targets.npu.verify BUNDLE    # an npu bundle: every designed step's module
+                                                # and every folded configuration's (``fold``)
 
 Each file is parsed by xDSL with the transcription of mlir-aie's ODS in ``ods`` (``aie`` and
 ``aiex``) and xDSL's own ``builtin``, ``func``, ``arith`` and ``scf``, then verified: an
@@ -90,26 +92,59 @@ def module_text(path: Path) -> str | None:
     return path.read_text()
 
 
+def bundle_modules(path: Path):
+    """(label, generic module) of every designed step of an npu bundle, each once, then of
+    every folded configuration of each of its programs, as its executables fold them."""
+    from ...errors import IronError
+    from ...pipeline.bundle import Bundle
+    from .fold import Fold, plan, render
+    from .runner import step_design
+
+    try:
+        bundle = Bundle.open(path)
+    except IronError as e:
+        raise Problem(str(e)) from None
+    seen: set[str] = set()
+    for doc in bundle.manifest["programs"].values():
+        for k in doc["kernels"]:
+            if k not in seen:
+                seen.add(k)
+                text = module_text(path / k)
+                if text is not None:
+                    yield str(path / k), text
+    for name, doc in bundle.manifest["programs"].items():
+        designs = [step_design(str(path / k)) for k in doc["kernels"]]
+        for segment in plan(bundle.program(name), designs):
+            if isinstance(segment, Fold):
+                yield f"{path} program {name} {segment.name}", render(segment, generic=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print("usage: python -m iron.targets.npu.verify FILE...", file=sys.stderr)
         return 2
-    skipped = 0
+    skipped = checked = 0
     for name in argv:
         try:
+            if Path(name).is_dir():
+                for label, text in bundle_modules(Path(name)):
+                    check_text(text, label)
+                    checked += 1
+                continue
             text = module_text(Path(name))
             if text is None:
                 skipped += 1
                 continue
             check_text(text, name)
+            checked += 1
         except Problem as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         except (OSError, ValueError) as e:
             print(f"error: {name}: {e}", file=sys.stderr)
             return 1
-    print(f"{len(argv) - skipped} module(s) verify against {_upstream()}"
+    print(f"{checked} module(s) verify against {_upstream()}"
           + (f" ({skipped} host-placed step(s) have none)" if skipped else ""))
     return 0
 
