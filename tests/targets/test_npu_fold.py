@@ -1,0 +1,202 @@
+"""Folded configurations: consecutive NPU steps in one module of several devices, one dispatch,
+emulated with the same results as the steps one dispatch each, verified against the
+transcription of mlir-aie's ODS (aiex.configure / aiex.run included), and the report's
+figures against the per-step cost model."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+import iron
+from iron.lm.checkpoint import LlamaConfig
+from iron.operators import ElementwiseAdd, Embedding, RMSNorm, SiLU
+from iron.targets import target_for
+from iron.targets.npu.fold import ALIGN, BUFFERS, Fold, plan, render
+from iron.targets.npu.report import program_report
+from iron.targets.npu.resources import DISPATCH_SECONDS
+from iron.targets.npu.runner import Emulated
+from iron.targets.npu.verify import Problem, check_text
+from tiny_llama import TINY_CONFIG
+
+from apps.llama.model import Decoder
+
+
+class Chain(iron.Graph):
+    """NPU steps around a host step: norm, add, add (the same design twice in a row), SiLU,
+    then an embedding lookup on the host, then a norm and an add on the NPU again."""
+
+    def body(self, x, y, table, tokens):
+        h = RMSNorm.step(x, self.weight("w", (x.shape[1],)))
+        a = ElementwiseAdd.step(h, y)
+        b = ElementwiseAdd.step(a, y)
+        s = SiLU.step(b)
+        e = Embedding.step(table, tokens)
+        return ElementwiseAdd.step(RMSNorm.step(e, self.weight("w", (x.shape[1],))), s)
+
+
+def loaded(program, weights, fold):
+    target = target_for(program.device).emulated()
+    entries = target.compile_all([*program.ops, None])
+    lib = target.artifact(entries.pop())
+    exe = Emulated(program, [target.artifact(e) for e in entries], lib, fold=fold)
+    if weights is not None:
+        exe.bind_weights(weights)
+    return exe
+
+
+def chain_case(rng):
+    graph = Chain("npu2")
+    graph.weights = {"w": (1 + 0.1 * rng.standard_normal(256)).astype(iron.bfloat16)}
+    inputs = [rng.standard_normal((4, 256)).astype(iron.bfloat16),
+              rng.standard_normal((4, 256)).astype(iron.bfloat16),
+              rng.standard_normal((50, 256)).astype(iron.bfloat16),
+              rng.integers(0, 50, 4).astype(np.int32)]
+    return graph, inputs
+
+
+def test_a_chain_folds_around_its_host_step_and_matches_the_steps_run_one_by_one():
+    rng = np.random.default_rng(3)
+    graph, inputs = chain_case(rng)
+    program = graph.record_like(inputs)
+    folded, single = loaded(program, graph.weights, True), loaded(program, graph.weights, False)
+    for k in range(2):  # twice: a fold's buffers and loads start over at every dispatch
+        xs = inputs if k == 0 else [inputs[0] * 2, *inputs[1:]]
+        got, one_by_one = folded.run(xs)[0], single.run(xs)[0]
+        assert np.array_equal(got.view(np.uint16), one_by_one.view(np.uint16))
+        # six steps, each rounding its output to bf16 (2^-8 relative) where the reference
+        # rounds the same outputs from float32 maths: a few bf16 steps of difference
+        np.testing.assert_allclose(got.astype(np.float32),
+                                   graph.reference(*xs).astype(np.float32), rtol=3e-2, atol=3e-2)
+    # 6 NPU steps: [norm, add, add, silu] [norm, add] around the embedding
+    assert single.dispatches() == 2 * 6 and folded.dispatches() == 2 * 2
+    first = folded.segments[0].fold
+    assert [len(runs) for _, runs in first.configures()] == [1, 2, 1]  # add, add: one load
+    assert folded.segments[0].loads == 2 * 3
+
+
+def tiny_decoder():
+    config = LlamaConfig.from_dict(TINY_CONFIG)
+    graph = Decoder(config, rows=1, ctx=32, device="npu2")  # bf16 matrices: GEMVs designed
+    program = graph.record_like([np.zeros(1, np.int32), np.zeros(1, np.int32)])
+    rng = np.random.default_rng(0)
+    weights = {}
+    for name, t in program.named("weight").items():
+        if name == "rope.inv_freq":
+            weights[name] = (10000.0 ** -(np.arange(t.shape[0]) / t.shape[0])).astype(t.dtype)
+        elif name.endswith("norm.weight"):
+            weights[name] = (1 + 0.1 * rng.standard_normal(t.shape)).astype(t.dtype)
+        else:
+            weights[name] = (0.1 * rng.standard_normal(t.shape)).astype(t.dtype)
+    return graph, program, weights
+
+
+def test_the_llama_layers_fold_between_their_host_steps_with_unchanged_results():
+    graph, program, weights = tiny_decoder()
+    folded, single = loaded(program, weights, True), loaded(program, weights, False)
+    state: dict = {}
+    for p in range(3):  # three tokens: the KV cache (state) carries across calls
+        xs = [np.array([7 + p], np.int32), np.array([p], np.int32)]
+        got, one_by_one = folded.run(xs)[0], single.run(xs)[0]
+        assert np.array_equal(got.view(np.uint16), one_by_one.view(np.uint16))
+        want = program.reference(xs, weights, state)[0]
+        # the emulated steps round as the device kernels do (float32 accumulation, one bf16
+        # rounding per output); the reference rounds each step's output once
+        err = np.abs(got.astype(np.float32) - want.astype(np.float32)).max()
+        assert err <= 0.05 * np.abs(want.astype(np.float32)).max(), err
+    for name in folded.states:
+        assert np.array_equal(folded.states[name], single.states[name])
+    # per layer: RMSNorm GEMV | QKVRoPE Attention (host) | GEMV Add RMSNorm GEMV SwiGLU GEMV
+    # Add, and the next layer's RMSNorm GEMV: 2 layers -> 3 folds
+    folds = [s.fold for s in folded.segments if not isinstance(s, int)]
+    assert [len(f.runs) for f in folds] == [2, 9, 8]
+    assert folded.dispatches() == 3 * 3 and single.dispatches() == 3 * 19
+
+
+def layout_ok(fold: Fold) -> None:
+    spans = sorted((s.buffer, s.offset, s.offset + s.nbytes) for _, s in fold.slots)
+    for (b0, _, end), (b1, start, _) in zip(spans, spans[1:]):
+        assert b0 != b1 or end <= start
+    assert all(s.offset % ALIGN == 0 and s.offset + s.nbytes <= fold.sizes[s.buffer]
+               for _, s in fold.slots)
+
+
+def test_every_fold_verifies_and_lays_its_tensors_apart():
+    _, program, _ = tiny_decoder()
+    exe = loaded(program, None, True)
+    folds = [s for s in plan(program, exe.designs) if isinstance(s, Fold)]
+    for f in folds:
+        layout_ok(f)
+        check_text(render(f, generic=True), f.name)
+        custom = render(f)
+        assert custom.count("aiex.configure @") == len(f.configures())
+        assert custom.count("aiex.run @sequence(") == len(f.runs)
+    # the intermediates stay on the device: the middle fold takes only the residual and the
+    # attention output from the host (and its weights), hands back only the residual and the
+    # next layer's qkv (the host's QKVRoPE reads them); seven intermediates stay (o_proj, the
+    # first residual, its norm, gate_up, SwiGLU, down_proj, the next norm)
+    middle = folds[1]
+    kinds = {program.tensors[t].kind for t in middle.reads}
+    assert kinds <= {"weight", "temp", "state"}
+    assert sum(middle.slot(t).buffer == BUFFERS.index("io") for t in middle.reads) == 2
+    assert len(middle.writes) == 2
+    assert sum(middle.slot(t).buffer == BUFFERS.index("scratch") for t, _ in middle.slots) == 7
+
+
+def one_argument_fewer(text: str) -> str:
+    """The first aiex.run without its last argument."""
+    line = next(x for x in text.splitlines() if '"aiex.run"(' in x)
+    fixed = re.sub(r", %v\d+\)", ")", line, count=1)
+    fixed = re.sub(r", (memref<[^>]*>)\) -> \(\)$", ") -> ()", fixed)
+    return text.replace(line, fixed, 1)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda t: t.replace('"aiex.configure"() <{symbol = @d0_', '"aiex.configure"() <{symbol '
+                         "= @nowhere_", 1), "No such device"),
+    (lambda t: t.replace("runtime_sequence_symbol = @sequence", "runtime_sequence_symbol = "
+                         "@other", 1), "No such runtime sequence for device"),
+    (one_argument_fewer, r"number of run op arguments \(2\) does not match"),
+    (lambda t: t.replace('"aie.runtime_sequence"() <{sym_name = "sequence"}> ({\n    ^bb0(',
+                         '"aiex.run"() <{runtime_sequence_symbol = @sequence}> : () -> ()\n'
+                         '  "aie.runtime_sequence"() <{sym_name = "sequence"}> ({\n    ^bb0(',
+                         1), "aiex.configure"),
+])
+def test_a_broken_fold_is_rejected_naming_the_problem(change, message):
+    _, program, _ = tiny_decoder()
+    exe = loaded(program, None, True)
+    fold = next(s for s in plan(program, exe.designs) if isinstance(s, Fold))
+    text = render(fold, generic=True)
+    broken = change(text)
+    assert broken != text
+    with pytest.raises(Problem, match=message):
+        check_text(broken, "fold")
+
+
+def test_a_design_whose_sequence_ends_without_a_wait_ends_its_fold():
+    rng = np.random.default_rng(3)
+    graph, inputs = chain_case(rng)
+    program = graph.record_like(inputs)
+    exe = loaded(program, graph.weights, True)
+    designs = list(exe.designs)
+    d = designs[1]  # the first add: drop the waits by making its last phase inputs only
+    designs[1] = dataclasses.replace(d, sequence=d.sequence + (tuple(
+        t for t in d.sequence[-1] if t.direction == "in"),))
+    runs = [[r.step for r in s.runs] for s in plan(program, designs) if isinstance(s, Fold)]
+    assert runs == [[0, 1], [2, 3], [5, 6]]
+
+
+def test_the_report_adds_up_to_the_per_step_model_and_folding_saves_only_dispatches():
+    _, program, _ = tiny_decoder()
+    exe = loaded(program, None, True)
+    r = program_report("decode", program, exe.designs)
+    per_step = sum(d.cost().seconds for d in exe.designs if d is not None)
+    assert r.unfolded.total == pytest.approx(per_step, rel=1e-12)
+    assert r.model_sum == pytest.approx(per_step, rel=1e-12)
+    assert (r.npu_steps, r.dispatches, r.folded_dispatches) == (19, 19, 3)
+    assert r.folded.total == pytest.approx(per_step - 16 * DISPATCH_SECONDS, rel=1e-12)
+    assert (r.folded.kernel, r.folded.data_movement) == (r.unfolded.kernel,
+                                                        r.unfolded.data_movement)
+    assert r.host_steps == {"Attention": 2, "Embedding": 1, "QKVRoPE": 2}
+    assert r.configures == 19 and r.handovers == 5  # h|n n|h h h|n ... n|h h h|n ... n
