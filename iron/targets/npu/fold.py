@@ -32,8 +32,9 @@ with nothing of its own:
 ``render`` writes a fold's module in custom and generic form (``verify`` checks the generic
 one against the transcription of mlir-aie's ODS, ``aiex.configure`` / ``aiex.run`` included);
 ``Configured`` runs a fold in the emulator: the tensors laid out in the three byte buffers,
-a fresh load of the array at every configure, every run a dispatch of its design's runtime
-sequence on views of those buffers.
+every configure a load of its design on the array (``Array``: none when that design is the
+one loaded already, as the firmware skips reloading the same PDI), every run a dispatch of its
+design's runtime sequence on views of those buffers.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def plan(program: Program, designs: Sequence[Design | None], fold: bool = True
 
     def close():
         if current:
-            segments.append(make_fold(program, designs, list(current), len(segments)))
+            k = sum(isinstance(s, Fold) for s in segments)
+            segments.append(make_fold(program, designs, list(current), k))
             current.clear()
 
     for i, design in enumerate(designs):
@@ -264,17 +266,36 @@ def render(fold: Fold, generic: bool = False) -> str:
 # ---- running it -------------------------------------------------------------------------------
 
 
+class Array:
+    """The NPU array of one executable in the emulator: the configuration loaded last.  A
+    configure of the design already loaded loads nothing (the firmware skips reloading the
+    same PDI), so its cores keep looping where the last dispatch left them; any other design
+    is a fresh load (cores starting, FIFOs empty)."""
+
+    def __init__(self, lib: str):
+        self.lib = lib
+        self.loaded = None  # (design, Emulation)
+        self.loads = 0
+
+    def configure(self, design: Design):
+        from .emulator import Emulation
+
+        if self.loaded is None or self.loaded[0] is not design:
+            self.loaded = (design, Emulation(design, self.lib))
+            self.loads += 1
+        return self.loaded[1]
+
+
 class Configured:
     """A fold in the emulator: its three byte buffers, and one ``dispatch`` per call."""
 
-    def __init__(self, fold: Fold, lib: str):
+    def __init__(self, fold: Fold, array: Array):
         from .emulator import NP_DTYPE
 
-        self.fold, self.lib = fold, lib
+        self.fold, self.array = fold, array
         self.buffers = [np.zeros(max(n, 1), np.uint8) for n in fold.sizes]
         self.np_dtype = NP_DTYPE
         self.dispatches = 0
-        self.loads = 0  # configures run: the array loaded with a design
 
     def view(self, tensor: int, dtype: str) -> np.ndarray:
         s = self.fold.slot(tensor)
@@ -293,15 +314,62 @@ class Configured:
             shape).copy()
 
     def dispatch(self) -> None:
-        """The main runtime sequence once: per configure a freshly loaded array (its cores
-        start, its FIFOs are empty), each run a dispatch of that design's sequence."""
-        from .emulator import Emulation
-
+        """The main runtime sequence once: per configure its design loaded on the array
+        (``Array``), each run a dispatch of that design's sequence on views of the buffers."""
         for k, runs in self.fold.configures():
             design = self.fold.designs[k]
-            loaded = Emulation(design, self.lib)
-            self.loads += 1
+            loaded = self.array.configure(design)
             for run in runs:
                 loaded.dispatch([self.view(t, a.dtype) for t, a in zip(run.tensors,
                                                                        design.args)])
         self.dispatches += 1
+
+
+# ---- the folds of a bundle, as files ----------------------------------------------------------
+
+
+def bundle_folds(path: Path):
+    """(program name, fold) for every fold of every program of the npu bundle at ``path``, as
+    its executables fold them."""
+    from ...pipeline.bundle import Bundle
+    from .runner import step_design
+
+    bundle = Bundle.open(path)
+    for name, doc in bundle.manifest["programs"].items():
+        designs = [step_design(str(bundle.path / k)) for k in doc["kernels"]]
+        for segment in plan(bundle.program(name), designs):
+            if isinstance(segment, Fold):
+                yield name, segment
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m iron.targets.npu.fold BUNDLE OUT``: write each fold's module, custom and
+    generic form, as ``OUT/<program>.<fold>.mlir`` / ``.generic.mlir`` (for reading, and for
+    aiecc.py where it exists; ``verify BUNDLE`` checks the same modules without writing)."""
+    import sys
+
+    from ...errors import IronError
+    from ...util import atomic_write_bytes
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m iron.targets.npu.fold BUNDLE OUT", file=sys.stderr)
+        return 2
+    out = Path(argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    try:
+        for program, fold in bundle_folds(Path(argv[0])):
+            for generic, suffix in ((False, ".mlir"), (True, ".generic.mlir")):
+                atomic_write_bytes(out / f"{program}.{fold.name}{suffix}",
+                                   render(fold, generic).encode())
+            n += 1
+    except IronError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {n} folded configurations into {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
 from .design import Design, design_from_json
-from .fold import Configured, plan
+from .fold import Array, Configured, plan
 
 
 @functools.lru_cache(maxsize=1024)
@@ -98,7 +98,8 @@ class Emulated:
         self.program = program
         self.designs = [step_design(str(p)) for p in step_files]
         self.library = str(library)
-        self.segments = [s if isinstance(s, int) else Configured(s, self.library)
+        self.array = Array(self.library)
+        self.segments = [s if isinstance(s, int) else Configured(s, self.array)
                          for s in plan(program, self.designs, fold)]
         self.weights: dict[str, np.ndarray] = {}
         self.states = {name: np.zeros(t.shape, t.dtype)

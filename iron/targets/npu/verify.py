@@ -96,27 +96,23 @@ def bundle_modules(path: Path):
     """(label, generic module) of every designed step of an npu bundle, each once, then of
     every folded configuration of each of its programs, as its executables fold them."""
     from ...errors import IronError
-    from ...pipeline.bundle import Bundle
-    from .fold import Fold, plan, render
-    from .runner import step_design
+    from ...pipeline.bundle import read_manifest
+    from .fold import bundle_folds, render
 
     try:
-        bundle = Bundle.open(path)
+        manifest = read_manifest(path)
+        seen: set[str] = set()
+        for doc in manifest["programs"].values():
+            for k in doc["kernels"]:
+                if k not in seen:
+                    seen.add(k)
+                    text = module_text(path / k)
+                    if text is not None:
+                        yield str(path / k), text
+        for program, fold in bundle_folds(path):
+            yield f"{path} program {program} {fold.name}", render(fold, generic=True)
     except IronError as e:
         raise Problem(str(e)) from None
-    seen: set[str] = set()
-    for doc in bundle.manifest["programs"].values():
-        for k in doc["kernels"]:
-            if k not in seen:
-                seen.add(k)
-                text = module_text(path / k)
-                if text is not None:
-                    yield str(path / k), text
-    for name, doc in bundle.manifest["programs"].items():
-        designs = [step_design(str(path / k)) for k in doc["kernels"]]
-        for segment in plan(bundle.program(name), designs):
-            if isinstance(segment, Fold):
-                yield f"{path} program {name} {segment.name}", render(segment, generic=True)
 
 
 def main(argv: list[str] | None = None) -> int:
