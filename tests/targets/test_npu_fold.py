@@ -202,3 +202,20 @@ def test_the_report_adds_up_to_the_per_step_model_and_folding_saves_only_dispatc
                                                         r.unfolded.data_movement)
     assert r.host_steps == {"Attention": 2, "Embedding": 1, "QKVRoPE": 2}
     assert r.configures == 19 and r.handovers == 5  # h|n n|h h h|n ... n|h h h|n ... n
+
+
+def test_an_output_written_in_place_shares_its_inputs_place(monkeypatch):
+    """An operator whose class declares ``inplace`` (output -> input it overwrites, as a KV
+    cache write does) gets no place of its own: its design writes into the input's."""
+    rng = np.random.default_rng(5)
+    graph, inputs = chain_case(rng)
+    program = graph.record_like(inputs)
+    monkeypatch.setattr(ElementwiseAdd, "inplace", {0: 0}, raising=False)
+    exe = loaded(program, graph.weights, True)
+    first = exe.segments[0].fold
+    add = program.steps[1]
+    assert first.slot(add.outputs[0]) == first.slot(add.inputs[0])
+    layout_ok(dataclasses.replace(first, slots=tuple(
+        (t, s) for t, s in first.slots if t != add.outputs[0] and t != program.steps[2].outputs[0])))
+    np.testing.assert_allclose(exe.run(inputs)[0].astype(np.float32),
+                               graph.reference(*inputs).astype(np.float32), rtol=3e-2, atol=3e-2)

@@ -26,7 +26,9 @@ with nothing of its own:
   every tensor the fold touches lies in one of three byte buffers (``BUFFERS``: the weights,
   the tensors the host reads or writes, and the fold's own intermediates), each at a 64-byte
   aligned offset, and reaches its design as a ``memref.view`` of it.  The intermediates never
-  travel to the host: a step's output is the next step's input in device memory.
+  travel to the host: a step's output is the next step's input in device memory.  An output
+  an operator writes in place of an input (its class's ``inplace``: output position -> input
+  position, a KV cache) shares that input's place.
 
 ``plan`` cuts a program into host steps and folds (maximal runs of consecutive NPU steps);
 ``render`` writes a fold's module in custom and generic form (``verify`` checks the generic
@@ -163,9 +165,14 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
     reads: list[int] = []
     writes: list[int] = []
     kinds: dict[int, int] = {}
+    alias: dict[int, int] = {}  # an output written in place -> the input whose place it takes
     for run in runs:
         d = distinct[run.design]
-        n_in = len(program.steps[run.step].inputs)
+        step = program.steps[run.step]
+        n_in = len(step.inputs)
+        for k, j in getattr(type(step.op), "inplace", {}).items():
+            source = step.inputs[j]
+            alias[step.outputs[k]] = alias.get(source, source)
         for pos, t in enumerate(run.tensors):
             tensor = program.tensors[t]
             if tensor.kind == "weight":
@@ -191,13 +198,18 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
                 written.add(t)
                 if kinds[t] == 1 and t not in writes:
                     writes.append(t)
+    for t, source in alias.items():  # one place for both: the host's if either is the host's
+        if kinds.pop(t) == 1:
+            kinds[source] = 1
     sizes = [0] * len(BUFFERS)
-    slots = []
+    placed: dict[int, Slot] = {}
     for t in sorted(kinds, key=lambda t: (kinds[t], t)):
         b = kinds[t]
-        nbytes = int(np.prod(program.tensors[t].shape)) * np.dtype(program.tensors[t].dtype).itemsize
-        slots.append((t, Slot(b, sizes[b], nbytes)))
+        tensor = program.tensors[t]
+        nbytes = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
+        placed[t] = Slot(b, sizes[b], nbytes)
         sizes[b] += -(-nbytes // ALIGN) * ALIGN
+    slots = [(t, placed[t]) for t in placed] + [(t, placed[s]) for t, s in alias.items()]
     device = distinct[0].device
     return Fold(f"fold{k}", device, tuple(distinct), tuple(runs), tuple(slots), tuple(sizes),
                 tuple(reads), tuple(writes))
