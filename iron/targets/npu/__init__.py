@@ -12,7 +12,10 @@ its op definitions, ``ods``), the core kernels' sources (AIE API C++), and ``ste
 aiecc turns the custom form into an xclbin and an instruction stream (``aiecc``).  Operators without a design are placed on the
 host: they run with their numpy maths between NPU calls.  The program "executor" of the target
 is the core kernels built for the host through the host AIE API header, which the emulator
-(``emulator``, ``runner``) calls.
+(``emulator``, ``runner``) calls.  A program's consecutive NPU steps run as one folded
+configuration, one dispatch (``fold``: a module of several devices and a main sequence of
+``aiex.configure`` / ``aiex.run``); ``report`` counts a bundle's dispatches and splits its
+modelled time.
 
 Running on the NPU itself needs XRT's ``pyxrt`` and a runner iron does not have, so the target
 is unavailable for running unless emulated: ``target.emulated()`` (``Graph.emulate``,
