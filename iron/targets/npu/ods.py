@@ -411,7 +411,8 @@ class ConfigureOp(IRDLOperation):
     NoTerminator]>: ``FlatSymbolRefAttr:$symbol``, ``region AnyRegion:$body``; its verifier
     (``ConfigureOp::verify``) resolves ``symbol`` to a device of the module of the same device
     type as the one it is in (mlir-aie's messages: "No such device", "Device types do not
-    match")."""
+    match").  Newer mlir-aie adds an optional ``expand_mode``; iron neither emits nor
+    transcribes it."""
 
     name = "aiex.configure"
     symbol = prop_def(SymbolRefAttr)
@@ -435,9 +436,9 @@ class ConfigureOp(IRDLOperation):
 class RunOp(IRDLOperation):
     """def AIE_RunOp: AIEX_Op<"run", [HasParent<"ConfigureOp">]>:
     ``FlatSymbolRefAttr:$runtime_sequence_symbol, Variadic<AnyType>:$args``; the callee is a
-    runtime sequence of the configured device, taking as many arguments of the same types
-    (mlir-aie: "No such runtime sequence for device", and the argument count check of its
-    lowering)."""
+    runtime sequence of the configured device (mlir-aie's verifier: "No such runtime sequence
+    for device"), taking as many arguments (the count check of mlir-aie's lowering, made here)
+    of the same types (iron's own check: the run inlines the callee with these buffers)."""
 
     name = "aiex.run"
     runtime_sequence_symbol = prop_def(SymbolRefAttr)
