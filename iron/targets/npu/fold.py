@@ -172,7 +172,8 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
         n_in = len(step.inputs)
         for k, j in getattr(type(step.op), "inplace", {}).items():
             source = step.inputs[j]
-            alias[step.outputs[k]] = alias.get(source, source)
+            if step.outputs[k] != source:  # a state is often its own output: one tensor
+                alias[step.outputs[k]] = alias.get(source, source)
         for pos, t in enumerate(run.tensors):
             tensor = program.tensors[t]
             if tensor.kind == "weight":
