@@ -309,14 +309,20 @@ class Configured:
         self.buffers = [np.zeros(max(n, 1), np.uint8) for n in fold.sizes]
         self.np_dtype = NP_DTYPE
         self.dispatches = 0
+        self.bound: dict[int, np.ndarray] = {}  # weight tensor -> the array put in place
 
     def view(self, tensor: int, dtype: str) -> np.ndarray:
         s = self.fold.slot(tensor)
         return self.buffers[s.buffer][s.offset:s.offset + s.nbytes].view(self.np_dtype[dtype])
 
     def put(self, tensor: int, value: np.ndarray) -> None:
-        """Write a tensor the host holds into its place (before the dispatch)."""
+        """Write a tensor the host holds into its place (before the dispatch); a weight once,
+        while the host binds the same array (weights are bound once, not changed)."""
         s = self.fold.slot(tensor)
+        if s.buffer == 0:
+            if self.bound.get(tensor) is value:
+                return
+            self.bound[tensor] = value
         raw = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
         self.buffers[s.buffer][s.offset:s.offset + s.nbytes] = raw
 
