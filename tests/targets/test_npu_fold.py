@@ -14,7 +14,7 @@ from iron.lm.checkpoint import LlamaConfig
 from iron.operators import ElementwiseAdd, Embedding, RMSNorm, SiLU
 from iron.targets import target_for
 from iron.targets.npu.fold import ALIGN, BUFFERS, Fold, plan, render
-from iron.targets.npu.report import program_report
+from iron.targets.npu.report import markdown, program_report
 from iron.targets.npu.resources import DISPATCH_SECONDS
 from iron.targets.npu.runner import Emulated
 from iron.targets.npu.verify import Problem, check_text
@@ -202,6 +202,10 @@ def test_the_report_adds_up_to_the_per_step_model_and_folding_saves_only_dispatc
                                                         r.unfolded.data_movement)
     assert r.host_steps == {"Attention": 2, "Embedding": 1, "QKVRoPE": 2}
     assert r.configures == 19 and r.handovers == 5  # h|n n|h h h|n ... n|h h h|n ... n
+    table = markdown([r]).splitlines()
+    assert len(table) == 4
+    assert table[2].startswith(f"| decode, unfolded | npu2 | 19 | 19 | {r.unfolded.kernel * 1e6:,.0f} |")
+    assert f"| {r.folded.total * 1e6:,.0f} | 19 | Attention 2, Embedding 1, QKVRoPE 2 |" in table[3]
 
 
 def test_an_output_written_in_place_shares_its_inputs_place(monkeypatch):
