@@ -189,7 +189,7 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
                                   "does not size")
             want = arg.numel * DTYPE_BYTES[arg.dtype]
             have = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
-            if want != have:
+            if arg.numel and want != have:  # numel 0: sized by the caller (the tensor)
                 raise BundleError(f"step {run.step}: design argument {arg.name} is {want} "
                                   f"bytes, the program's tensor {t} ({tensor.name or 'temp'}) "
                                   f"{have} bytes")
@@ -250,17 +250,21 @@ def render(fold: Fold, generic: bool = False) -> str:
             for t, a in zip(run.tensors, design.args):
                 s = fold.slot(t)
                 n += 1
-                c, v = f"%c{n}", f"%v{n}"
-                ty = memref((a.numel,), a.dtype)
+                c, v, size = f"%c{n}", f"%v{n}", f"%n{n}"
+                ty = memref((a.numel or "?",), a.dtype)  # ?: the tensor gives the size
+                sizes = [] if a.numel else [(size, s.nbytes // DTYPE_BYTES[a.dtype])]
+                for name, value in [(c, s.offset), *sizes]:
+                    lines.append(f"        {name} = arith.constant {value} : index" if custom
+                                 else f'        {name} = "arith.constant"() <{{value = '
+                                 f"{value} : index}}> : () -> index")
+                dyn = ", ".join(name for name, _ in sizes)
                 if custom:
-                    lines.append(f"        {c} = arith.constant {s.offset} : index")
-                    lines.append(f"        {v} = memref.view {arg[s.buffer]}[{c}][] : "
+                    lines.append(f"        {v} = memref.view {arg[s.buffer]}[{c}][{dyn}] : "
                                  f"{buf_type[s.buffer]} to {ty}")
                 else:
-                    lines.append(f'        {c} = "arith.constant"() <{{value = {s.offset} : '
-                                 "index}> : () -> index")
-                    lines.append(f'        {v} = "memref.view"({arg[s.buffer]}, {c}) : '
-                                 f"({buf_type[s.buffer]}, index) -> {ty}")
+                    operands = ", ".join([arg[s.buffer], c, *(x for x, _ in sizes)])
+                    kinds = ", ".join([buf_type[s.buffer], "index", *("index" for _ in sizes)])
+                    lines.append(f'        {v} = "memref.view"({operands}) : ({kinds}) -> {ty}')
                 values.append(v)
                 types.append(ty)
             if custom:
