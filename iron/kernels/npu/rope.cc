@@ -71,6 +71,17 @@ int32_t qkv_past(const int32_t *pos, int32_t rows, int32_t ctx) {
     return rows - qkv_stored(pos, rows, ctx);
 }
 
+// Slotted: row iv is stored (1) when its own position lies in the cache, else only its q
+// leaves (slot_row_past 1).
+int32_t slot_row_stored(const int32_t *pos, int32_t iv, int32_t ctx) {
+    int32_t p = iron_load(pos + iv);
+    return p >= 0 && p < ctx ? 1 : 0;
+}
+
+int32_t slot_row_past(const int32_t *pos, int32_t iv, int32_t ctx) {
+    return 1 - slot_row_stored(pos, iv, ctx);
+}
+
 // Row base + iv into out, laid out as the row: q and k rotated, v copied.
 void qkv_rope_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq, bfloat16 *out,
                   int32_t base, int32_t iv, int32_t heads, int32_t kv_heads, int32_t hd) {

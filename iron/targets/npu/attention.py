@@ -47,6 +47,7 @@ import numpy as np
 
 from ...operator import Rule, rule
 from ...operators import Attention, QKVRoPE
+from ...operators.llm import Slotted
 from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Pattern, Release, Rtp, Scalar, Tile, Transfer, linear)
 from .kernels import lanes
@@ -62,12 +63,18 @@ DESIGNED = (QKVRoPE, Attention)
 
 
 def has_design(op) -> bool:
-    from ...operators.llm import Slotted
+    return isinstance(op, DESIGNED)
 
-    return isinstance(op, DESIGNED) and not isinstance(op, Slotted)
+
+def slotted(op) -> bool:
+    """A slotted form (``SlotQKVRoPE``, ``SlotAttention``): every row its own sequence, at
+    ``pos[r]`` of cache slot ``slot[r]``; the caches are ``(slots, kv_heads, ctx, head_dim)``."""
+    return isinstance(op, Slotted)
 
 
 def row_block(op: Attention) -> int:
+    if slotted(op):  # rows of different sequences share no keys
+        return 1
     return max(d for d in range(1, min(op.rows, ROW_BLOCK) + 1) if op.rows % d == 0)
 
 
@@ -90,11 +97,9 @@ def family_rules(op, res: NpuResources) -> Iterator[Rule]:
                "keys and values come from a second shim tile: a shim tile has two channels "
                "to the array and a unit needs three streams)")
     if isinstance(op, Attention):
-        n, cols = units(op), op.num_aie_columns
-        per = n // cols if n % cols == 0 else 0
-        yield rule(n % cols == 0 and (per % op.kv_heads == 0 or op.kv_heads % per == 0),
-                   "num_aie_columns", f"num_aie_columns divides the {n} (row block, KV head) "
-                   f"units, a whole number of KV heads or a share of one's ({op.kv_heads})")
+        n = units(op)
+        yield rule(n % op.num_aie_columns == 0, "num_aie_columns",
+                   f"num_aie_columns divides the {n} (row block, KV head) units")
 
 
 def design_for(op, res: NpuResources) -> Design:
@@ -129,6 +134,7 @@ def attention(op: Attention, res: NpuResources) -> Design:
     rows, kvh, hd, ctx, tile = op.rows, op.kv_heads, op.head_dim, op.ctx, op.tile_size
     group, rb, cols = op.heads // kvh, row_block(op), op.num_aie_columns
     per = units(op) // cols
+    follow = 0 if slotted(op) else 1
     most = -(-ctx // tile)
     fifos, links, buffers, cores = [], [], [], []
     for c in range(cols):
@@ -145,26 +151,27 @@ def attention(op: Attention, res: NpuResources) -> Design:
                     Buffer(acc, core, (rb * group, hd)),
                     Buffer(ml, core, (2 * rb * group + (-2 * rb * group) % 16,)),
                     Buffer(scores, core, (tile + (-tile) % lanes(),))]
-        shape = (kvh, rb, 1, group, hd, tile, ctx)
+        shape = (kvh, rb, follow, group, hd, tile, ctx)
         tiles = Loop(most, (*consume(kv),
                             Call("attn_tile", (q, kv, Buf(acc), Buf(ml), Buf(scores), Buf(rtp),
                                                c * per, Iv(1, 1), Iv(0, 1), *shape,
                                                float(1 / math.sqrt(hd)))),
                             *release("consume", kv)), dynamic="tiles")
         body = (*consume(q), *produce(out),
-                Call("attn_tiles", (Buf(rtp), c * per, Iv(0, 1), kvh, rb, 1, tile, ctx),
+                Call("attn_tiles", (Buf(rtp), c * per, Iv(0, 1), kvh, rb, follow, tile, ctx),
                      "tiles"),
                 Call("attn_init", (Buf(acc), Buf(ml), rb * group, hd)),
                 tiles,
                 Call("attn_finish", (Buf(acc), Buf(ml), out, rb * group, hd)),
                 *release("consume", q), *release("produce", out))
         cores.append(Core(core, (Loop(per, body),)))
-    args = (Arg("q", rows * op.heads * hd), Arg("k_cache", kvh * ctx * hd),
-            Arg("v_cache", kvh * ctx * hd), Arg("pos", rows, "i32"),
+    cache = 0 if slotted(op) else kvh * ctx * hd  # 0: as many slots as the caller's cache has
+    args = (Arg("q", rows * op.heads * hd), Arg("k_cache", cache), Arg("v_cache", cache),
+            Arg("pos", rows, "i32"), *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
             Arg("out", rows * op.heads * hd))
     params = (("cols", cols), ("ctx", ctx), ("head_dim", hd), ("heads", op.heads),
-              ("kind", "attention"), ("kv_heads", kvh), ("rb", rb), ("rows", rows),
-              ("tile", tile))
+              ("kind", "slot_attention" if slotted(op) else "attention"), ("kv_heads", kvh),
+              ("rb", rb), ("rows", rows), ("tile", tile))
     design = Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
                     tuple(buffers), tuple(cores), (), "attention.cc", ("tile_size",), params)
     return at_bound(design)
@@ -192,13 +199,18 @@ def tile_transfers(arg: int, fifo: str, feed: Tile, base: int, n: int, tile: int
     return head + [Transfer("in", arg, fifo, feed, linear(base + (ctx - tile) * hd, tile * hd))]
 
 
-def attention_dispatch(p: dict, pos: np.ndarray):
+def attention_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
+    """Attention: unit (row block b, KV head h) reads the key tiles of rows ``pos[0] + b * rb
+    ..``; slotted, unit (row r, h) those of ``pos[r]`` in slot ``slot[r]`` (out argument 5)."""
     rows, heads, kvh, hd, ctx, tile, cols, rb = (p[k] for k in (
         "rows", "heads", "kv_heads", "head_dim", "ctx", "tile", "cols", "rb"))
     group = heads // kvh
     per = rows // rb * kvh // cols
-    start = int(pos[0])
-    rtps = tuple(Rtp(f"rtp_{c}", 0, start) for c in range(cols))
+    if slot is None:
+        rtps = tuple(Rtp(f"rtp_{c}", 0, int(pos[0])) for c in range(cols))
+    else:
+        rtps = tuple(Rtp(f"rtp_{c}", r, int(pos[r])) for c in range(cols) for r in range(rows))
+    out = 4 if slot is None else 5
     phases = []
     for i in range(per):
         phase = []
@@ -207,11 +219,15 @@ def attention_dispatch(p: dict, pos: np.ndarray):
             qp = Pattern(b * rb * heads * hd + h * group * hd, (1, 1, rb, group * hd),
                          (0, 0, heads * hd, 1))
             phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
-            n = key_tiles(start + b * rb, start + b * rb + rb - 1, tile, ctx)
+            if slot is None:
+                first, head = int(pos[0]) + b * rb, h * ctx * hd
+            else:
+                first, head = int(pos[b]), (int(slot[b]) * kvh + h) * ctx * hd
+            n = key_tiles(first, first + rb - 1, tile, ctx)
             for arg, name in ((1, "k"), (2, "v")):
-                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c), h * ctx * hd, n,
-                                        tile, hd, ctx)
-            phase.append(Transfer("out", 4, f"out_{c}", shim(c), qp))
+                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c), head, n, tile, hd,
+                                        ctx)
+            phase.append(Transfer("out", out, f"out_{c}", shim(c), qp))
         phases.append(tuple(phase))
     return rtps, tuple(phases)
 
@@ -250,12 +266,28 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
             Call("qkv_stored", (Buf("rtp"), rows, ctx), "stored"), stored,
             Call("qkv_past", (Buf("rtp"), rows, ctx), "past"), past,
             *release("consume", "freq"))
-    cache = kvh * ctx * hd
+    if slotted(op):  # each row stored or not on its own position: loops of 0 or 1
+        one = Loop(1, (*consume("qkv"), *produce("rot"),
+                       Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(1, 1),
+                                             *shape)),
+                       *release("consume", "qkv"), *release("produce", "rot")),
+                   dynamic="stored")
+        none = Loop(1, (*consume("qkv"), *produce("q_past"),
+                        Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past", 0, Iv(1, 1),
+                                            *shape)),
+                        *release("consume", "qkv"), *release("produce", "q_past")),
+                    dynamic="past")
+        row = Loop(rows, (Call("slot_row_stored", (Buf("rtp"), Iv(0, 1), ctx), "stored"), one,
+                          Call("slot_row_past", (Buf("rtp"), Iv(0, 1), ctx), "past"), none))
+        body = (*consume("freq"), row, *release("consume", "freq"))
+    cache = 0 if slotted(op) else kvh * ctx * hd  # 0: as many slots as the caller's cache has
     args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
-            Arg("k_cache", cache), Arg("v_cache", cache), Arg("q", rows * heads * hd),
+            Arg("k_cache", cache), Arg("v_cache", cache),
+            *((Arg("slot", rows, "i32"),) if slotted(op) else ()), Arg("q", rows * heads * hd),
             Arg("k_cache_out", cache), Arg("v_cache_out", cache))
-    params = (("ctx", ctx), ("head_dim", hd), ("heads", heads), ("kind", "qkv_rope"),
-              ("kv_heads", kvh), ("rows", rows))
+    params = (("ctx", ctx), ("head_dim", hd), ("heads", heads),
+              ("kind", "slot_qkv_rope" if slotted(op) else "qkv_rope"), ("kv_heads", kvh),
+              ("rows", rows))
     design = Design(op.describe(True), res.name, args, fifos, links, buffers,
                     (Core(core, body),), (), "rope.cc", (), params)
     return at_bound(design)
@@ -266,22 +298,38 @@ def stored_rows(start: int, rows: int, ctx: int) -> int:
     return 0 if start < 0 else max(0, min(rows, ctx - start))
 
 
-def qkv_rope_dispatch(p: dict, pos: np.ndarray):
+def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
+    """QKVRoPE: the chunk's stored rows to the caches at ``pos[0] ..``, q of every row;
+    slotted, one phase per row: q, and k, v at ``pos[r]`` of slot ``slot[r]`` when stored."""
     rows, heads, kvh, hd, ctx = (p[k] for k in ("rows", "heads", "kv_heads", "head_dim", "ctx"))
-    width = (heads + 2 * kvh) * hd
+    width, qw = (heads + 2 * kvh) * hd, heads * hd
+    rtps = tuple(Rtp("rtp", r, int(pos[r])) for r in range(rows))
+    freq = Transfer("in", 2, "freq", shim(0), linear(0, hd // 2))
+    if slot is not None:
+        phases = []
+        for r in range(rows):
+            phase = [freq] if r == 0 else []
+            phase.append(Transfer("in", 0, "qkv", shim(0), linear(r * width, width)))
+            if 0 <= int(pos[r]) < ctx:
+                at = Pattern((int(slot[r]) * kvh * ctx + int(pos[r])) * hd, (1, 1, kvh, hd),
+                             (0, 0, ctx * hd, 1))
+                phase += [Transfer("out", 6, "q", shim(0), linear(r * qw, qw)),
+                          Transfer("out", 7, "k", shim(1), at),
+                          Transfer("out", 8, "v", shim(1), at)]
+            else:
+                phase.append(Transfer("out", 6, "q_past", shim(0), linear(r * qw, qw)))
+            phases.append(tuple(phase))
+        return rtps, tuple(phases)
     start = int(pos[0])
     n = stored_rows(start, rows, ctx)
-    rtps = tuple(Rtp("rtp", r, int(pos[r])) for r in range(rows))
-    phase = [Transfer("in", 2, "freq", shim(0), linear(0, hd // 2)),
-             Transfer("in", 0, "qkv", shim(0), linear(0, rows * width))]
+    phase = [freq, Transfer("in", 0, "qkv", shim(0), linear(0, rows * width))]
     if n:
         rows_at = Pattern(start * hd, (1, n, kvh, hd), (0, hd, ctx * hd, 1))
-        phase += [Transfer("out", 5, "q", shim(0), linear(0, n * heads * hd)),
+        phase += [Transfer("out", 5, "q", shim(0), linear(0, n * qw)),
                   Transfer("out", 6, "k", shim(1), rows_at),
                   Transfer("out", 7, "v", shim(1), rows_at)]
     if n < rows:
-        phase.append(Transfer("out", 5, "q_past", shim(0),
-                              linear(n * heads * hd, (rows - n) * heads * hd)))
+        phase.append(Transfer("out", 5, "q_past", shim(0), linear(n * qw, (rows - n) * qw)))
     return rtps, (tuple(phase),)
 
 
@@ -289,22 +337,32 @@ def qkv_rope_dispatch(p: dict, pos: np.ndarray):
 
 #: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
 #: and the runtime argument holding the positions.
-RENDERERS = {"attention": (attention_dispatch, 3), "qkv_rope": (qkv_rope_dispatch, 1)}
+RENDERERS = {"attention": (attention_dispatch, 3, None),
+             "slot_attention": (attention_dispatch, 3, 4),
+             "qkv_rope": (qkv_rope_dispatch, 1, None),
+             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5)}
 
 
 def render(design: Design, args):
     """The runtime parameters and runtime sequence of one dispatch, drawn for the positions
     among ``args``."""
     p = dict(design.renderer)
-    dispatch, pos_arg = RENDERERS[p["kind"]]
-    return dispatch(p, np.asarray(args[pos_arg]).reshape(-1))
+    dispatch, pos_arg, slot_arg = RENDERERS[p["kind"]]
+    slot = None if slot_arg is None else np.asarray(args[slot_arg]).reshape(-1)
+    return dispatch(p, np.asarray(args[pos_arg]).reshape(-1), slot)
 
 
 def positions(design: Design, start: int) -> list:
-    """Arguments carrying only the positions ``start ..`` (all the renderers read)."""
+    """Arguments carrying only the positions ``start ..`` (all the renderers read); slotted,
+    every row at ``start`` in slot 0."""
     p = dict(design.renderer)
+    _, pos_arg, slot_arg = RENDERERS[p["kind"]]
     args: list = [None] * len(design.args)
-    args[RENDERERS[p["kind"]][1]] = np.arange(start, start + p["rows"], dtype=np.int32)
+    if slot_arg is None:
+        args[pos_arg] = np.arange(start, start + p["rows"], dtype=np.int32)
+    else:
+        args[pos_arg] = np.full(p["rows"], start + p["rows"] - 1, np.int32)
+        args[slot_arg] = np.zeros(p["rows"], np.int32)
     return args
 
 
@@ -327,13 +385,20 @@ def priced(design: Design) -> Design:
     start = int((p["ctx"] - p["rows"]) * PRICED_AT) if p["ctx"] > p["rows"] else 0
     rtps, sequence = render(design, positions(design, start))
     counts = {}
-    if p["kind"] == "attention":
+    if p["kind"] in ("attention", "slot_attention"):
         kvh, rb = p["kv_heads"], p["rb"]
         per = p["rows"] // rb * kvh // p["cols"]
+        pos = positions(design, start)[RENDERERS[p["kind"]][1]]
         for c in range(p["cols"]):
-            n = [key_tiles(start + u // kvh * rb, start + u // kvh * rb + rb - 1, p["tile"],
-                           p["ctx"]) for u in range(c * per, (c + 1) * per)]
+            blocks = [u // kvh for u in range(c * per, (c + 1) * per)]
+            if p["kind"] == "attention":
+                n = [key_tiles(start + b * rb, start + b * rb + rb - 1, p["tile"], p["ctx"])
+                     for b in blocks]
+            else:
+                n = [key_tiles(int(pos[b]), int(pos[b]), p["tile"], p["ctx"]) for b in blocks]
             counts[Tile(c, 2)] = {"tiles": sum(n) / len(n)}
+    elif p["kind"] == "slot_qkv_rope":
+        counts[Tile(0, 2)] = {"stored": 1, "past": 0}
     else:
         n = stored_rows(start, p["rows"], p["ctx"])
         counts[Tile(0, 2)] = {"stored": n, "past": p["rows"] - n}

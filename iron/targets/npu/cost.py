@@ -63,6 +63,8 @@ ROW_OPS = {"rmsnorm_bf16": 2, "rmsnorm_weighted_bf16": 3, "softmax_bf16": 6}
 #: the exp2, subtract, add, max and the score's reduction and store (6 per lanes keys, with
 #: the reduction counted as one operation: an assumption).
 ATTENTION_KEY_OPS = 6
+#: Kernels that only read a position and return a trip count.
+COUNTING = ("attn_tiles", "qkv_stored", "qkv_past", "slot_row_stored", "slot_row_past")
 
 
 def kernel_cycles(call: Call, res: NpuResources) -> float:
@@ -86,7 +88,7 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
                           + 2 * hd / lanes) + queries * ROW_CYCLES
     if f in ("attn_init", "attn_finish"):  # queries x hd: a store (a multiply and a store)
         return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
-    if f in ("attn_tiles", "qkv_stored", "qkv_past"):  # a few scalar operations
+    if f in COUNTING:  # a few scalar operations
         return 0
     if f in ("qkv_rope_row", "q_rope_row"):  # heads, kv_heads, hd: per rotated pair of
         heads, kvh, hd = n[-3:]  # vectors two multiplies and two MACs, and the angles' sine

@@ -415,21 +415,21 @@ class Emulation:
 
     def dispatch(self, args: Sequence[np.ndarray]) -> None:
         d = self.design
-        for a, spec in zip(args, d.args):
-            if a.size != spec.numel or a.dtype != NP_DTYPE[spec.dtype]:
+        for a, spec in zip(args, d.args):  # numel 0: sized by the caller (a slotted cache)
+            if (spec.numel and a.size != spec.numel) or a.dtype != NP_DTYPE[spec.dtype]:
                 raise EmulationError(f"{d.name}: argument {spec.name} must be {spec.numel} "
                                      f"{spec.dtype} elements, got {a.size} {a.dtype}")
         rtps, sequence = d.dispatch_for(args)
         for phase in sequence:
             for t in phase:
-                a = d.args[t.arg]
+                a, size = d.args[t.arg], args[t.arg].size
                 lo, hi = pattern_bounds(t.pattern)
-                if lo < 0 or hi >= a.numel:
+                if lo < 0 or hi >= size:
                     raise EmulationError(
                         f"{d.name}: transfer {t.direction} of {a.name} via {t.fifo} "
                         f"(offset {t.pattern.offset}, sizes {list(t.pattern.sizes)}, strides "
                         f"{list(t.pattern.strides)}) reaches elements {lo}..{hi}, outside "
-                        f"its {a.numel} elements")
+                        f"its {size} elements")
         self.args = args
         for r in rtps:  # aiex.npu.rtp_write, before the sequence issues any transfer
             word = self.buffers[r.buffer].array.reshape(-1)
