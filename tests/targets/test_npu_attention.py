@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from iron.operators import Attention, QKVRoPE, SlotAttention, SlotQKVRoPE
+from iron.operators import Attention, CacheWrite, QKVRoPE, SlotAttention, SlotQKVRoPE
 from iron.resolution import legal_settings
 from iron.targets import npu, target_for
 from iron.targets.npu import attention
@@ -40,18 +40,19 @@ CASES = [
      None),
     (SlotQKVRoPE, dict(rows=4, slots=6, heads=9, kv_heads=3, head_dim=64, ctx=64), (), "npu2",
      {}),
+    (CacheWrite, dict(kv_heads=3, ctx=64, head_dim=64, rows=8), (60, 0, 70), "npu2", {}),
+    (CacheWrite, dict(kv_heads=3, ctx=64, head_dim=64, rows=1), (63, 5, 64), "npu1", {}),
 ]
 
 
 def case_inputs(cls, shape, position, seed):
     fields = {k: v for k, v in shape.items()}
-    if cls in (Attention, QKVRoPE):
+    at = {Attention: 3, QKVRoPE: 1, CacheWrite: 2}.get(cls)  # the positions input
+    if at is not None:
         fields["pos"] = 0
     _, inputs = cls.example(np.random.default_rng(seed), **fields)
-    if cls in (Attention, QKVRoPE):
-        rows = shape["rows"]
-        inputs[1 if cls is QKVRoPE else 3] = np.arange(position, position + rows,
-                                                        dtype=np.int32)
+    if at is not None:
+        inputs[at] = np.arange(position, position + shape["rows"], dtype=np.int32)
     return inputs
 
 
@@ -119,7 +120,8 @@ def test_every_design_fits_its_descriptors_and_verifies_against_mlir_aies_op_def
            QKVRoPE(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=8192),
            SlotAttention(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
                          num_aie_columns=4),
-           SlotQKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192)]
+           SlotQKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           CacheWrite(kv_heads=3, ctx=8192, head_dim=64, rows=64)]
     for op in ops:
         for dev in ("npu1", "npu2"):
             if 2 * getattr(op, "num_aie_columns", 1) > resources(dev).columns:
@@ -128,7 +130,8 @@ def test_every_design_fits_its_descriptors_and_verifies_against_mlir_aies_op_def
             assert allocate(d, resources(dev).shim_bds).overflow is None
             generic = render(d, generic=True)
             assert check_text(generic, op.describe(True)) is None
-            assert "aiex.npu.rtp_write" in generic and "-> i32" in generic
+            if not isinstance(op, CacheWrite):  # no core: nothing to count
+                assert "aiex.npu.rtp_write" in generic and "-> i32" in generic
             for pos in (0, 4000):  # every dispatch's sequence within the descriptors too
                 _, seq = d.dispatch_for(attention.positions(d, pos))
                 assert allocate(dataclasses.replace(d, sequence=seq),
@@ -154,12 +157,12 @@ def test_a_position_past_the_bound_is_refused():
     op = Attention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64, tile_size=16,
                    num_aie_columns=1)
     d = npu.design_of(op, "npu2")
-    loop = d.cores[0].body[0].body[3]
+    loop = d.cores[0].body[0].body[4]
     assert loop.dynamic == "tiles" and loop.count == 4
     capped = dataclasses.replace(d, cores=(dataclasses.replace(d.cores[0], body=(
         dataclasses.replace(d.cores[0].body[0], body=(
-            *d.cores[0].body[0].body[:3], dataclasses.replace(loop, count=2),
-            *d.cores[0].body[0].body[4:])),)),))
+            *d.cores[0].body[0].body[:4], dataclasses.replace(loop, count=2),
+            *d.cores[0].body[0].body[5:])),)),))
     args = [np.zeros(a.numel, _bf16() if a.dtype == "bf16" else np.int32) for a in d.args]
     args[3][0] = 63
     with pytest.raises(EmulationError, match="outside 0..2"):

@@ -46,7 +46,7 @@ from typing import Iterator
 import numpy as np
 
 from ...operator import Rule, rule
-from ...operators import Attention, QKVRoPE
+from ...operators import Attention, CacheWrite, QKVRoPE
 from ...operators.llm import Slotted
 from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Pattern, Release, Rtp, Scalar, Tile, Transfer, linear)
@@ -59,7 +59,7 @@ PRICED_AT = 0.5
 #: Query rows of one attention work unit at most (prefill): 8 rows of 3 heads of 64 keep a
 #: unit's queries, output and accumulator at 18 KiB of a core's 64.
 ROW_BLOCK = 8
-DESIGNED = (QKVRoPE, Attention)
+DESIGNED = (QKVRoPE, Attention, CacheWrite)
 
 
 def has_design(op) -> bool:
@@ -84,6 +84,12 @@ def units(op: Attention) -> int:
 
 def family_rules(op, res: NpuResources) -> Iterator[Rule]:
     v = lanes()
+    if isinstance(op, CacheWrite):
+        yield rule(op.kv_heads * op.head_dim % 2 == 0, "", "kv_heads * head_dim is even (a "
+                   "row moves as whole 4-byte words)")
+        yield rule(op.rows <= 1023 and op.kv_heads <= 1023, "", "rows <= 1023 and kv_heads <= "
+                   "1023 (the write's access pattern walks each in one dimension)")
+        return
     if isinstance(op, QKVRoPE):
         yield rule(op.head_dim % (2 * v) == 0, "", f"head_dim % {2 * v} == 0 (the kernel "
                    f"rotates whole {v}-lane bf16 vectors of each half of a head)")
@@ -103,6 +109,8 @@ def family_rules(op, res: NpuResources) -> Iterator[Rule]:
 
 
 def design_for(op, res: NpuResources) -> Design:
+    if isinstance(op, CacheWrite):
+        return cache_write(op, res)
     return attention(op, res) if isinstance(op, Attention) else qkv_rope(op, res)
 
 
@@ -333,6 +341,37 @@ def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
     return rtps, (tuple(phase),)
 
 
+# ---- CacheWrite ----------------------------------------------------------------------------
+
+
+def cache_write(op: CacheWrite, res: NpuResources) -> Design:
+    """No core: the rows stream into the memory tile and out again to the cache rows they land
+    on; the host renders the rows that fit (``pos[0] ..`` below ``ctx``)."""
+    kvh, ctx, hd, rows = op.kv_heads, op.ctx, op.head_dim, op.rows
+    mem = Tile(0, 1)
+    fifos = (Fifo("x", shim(0), (mem,), 2, (kvh * hd,)), Fifo("row", mem, (shim(0),), 2,
+                                                                (kvh * hd,)))
+    cache = kvh * ctx * hd
+    args = (Arg("cache", cache), Arg("x", rows * kvh * hd), Arg("pos", rows, "i32"),
+            Arg("cache_out", cache))
+    params = (("ctx", ctx), ("head_dim", hd), ("kind", "cache_write"), ("kv_heads", kvh),
+              ("rows", rows))
+    design = Design(op.describe(True), res.name, args, fifos, (Link(("x",), ("row",)),), (), (),
+                    (), "rope.cc", (), params)
+    return at_bound(design)
+
+
+def cache_write_dispatch(p: dict, pos: np.ndarray, slot=None):
+    rows, kvh, hd, ctx = (p[k] for k in ("rows", "kv_heads", "head_dim", "ctx"))
+    start = int(pos[0])
+    n = stored_rows(start, rows, ctx)
+    if not n:
+        return (), ()
+    return (), ((Transfer("in", 1, "x", shim(0), linear(0, n * kvh * hd)),
+                 Transfer("out", 3, "row", shim(0), Pattern(start * hd, (1, n, kvh, hd),
+                                                            (0, hd, ctx * hd, 1)))),)
+
+
 # ---- per-dispatch rendering ------------------------------------------------------------------
 
 #: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
@@ -340,7 +379,8 @@ def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
 RENDERERS = {"attention": (attention_dispatch, 3, None),
              "slot_attention": (attention_dispatch, 3, 4),
              "qkv_rope": (qkv_rope_dispatch, 1, None),
-             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5)}
+             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5),
+             "cache_write": (cache_write_dispatch, 2, None)}
 
 
 def render(design: Design, args):
@@ -397,6 +437,8 @@ def priced(design: Design) -> Design:
             else:
                 n = [key_tiles(int(pos[b]), int(pos[b]), p["tile"], p["ctx"]) for b in blocks]
             counts[Tile(c, 2)] = {"tiles": sum(n) / len(n)}
+    elif p["kind"] == "cache_write":
+        pass
     elif p["kind"] == "slot_qkv_rope":
         counts[Tile(0, 2)] = {"stored": 1, "past": 0}
     else:
