@@ -42,8 +42,9 @@ import numpy as np
 
 from ...errors import IronError
 from ...tensor import bfloat16
+from .cost import acquires
 from .design import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Scalar, Tile,
-                     Transfer)
+                     Transfer, walk_ops)
 
 NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32}
 #: Bytes of guard region on each side of every buffer a kernel gets.
@@ -252,7 +253,11 @@ class Emulation:
         self.rings = {f.name: Ring(f) for f in design.fifos}
         self.sched = Scheduler()
         self.moved: dict[tuple[Tile, str, str], int] = defaultdict(int)  # consumed / released
-        #: per core, what it had moved at the end of each program run (one per dispatch)
+        #: per core, the elements one program run takes and gives (None when its loops are
+        #: dynamic), and what it had moved at the end of each program run (one per dispatch)
+        self.per_program = {c.tile: None if any(isinstance(op, Loop) and op.dynamic for op in
+                                                walk_ops(c.body)) else acquires(c.body)
+                            for c in design.cores}
         self.programs: dict[Tile, list[dict]] = {c.tile: [] for c in design.cores}
         self.buffers = {b.name: Guarded(b.name, b.shape, b.dtype) for b in design.buffers}
         self.dispatches = 0
@@ -441,17 +446,28 @@ class Emulation:
         self.sched.run(d.name)
         self.dispatches += 1
         for c in d.cores:
+            per_program = self.per_program[c.tile]
             runs = self.programs[c.tile]
-            ends = runs[self.dispatches - 1] if len(runs) >= self.dispatches else None
-            for key in sorted(k for k in self.moved if k[0] == c.tile):
-                moved, per = self.moved[key], None if ends is None else ends.get(key, 0)
-                if moved != per:
-                    verb = "taken" if key[2] == "consume" else "filled"
-                    said = (f"{per} at the end of its program run {self.dispatches}"
-                            if per is not None else f"only {len(runs)} program run(s) done")
+            if per_program is None:  # dynamic loops: what it had moved after its program run
+                ends = runs[self.dispatches - 1] if len(runs) >= self.dispatches else None
+                keys = sorted(k[1:] for k in self.moved if k[0] == c.tile)
+            else:
+                keys = sorted(per_program)
+            for fifo, port in keys:
+                moved = self.moved[(c.tile, fifo, port)]
+                if per_program is not None:
+                    per = per_program[(fifo, port)]
+                    want, said = per * self.dispatches, f"its program {per} per dispatch"
+                elif ends is not None:
+                    want = ends.get((c.tile, fifo, port), 0)
+                    said = f"{want} at the end of its program run {self.dispatches}"
+                else:
+                    want, said = None, f"only {len(runs)} program run(s) done"
+                if moved != want:
+                    verb = "taken" if port == "consume" else "filled"
                     raise EmulationError(
                         f"{d.name}: after dispatch {self.dispatches} {c.tile} has {verb} {moved} "
-                        f"elements of {key[1]}, {said} (it waits to "
+                        f"elements of {fifo}, {said} (it waits to "
                         f"{self.sched.waiting(str(c.tile))}): the next dispatch would start "
                         "from the middle of its program, the design only works once")
         for name, ring in self.rings.items():
