@@ -1,8 +1,8 @@
 // Attention core kernels (pos: the core's runtime-parameter buffer, the positions the runtime
-// sequence wrote for this dispatch): one work unit is a block of rb query rows of one KV head with its
-// `group` query heads (rb * group query vectors of head_dim, bf16), scored against the unit's
-// key tiles one tile at a time with an online softmax, as upstream IRON's MHA kernels keep a
-// running maximum and sum per query: scores q.k * scale * log2(e) in float32, the tile's
+// sequence wrote for this dispatch): one work unit is a block of rb query rows of one KV head
+// with its `group` query heads (rb * group query vectors of head_dim, bf16), scored against the
+// unit's key tiles one tile at a time with an online softmax, as upstream IRON's MHA kernels
+// keep a running maximum and sum per query: scores q.k * scale * log2(e) in float32, the tile's
 // maximum, weights exp2(s - max) with the API's bf16 exp2, the accumulator (float32, a core
 // buffer) and the sum rescaled by exp2(old max - new max).  Query row r of the unit attends
 // keys 0 .. its position (causal); keys past it, and keys an earlier tile already scored (the

@@ -1,10 +1,10 @@
-// QKVRoPE core kernels: one stacked q|k|v row (bf16) per call; pos is the core's
-// runtime-parameter buffer (a position per row, written by the runtime sequence).  q and k are rotated
+// QKVRoPE core kernels: one stacked q|k|v row (bf16) per call; pos is the core's runtime-
+// parameter buffer (a position per row, written by the runtime sequence).  q and k are rotated
 // (rotate-half RoPE: for each head the halves a, b become a cos - b sin and b cos + a sin) with
 // the angle pos[r] * inv_freq[i] in float32, and rounded once to bf16; v is copied.  The AIE
-// API's sin and cos exist only on the first-generation AIE, so the kernel computes them:
-// Cody-Waite reduction by pi/2 (three parts, exact for positions below 2^16) and the
-// single-precision minimax polynomials of Cephes' sinf / cosf on [-pi/4, pi/4].
+// API's sin and cos exist only on the first-generation AIE, so the kernel computes them: Cody-
+// Waite reduction by pi/2 (three parts, exact for positions below 2^16) and the single-
+// precision minimax polynomials of Cephes' sinf / cosf on [-pi/4, pi/4].
 #include "iron_aie.h"
 
 namespace {

@@ -1,41 +1,43 @@
-"""NPU designs of the KV-cache operators: ``QKVRoPE`` (the rotation and the cache write) and
-``Attention`` (decode, one query row, and prefill chunks), grouped-query heads.
+"""NPU designs of the KV-cache operators: ``QKVRoPE`` (the rotation and the cache write),
+``Attention`` (decode, one query row, and prefill chunks; grouped-query heads), ``CacheWrite``
+and the slotted ``SlotQKVRoPE`` / ``SlotAttention`` of batched decode.
 
 **The KV cache** lives in DRAM as the host keeps it, one layout for the design and the host:
-``(kv_heads, ctx, head_dim)`` bf16, row-major, so position ``p`` of KV head ``h`` is the
-``head_dim`` elements at ``(h * ctx + p) * head_dim``.
+``(kv_heads, ctx, head_dim)`` bf16, row-major (slotted: ``(slots, kv_heads, ctx, head_dim)``),
+so position ``p`` of KV head ``h`` in slot ``s`` is the ``head_dim`` elements at
+``((s * kv_heads + h) * ctx + p) * head_dim``.  The designs write it in place.
 
-**The position is data of the dispatch.**  ``pos`` is an ``int32`` runtime argument like any
-other: the shim DMA brings it into the core through a one-element FIFO (the whole ``pos`` vector,
-``depth`` 1, once per dispatch), and the core kernel derives from it what the core needs:
-``attn_tiles`` / ``qkv_stored`` return the trip count of the loop over key tiles or stored rows
-(``Call.result``), which the core's ``scf.for`` takes as its bound (``Loop.dynamic``).  The
-transfers that depend on the position (the key and value tiles of ``0 .. pos``, the rows the
-cache write lands on) are rendered by the host per dispatch (``render_sequence``): the runtime
-sequence is the instruction stream XRT sends with every run, host data, so the host writes the
-offsets and sizes of this dispatch into it (mlir-aie's ``aiex.npu.dma_memcpy_nd`` lowers to
-exactly those descriptor words), and a runtime keeps one rendered stream per key-tile count.
-The module's ``sequence`` is the stream at the bound (every key tile of the context, the
-shifted last tile included): what the legality rules measure and ``mlir`` writes; every count
-below it has the same transfers with smaller sizes.  So a decode token reads the keys and values
-it attends to, ``ceil((pos + 1) / tile_size)`` tiles per KV head, never the whole context;
-the cost model prices a design at the middle of its context (``PRICED_AT``).
+**The position is data of the dispatch.**  The cores read it as a runtime parameter: each
+compute tile has an ``i32`` buffer the runtime sequence writes first (``Rtp``,
+``aiex.npu.rtp_write``), and a kernel reads it after the core's first acquire of the dispatch
+(whose data the sequence sends only after the write) and returns the trip count of the loop
+over key tiles or stored rows (``Call.result``, ``Loop.dynamic``).  The transfers that depend
+on it (the key and value tiles of ``0 .. pos``, the cache rows a write lands on) and the
+parameter values are rendered by the host per dispatch (``render``): the runtime sequence is
+the instruction stream XRT sends with each run, host data.  A design's ``sequence`` is the one
+at the bound (the last rows of the context, every key tile, the shifted last tile included):
+what the legality rules measure and ``mlir`` writes; every position's has the same transfers
+with smaller sizes.  So a decode token reads ``ceil((pos + 1) / tile_size)`` key and value
+tiles per KV head, never the whole context, and the cost model prices a design at the middle
+of its context (``PRICED_AT``).
 
-**Attention.** A work unit is a block of ``rb`` query rows (``row_block``) of one KV head with
-its ``heads // kv_heads`` query heads, so each key tile is read once for the group; columns
-split the units, one compute tile per column.  Per unit the core takes its queries, then its
-key and value tiles one at a time (``tile_size`` keys, double-buffered), keeps the online
-softmax state (running maximum and sum, float32 output accumulator) in core buffers and writes
-the unit's rows at the end.  Every unit is one phase of the runtime sequence (its queries, keys,
-values in, its output out, a wait), so a shim tile holds at most 7 descriptors at once.  When
-``ctx`` is not a multiple of ``tile_size`` the last tile is read shifted back to end at ``ctx``
-(a descriptor cannot run past the head's rows, nor pad on a shim tile), and the kernel skips
-the keys an earlier tile already scored.
+**Attention.** A work unit is a block of ``row_block`` query rows of one KV head with its
+``heads // kv_heads`` query heads, so each key tile is read once for the group; columns split
+the units, one compute tile per column.  A shim tile has two channels into the array and a core
+two inputs, so the keys and values come from a second shim tile and are joined in the column's
+memory tile, one ``(2 * tile_size, head_dim)`` element per tile.  Per unit the core takes its
+queries, then the joined tiles, keeps the online softmax state (running maximum and sum,
+float32 accumulator) in core buffers and writes the unit's rows at the end.  Every unit is one
+runtime phase (queries, keys, values in, its output out, a wait).  When ``ctx`` is not a
+multiple of ``tile_size`` the last tile is read shifted back to end at ``ctx`` (a shim
+descriptor cannot pad) and the kernel skips the keys an earlier tile scored.
 
-**QKVRoPE.** One compute tile: per row it rotates q and k (rotate-half RoPE, angle ``pos *
-inv_freq`` in float32, sine and cosine by range reduction and polynomials in the kernel, since
-the AIE API's ``sin`` / ``cos`` exist only on the first-generation AIE) and emits q, k rounded
-to bf16 and v; the rows that land at or past ``ctx`` give q only.
+**QKVRoPE.** One compute tile rotates q and k of each row (rotate-half RoPE, angle ``pos[r] *
+inv_freq`` in float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` /
+``cos`` exist only on the first-generation AIE) and emits the row whole; the memory tile splits
+it into q (to shim 0) and k, v (to shim 1, into the caches).  Rows past ``ctx`` leave as q only,
+through the core's second output.  **CacheWrite** has no core: the rows stream through the
+memory tile to the cache rows they land on.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ each ``aie.core`` running its program in a loop until the array is reconfigured 
 ``scf.for`` to the largest ``index``, as mlir-aie's tests and IRON's ``range_(sys.maxsize)``
 write it), one iteration per dispatch; ``aie.runtime_sequence`` with ``aiex.npu.dma_memcpy_nd``
 (descriptor ids from ``bds``, ``issue_token`` on every transfer that is waited on, operand
-segment sizes) and ``aiex.npu.dma_wait``, after the ``aiex.npu.rtp_write`` of its runtime parameters.  The generic form is what mlir-aie's
-``--mlir-print-op-generic`` prints: inherent attributes as properties ``<{...}>``.  ``verify``
-checks it against the transcription of mlir-aie's op definitions in ``ods``.
+segment sizes) and ``aiex.npu.dma_wait``, after the ``aiex.npu.rtp_write`` of its runtime
+parameters.  The generic form is what mlir-aie's ``--mlir-print-op-generic`` prints: inherent
+attributes as properties ``<{...}>``.  ``verify`` checks it against the transcription of
+mlir-aie's op definitions in ``ods``.
 """
 
 from __future__ import annotations
