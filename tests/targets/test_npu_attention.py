@@ -4,6 +4,9 @@ against the operators' references at several positions on the same loaded design
 position-dependent transfers, and their modules verified against mlir-aie's op definitions."""
 
 import dataclasses
+import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -181,3 +184,23 @@ def npu_cores() -> str:
 
     target = target_for(iron.device("npu2"))
     return str(target.artifact(target.compile(target.recipe(None))))
+
+
+@pytest.mark.skipif(shutil.which("mlir-opt-22") is None, reason="mlir-opt-22 not found: "
+                    "install Debian's mlir-22-tools (apt-get install mlir-22-tools); .ci/run does")
+def test_upstream_mlir_verifies_the_standard_dialects_inside_the_designs():
+    """Debian's mlir-opt-22 parses every generic module and verifies the arith / scf / func ops
+    inside: the dynamic loop bounds (a kernel's ``i32`` result through ``arith.index_cast``)
+    included.  The kernel calls become unregistered ops, as in ``test_npu`` (an unregistered
+    ``aie.device`` is no symbol table a ``func.call`` could resolve its callee in)."""
+    ops = [DECODE, QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           SlotAttention(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
+                         num_aie_columns=4),
+           SlotQKVRoPE(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           CacheWrite(kv_heads=3, ctx=8192, head_dim=64, rows=8)]
+    text = "\n// -----\n".join(render(npu.design_of(op, "npu2"), generic=True).replace(
+        '"func.call"(', '"iron.kernel_call"(') for op in ops)
+    done = subprocess.run(["mlir-opt-22", "--allow-unregistered-dialect", "--split-input-file",
+                           "-o", os.devnull], input=text, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[:2000]
