@@ -170,7 +170,7 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
         d = distinct[run.design]
         step = program.steps[run.step]
         n_in = len(step.inputs)
-        for k, j in getattr(type(step.op), "inplace", {}).items():
+        for k, j in type(step.op).inplace.items():
             source = step.inputs[j]
             if step.outputs[k] != source:  # a state is often its own output: one tensor
                 alias[step.outputs[k]] = alias.get(source, source)
