@@ -16,11 +16,18 @@ post at the same moment a streaming ``/v1/completions`` request each (a differen
 prompt of the same token ids for both engines, greedy, ``ignore_eos``, ``max_tokens`` new
 tokens) and read the server-sent events.
 Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
-posts to the last token, prefills included), decode tokens/s (the sum over the streams of each
-one's tokens per second after its first), the median time to first token and the median
-per-stream time between tokens. Within a round the engines take turns at each N (so both see the same
-moments of a shared machine); the best round is kept. The load average is printed with the
-figures.
+posts to the last token, prefills included), decode tokens/s (the tokens the streams received
+after their first over the wall time from the earliest first token to the latest last token:
+one definition for 1 and N streams, so a stream that starts late or a prefill between decode
+steps counts against N), the median time to first token and the median per-stream time
+between tokens. Within a round the engines take turns at each N (so both see the same moments
+of a shared machine); the table holds the medians over the rounds. With N = 1 among the
+counts, each round also decodes the first stream's prompt in this process, without a server
+(``LlamaModel.generate``, greedy, same bundle and token count), taking turns with the served
+stream. The run ends with the figures it is judged by: each round's N-stream decode rate over
+the same round's 1-stream rate, and the server's own cost per token (a served stream's ms per
+token minus the in-process one's, and its share of the in-process step). The load average is
+printed with the figures.
 
 ``--steps`` measures iron's decode steps alone, in this process, without HTTP: the time of one
 step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
@@ -105,13 +112,28 @@ def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model:
     if errors:
         raise SystemExit(f"a request failed: {errors[0]}")
     t0 = min(r["t0"] for r in results)
-    wall = max(r["last"] for r in results) - t0
+    last = max(r["last"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     gaps = [(r["last"] - r["first"]) / max(r["chunks"] - 1, 1) for r in results]
-    return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / wall,
-            "decode_tok_s": sum(1 / g for g in gaps),
+    return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / (last - t0),
+            "decode_tok_s": decode_rate([(r["first"], r["last"], r["tokens"])
+                                         for r in results]),
             "ttft_ms": 1000 * statistics.median(r["first"] - r["t0"] for r in results),
             "token_gap_ms": 1000 * statistics.median(gaps)}
+
+
+#: what "decode tok/s" means, for 1 stream and for N alike (printed with the figures)
+DECODE_RATE = ("decode tok/s: the tokens the streams received after their first, over the "
+               "wall time from the earliest first token to the latest last token (one "
+               "definition for 1 and N streams; a stream that starts late, or a prefill "
+               "between decode steps, lengthens that time)")
+
+
+def decode_rate(streams: list[tuple[float, float, int]]) -> float:
+    """Decode tokens/s of streams given as (first token's time, last token's time, tokens):
+    see ``DECODE_RATE``."""
+    span = max(s[1] for s in streams) - min(s[0] for s in streams)
+    return sum(s[2] - 1 for s in streams) / span
 
 
 def wait_ready(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
@@ -389,6 +411,84 @@ def load(bundle: Path, clients: int, seconds: float, slots: int, queue: int | No
     return 1 if out["failed"] else 0
 
 
+class InProcess:
+    """iron's decode in this process, without a server: the same bundle, prompt and greedy
+    sampling as a stream, through ``LlamaModel.generate``; the reference a served stream's
+    time per token is compared with."""
+
+    name = "in-process"
+
+    def __init__(self, bundle: Path):
+        from iron.lm.generate import LlamaModel
+
+        self.model = LlamaModel(bundle)
+
+    def measure(self, prompt: list[int], new_tokens: int) -> dict:
+        from iron.lm.generate import Sampler
+
+        self.model.reset()
+        t0 = time.perf_counter()
+        out, stats = self.model.generate(prompt, new_tokens, Sampler(temperature=0.0),
+                                         stop_at_eos=False)
+        first = t0 + stats.time_to_first_token
+        last = first + stats.decode_seconds
+        rate = decode_rate([(first, last, len(out))])
+        return {"streams": 1, "tokens": len(out), "aggregate_tok_s": len(out) / (last - t0),
+                "decode_tok_s": rate, "ttft_ms": 1000 * stats.time_to_first_token,
+                "token_gap_ms": 1000 / rate}
+
+
+def report(rounds: dict[tuple[str, int], list[dict]], streams: list[int], dtype: str,
+           bundle: Path) -> None:
+    """The table (medians over rounds), then the figures a run is judged by: each round's
+    N-stream / 1-stream decode rate, and a served stream's time per token against the same
+    decode in process."""
+    names = [n for n in ("iron", "llama.cpp") if (n, streams[0]) in rounds]
+    med = {key: {f: statistics.median(m[f] for m in ms) for f in ms[0]}
+           for key, ms in rounds.items()}
+    print(DECODE_RATE + "; tok/s: all tokens over the wall time from the posts to the last "
+          "token, prefills included; gap: the median stream's time between tokens. Medians "
+          "over the rounds.")
+    if "llama.cpp" in names:
+        print(f"llama.cpp weights: {dtype}; iron bundle: {bundle}")
+    print("| streams | " + " | ".join(f"{n} tok/s | {n} decode tok/s | {n} ttft ms | {n} gap ms"
+                                      for n in names)
+          + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
+    print("|---" * (1 + 4 * len(names) + (len(names) == 2)) + "|")
+    for n in streams:
+        cells = []
+        for name in names:
+            m = med[(name, n)]
+            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}",
+                      f"{m['ttft_ms']:.0f}", f"{m['token_gap_ms']:.2f}"]
+        if len(names) == 2:
+            cells.append(f"{med[('iron', n)]['aggregate_tok_s'] / med[('llama.cpp', n)]['aggregate_tok_s']:.2f}x")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    print()
+    for name in names:
+        one = rounds[(name, streams[0])]
+        for n in streams[1:]:
+            per_round = [m["decode_tok_s"] / o["decode_tok_s"]
+                         for m, o in zip(rounds[(name, n)], one)]
+            print(f"{name} {n} streams / {streams[0]} stream, decode tok/s, per round: "
+                  + ", ".join(f"{x:.2f}x" for x in per_round)
+                  + f" (lowest {min(per_round):.2f}x; medians "
+                  f"{med[(name, n)]['decode_tok_s'] / med[(name, streams[0])]['decode_tok_s']:.2f}x)")
+    if (InProcess.name, 1) in rounds and ("iron", 1) in rounds:
+        def ms(m: dict) -> float:  # ms per token after the first
+            return 1000 / m["decode_tok_s"]
+
+        costs = [(ms(h) - ms(p), ms(p))
+                 for h, p in zip(rounds[("iron", 1)], rounds[(InProcess.name, 1)])]
+        http, local = (statistics.median(ms(m) for m in rounds[(k, 1)])
+                       for k in ("iron", InProcess.name))
+        print("server cost per token, 1 stream (HTTP ms/token - in-process ms/token), per "
+              "round: " + ", ".join(f"{c:.3f} ms ({100 * c / step:.1f}% of {step:.2f})"
+                                    for c, step in costs)
+              + f"; medians {http:.3f} - {local:.3f} = {http - local:.3f} ms "
+              f"({100 * (http - local) / local:.1f}% of the in-process step)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -438,56 +538,38 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_llamacpp:
         engines.append(lambda: LlamaCppServer(slots, 32 + args.tokens + 32, args.threads,
                                               args.dtype))
-    best: dict[tuple[str, int], dict] = {}
+    rounds: dict[tuple[str, int], list[dict]] = {}  # (engine, streams) -> a figure per round
     print(f"load average before: {os.getloadavg()}", flush=True)
     servers = []
+    local = InProcess(args.bundle) if 1 in args.streams else None
     try:
         for make in engines:
             servers.append(make())
             measure(servers[-1].port, 1, prompts, 8, servers[-1].model,
                     servers[-1].extra)  # warm up
+        if local is not None:
+            local.measure(prompts[0], 8)  # warm up
         for r in range(args.rounds):
             for n in args.streams:
-                for server in (servers if (r + n) % 2 == 0 else servers[::-1]):
-                    m = measure(server.port, n, prompts, args.tokens, server.model,
-                                server.extra)
-                    key = (server.name, n)
-                    if key not in best or m["aggregate_tok_s"] > best[key]["aggregate_tok_s"]:
-                        best[key] = m
-                    print(f"round {r + 1} {server.name:9s} {n} streams: "
+                runs = [(server.name, lambda s=server: measure(s.port, n, prompts, args.tokens,
+                                                               s.model, s.extra))
+                        for server in servers]
+                if n == 1 and local is not None:
+                    runs.append((InProcess.name, lambda: local.measure(prompts[0],
+                                                                        args.tokens)))
+                for name, run in (runs if (r + n) % 2 == 0 else runs[::-1]):
+                    m = run()
+                    rounds.setdefault((name, n), []).append(m)
+                    print(f"round {r + 1} {name:10s} {n} streams: "
                           f"{m['aggregate_tok_s']:7.1f} tok/s  decode {m['decode_tok_s']:7.1f} "
                           f"tok/s  ttft {m['ttft_ms']:6.1f} ms  "
-                          f"gap {m['token_gap_ms']:6.1f} ms  load {os.getloadavg()[0]:.2f}",
+                          f"gap {m['token_gap_ms']:6.2f} ms  load {os.getloadavg()[0]:.2f}",
                           flush=True)
     finally:
         for server in servers:
             server.close()
     print(f"load average after: {os.getloadavg()}\n")
-    names = sorted({k[0] for k in best}, key=["iron", "llama.cpp"].index)
-    if "llama.cpp" in names:
-        print(f"llama.cpp weights: {args.dtype}; iron bundle: {args.bundle}")
-    print("| streams | " + " | ".join(f"{n} tok/s | {n} decode tok/s | {n} ttft ms | {n} gap ms"
-                                      for n in names)
-          + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
-    print("|---" * (1 + 4 * len(names) + (len(names) == 2)) + "|")
-    for n in args.streams:
-        cells = []
-        for name in names:
-            m = best[(name, n)]
-            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}",
-                      f"{m['ttft_ms']:.0f}",
-                      f"{m['token_gap_ms']:.1f}"]
-        if len(names) == 2:
-            ratio = (best[("iron", n)]["aggregate_tok_s"]
-                     / best[("llama.cpp", n)]["aggregate_tok_s"])
-            cells.append(f"{ratio:.2f}x")
-        print(f"| {n} | " + " | ".join(cells) + " |")
-    for name in names:
-        for what in ("aggregate", "decode"):
-            one = best[(name, args.streams[0])][f"{what}_tok_s"]
-            scaling = ", ".join(f"{n}: {best[(name, n)][f'{what}_tok_s'] / one:.2f}x"
-                                for n in args.streams)
-            print(f"{name} {what} tok/s against {args.streams[0]} stream: {scaling}")
+    report(rounds, args.streams, args.dtype, args.bundle)
     return 0
 
 
