@@ -38,6 +38,7 @@ Built on FastAPI / Starlette, run by uvicorn (the ``serve`` extra: ``pip install
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import json
 import math
@@ -913,6 +914,11 @@ def main(argv: list[str] | None = None) -> int:
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # what loading made (the programs' records, the tokenizer, ...) lives as long as the
+    # process: frozen out of the collector's sight, a full collection takes about 10 us
+    # instead of stopping every thread for 0.3-0.4 s (60 000 objects, on a busy 2-core host)
+    # in the middle of a stream
+    gc.freeze()
     print(f"serving {server.name} from {args.bundle} on http://{args.host}:{args.port}/v1 "
           f"({args.slots} slots, up to {args.queue} waiting)", file=sys.stderr)
     uvicorn.Server(uvicorn_config(server, args.host, args.port)).run()
