@@ -14,7 +14,8 @@ are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``). Both ar
 first; one is measured at a time while the other idles. For each stream count N, N clients
 post at the same moment a streaming ``/v1/completions`` request each (a different 32-token
 prompt of the same token ids for both engines, greedy, ``ignore_eos``, ``max_tokens`` new
-tokens) and read the server-sent events.
+tokens) and read the server-sent events: one thread reads every stream off raw sockets with
+one ``select``, so the clients take little of the cores the server's kernels run on.
 Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
 posts to the last token, prefills included), decode tokens/s (the tokens the streams received
 after their first over the wall time from the earliest first token to the latest last token:
@@ -53,6 +54,7 @@ import argparse
 import http.client
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -69,45 +71,125 @@ TEXT = ("Once upon a time, there was a little girl named Lily who lived in a sma
         "the edge of a great forest. Every morning she walked to the river to fetch water")
 
 
-def stream_one(host: str, port: int, body: dict, start: threading.Barrier, out: dict) -> None:
-    """Post one streaming completion; record when each chunk came and the token count."""
-    connection = http.client.HTTPConnection(host, port, timeout=600)
-    start.wait()
-    t0 = time.perf_counter()
-    connection.request("POST", "/v1/completions", json.dumps(body),
-                       {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    if response.status != 200:
-        out["error"] = f"{response.status}: {response.read()[:300]!r}"
-        return
-    times, tokens = [], None
-    for raw in response:
-        line = raw.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        doc = json.loads(line[6:])
-        if doc.get("choices") and doc["choices"][0].get("text"):
-            times.append(time.perf_counter())
-        if doc.get("usage"):
-            tokens = doc["usage"]["completion_tokens"]
-    connection.close()
-    out.update(t0=t0, first=times[0], last=times[-1], chunks=len(times),
-               tokens=tokens if tokens is not None else len(times))
+class SSEClient:
+    """One streaming POST read off a raw non-blocking socket: the HTTP head, the chunked body,
+    the server-sent events; when each event that carries text came, and the usage's token
+    count. The clients of a measurement share one thread and one ``select``, so what they cost
+    the host per event (a ``recv``, a scan, a small ``json.loads``) stays small next to the
+    server's: the kernels' two threads take both cores, and every client woken beside a step
+    takes one from them."""
+
+    def __init__(self, port: int, body: dict):
+        payload = json.dumps(body).encode()
+        self.request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                        "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                        f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+        self.raw = b""  # received bytes not parsed yet
+        self.head: bytes | None = None
+        self.chunked = False
+        self.events = b""  # body bytes whose events are not split off yet
+        self.times: list[float] = []
+        self.tokens: int | None = None
+        self.done = False
+        self.error: str | None = None
+
+    def send(self) -> None:
+        self.t0 = time.perf_counter()
+        self.sock.sendall(self.request)
+        self.sock.setblocking(False)
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Take what ``recv`` returned at ``now`` (b"": the server closed the connection)."""
+        if not data:
+            self.done = True
+            if self.tokens is None and not self.error:
+                self.error = "the connection closed before the stream ended"
+            return
+        self.raw += data
+        if self.head is None:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.head, self.raw = self.raw[:end].lower(), self.raw[end + 4:]
+            if not self.head.startswith((b"http/1.1 200", b"http/1.0 200")):
+                self.error = self.head.split(b"\r\n", 1)[0].decode("latin-1")
+                return
+            self.chunked = b"transfer-encoding: chunked" in self.head
+        if self.chunked:
+            while (line := self.raw.find(b"\r\n")) >= 0:
+                size = int(self.raw[:line].split(b";")[0], 16)
+                if len(self.raw) < line + 2 + size + 2:
+                    break
+                self.events += self.raw[line + 2:line + 2 + size]
+                self.raw = self.raw[line + 4 + size:]
+                if size == 0:
+                    self.done = True
+                    break
+        else:
+            self.events, self.raw = self.events + self.raw, b""
+        while (end := self.events.find(b"\n\n")) >= 0:
+            event, self.events = self.events[:end].strip(), self.events[end + 2:]
+            if not event.startswith(b"data: "):
+                continue
+            if event == b"data: [DONE]":
+                self.done = True
+                continue
+            doc = json.loads(event[6:])
+            if "error" in doc:
+                self.error = f"error event: {doc['error']}"
+            elif doc.get("choices") and doc["choices"][0].get("text"):
+                self.times.append(now)
+            elif doc.get("usage"):
+                self.tokens = doc["usage"]["completion_tokens"]
+
+    def result(self) -> dict:
+        self.sock.close()
+        if self.error or not self.times:
+            return {"error": self.error or "no text came"}
+        return {"t0": self.t0, "first": self.times[0], "last": self.times[-1],
+                "chunks": len(self.times),
+                "tokens": self.tokens if self.tokens is not None else len(self.times)}
+
+
+def stream_all(port: int, bodies: list[dict]) -> list[dict]:
+    """Post ``bodies`` as streaming completions at the same moment (the connections opened
+    first, then the requests written one after another) and read every stream to its end, in
+    this thread."""
+    import selectors
+
+    clients = [SSEClient(port, body) for body in bodies]
+    for c in clients:
+        c.send()
+    selector = selectors.DefaultSelector()
+    for c in clients:
+        selector.register(c.sock, selectors.EVENT_READ, c)
+    left = len(clients)
+    while left:
+        ready = selector.select(timeout=600)
+        if not ready:
+            raise SystemExit("no answer from the server in 600 s")
+        now = time.perf_counter()
+        for key, _ in ready:
+            c = key.data
+            try:
+                data = c.sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            c.feed(data, now)
+            if c.done or c.error:
+                selector.unregister(c.sock)
+                left -= 1
+    selector.close()
+    return [c.result() for c in clients]
 
 
 def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model: str,
             extra: dict | None = None) -> dict:
-    start = threading.Barrier(n)
-    results = [{} for _ in range(n)]
-    threads = [threading.Thread(target=stream_one, args=(
-        "127.0.0.1", port, {"model": model, "prompt": prompts[i], "max_tokens": new_tokens,
-                            "temperature": 0, "stream": True, "ignore_eos": True,
-                            "stream_options": {"include_usage": True}, **(extra or {})},
-        start, results[i])) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = stream_all(port, [
+        {"model": model, "prompt": prompts[i], "max_tokens": new_tokens, "temperature": 0,
+         "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
+         **(extra or {})} for i in range(n)])
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise SystemExit(f"a request failed: {errors[0]}")
