@@ -204,6 +204,10 @@ def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model:
             "token_gap_ms": 1000 * statistics.median(gaps)}
 
 
+#: seconds between two measurements: the OpenMP threads of the engine measured last spin for a
+#: few ms after its last kernel (libgomp's default), which would take a core from the next one
+SETTLE = 0.1
+
 #: what "decode tok/s" means, for 1 stream and for N alike (printed with the figures)
 DECODE_RATE = ("decode tok/s: the tokens the streams received after their first, over the "
                "wall time from the earliest first token to the latest last token (one "
@@ -640,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append((InProcess.name, lambda: local.measure(prompts[0],
                                                                         args.tokens)))
                 for name, run in (runs if (r + n) % 2 == 0 else runs[::-1]):
+                    time.sleep(SETTLE)
                     m = run()
                     rounds.setdefault((name, n), []).append(m)
                     print(f"round {r + 1} {name:10s} {n} streams: "
