@@ -45,7 +45,8 @@ from ...tensor import bfloat16
 from .cost import acquires
 from .design import Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Tile, Transfer
 
-NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32}
+NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32, "i8": np.int8,
+            "u8": np.uint8}
 #: Bytes of guard region on each side of every buffer a kernel gets.
 GUARD = 256
 GUARD_BYTE = 0xA5
