@@ -34,8 +34,9 @@ KERNEL_SOURCE = "qmatrix.cc"
 
 
 def quantized(op: Operator) -> bool:
-    """Block-quantized weights (``weight_format`` other than bf16): these designs."""
-    return getattr(op, "weight_format", "bf16") != "bf16"
+    """A GEMV or GEMM whose weight is block-quantized (``weight_format`` other than bf16):
+    these designs (a quantized Embedding table is a gather, placed on the host)."""
+    return isinstance(op, (GEMV, GEMM)) and op.weight_format != "bf16"
 
 
 def shape(op) -> tuple[int, int, int, int, int]:
