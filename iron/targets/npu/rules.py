@@ -26,13 +26,12 @@ def gemv(op: GEMV, dev: Device) -> Iterator[Rule]:
 
 
 def gemm(op: GEMM, dev: Device) -> Iterator[Rule]:
+    if op.weight_format == "bf16":  # a quantized B: one core per column (qmatrix.py)
+        rows = resources(dev.name).compute_rows
+        yield rule(op.M % (op.tile_m * rows) == 0, "tile_m",
+                   f"M % (tile_m * {rows}) == 0 ({rows} compute tiles per column of {dev})")
     yield rule(op.N % (op.tile_n * op.num_aie_columns) == 0,
                "tile_n num_aie_columns", "N % (tile_n * num_aie_columns) == 0")
-    if op.weight_format != "bf16":  # one core per column holds tile_m rows of A (qmatrix.py)
-        return
-    rows = resources(dev.name).compute_rows
-    yield rule(op.M % (op.tile_m * rows) == 0, "tile_m",
-               f"M % (tile_m * {rows}) == 0 ({rows} compute tiles per column of {dev})")
 
 
 def attention(op: Attention, dev: Device) -> Iterator[Rule]:
