@@ -63,6 +63,11 @@ void tile_times(const uint8_t *w, const int8 *xq, const float *dx, const float *
     const int32_t chunks = group / 32;
     const int32_t group_bytes = chunks * NIB * 256 + 2 * QROWS * (1 + MIN);
     const aie::vector<int16, QL> nibble = aie::broadcast<int16, QL>(0xf);
+    // q8_0: a lane's two bytes each a whole code: nibbles 0 and 2 (or 1 and 3) of the low
+    // plane joined with those of the high plane
+    const aie::vector<int16, QL> nibbles = aie::broadcast<int16, QL>(0x0f0f);
+    const aie::vector<int16, QL> high = aie::broadcast<int16, QL>(int16(0xf0f0));
+    const aie::vector<int16, QL> byte = aie::broadcast<int16, QL>(0xff);
     for (int32_t b = 0; b < vectors; b++) {
         const int8 *xv = xq + b * x_k;
         const float *dxv = dx + b * padded(x_k / QBLOCK);
@@ -88,18 +93,27 @@ void tile_times(const uint8_t *w, const int8 *xq, const float *dx, const float *
                     for (int32_t p = 0; p < 2; p++) {
                         const int32_t j = 2 * blk + p;
                         aie::vector<int16, QL> lo = aie::load_v<QL>((const int16 *)(cp + 64 * j));
-                        aie::vector<int16, QL> hi;
-                        if constexpr (NIB == 2)
-                            hi = aie::load_v<QL>((const int16 *)(cp + 256 + 64 * j));
+                        aie::vector<int16, QL> u[4]; // codes 8j + 2s (+ 1) of the 16 rows
+                        if constexpr (NIB == 1) {
+                            for (unsigned s = 0; s < 4; s++)
+                                u[s] = aie::bit_and(aie::downshift(lo, 4 * s), nibble);
+                        } else { // q8_0: the low and high nibbles of codes s = 0, 2 and 1, 3
+                            aie::vector<int16, QL> hi =
+                                aie::load_v<QL>((const int16 *)(cp + 256 + 64 * j));
+                            aie::vector<int16, QL> even = aie::bit_or(
+                                aie::bit_and(lo, nibbles), aie::upshift(aie::bit_and(hi, nibbles), 4));
+                            aie::vector<int16, QL> odd = aie::bit_or(
+                                aie::bit_and(aie::downshift(lo, 4), nibbles), aie::bit_and(hi, high));
+                            u[0] = aie::bit_and(even, byte);
+                            u[2] = aie::bit_and(aie::downshift(even, 8), byte);
+                            u[1] = aie::bit_and(odd, byte);
+                            u[3] = aie::bit_and(aie::downshift(odd, 8), byte);
+                        }
                         for (unsigned s = 0; s < 4; s++) {
-                            aie::vector<int16, QL> u = aie::bit_and(aie::downshift(lo, 4 * s), nibble);
-                            if constexpr (NIB == 2)
-                                u = aie::bit_or(u, aie::upshift(
-                                    aie::bit_and(aie::downshift(hi, 4 * s), nibble), 4));
                             aie::vector<int16, QL> x2 =
                                 aie::broadcast<int32, QROWS>(pairs.get(4 * p + s))
                                     .template cast_to<int16>();
-                            dot = aie::mac(dot, u, x2);
+                            dot = aie::mac(dot, u[s], x2);
                         }
                     }
                     aie::vector<int32, QL> d32 = dot.template to_vector<int32>();

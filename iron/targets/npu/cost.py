@@ -62,11 +62,13 @@ ROW_OPS = {"rmsnorm_bf16": 2, "rmsnorm_weighted_bf16": 3, "softmax_bf16": 6}
 #: Per block of 16 values of one vector and one 16-row tile: the tile's code vectors are
 #: ``kernels.qmatrix_lanes()`` (32) int16 lanes, 16 rows x a pair of values, so the block takes
 #: 16 * 16 / 32 = 8 MACs, each after extracting its codes (a shift, a mask, the broadcast of
-#: x's pair: 3; q8_0 also the high nibbles, a shift, a mask, a shift left and an or: 7); plus
+#: x's pair: 3; q8_0 joins the low and high planes' nibbles of four codes at once, 8
+#: operations, then takes each code out of its byte, 1 or 2, so 14 per 4 MACs plus the
+#: broadcast: 4.5); plus
 #: the code loads (2 planes, q8_0 4), x's codes (a load, an unpack) and the block's sum (the
 #: accumulator to a vector, two lane filters, an add, the conversion to float and the scaled
 #: MAC: 6).
-QMATRIX_EXTRACT_OPS = {"qmatrix_q4_0": 3, "qmatrix_q4_1": 3, "qmatrix_q8_0": 7,
+QMATRIX_EXTRACT_OPS = {"qmatrix_q4_0": 3, "qmatrix_q4_1": 3, "qmatrix_q8_0": 4.5,
                        "qmatrix_uint4": 3}
 QMATRIX_LOADS = {"qmatrix_q4_0": 2, "qmatrix_q4_1": 2, "qmatrix_q8_0": 4, "qmatrix_uint4": 2}
 QMATRIX_BLOCK_OPS = 2 + 6
