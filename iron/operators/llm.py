@@ -28,7 +28,9 @@ class Embedding(Operator):
                    {"vocab": 304, "dim": 576, "rows": 5, "weight_format": "q8_0"},
                    {"vocab": 64, "dim": 64, "rows": 3, "weight_format": "q4_1"},
                    {"vocab": 48, "dim": 256, "rows": 2, "weight_format": "uint4",
-                    "group_size": 128})
+                    "group_size": 128},
+                   {"vocab": 32, "dim": 512, "rows": 3, "weight_format": "q4_k", "group_size": 256},
+                   {"vocab": 48, "dim": 256, "rows": 4, "weight_format": "q6_k", "group_size": 256})
     shape_fields = ("weight_format", "group_size")
     vocab: int = param()
     dim: int = param()
