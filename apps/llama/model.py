@@ -45,7 +45,7 @@ def matrix(graph: iron.Graph, formats: Formats, name: str, rows: int, k: int):
     fmt, group = formats.get(name, ("bf16", 32))
     if fmt == "bf16":
         return graph.weight(name, (rows, k)), {}
-    return (graph.weight(name, (rows, quant.row_bytes(fmt, k, group)), np.uint8),
+    return (graph.weight(name, (rows, quant.row_bytes(fmt, k, group, tiled=True)), np.uint8),
             {"weight_format": fmt, "group_size": group})
 
 
@@ -251,7 +251,8 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
         if mode == "native":
             found = {(checkpoint.quantized(p) or ("bf16", None))[0] for p in parts}
             if len(found) == 1 and found != {"bf16"}:
-                formats[name] = (found.pop(), 32)
+                fmt = found.pop()
+                formats[name] = (fmt, quant.GROUPS[fmt][0])
         elif mode == "uint4" and name.endswith("_proj.weight"):
             if k % 32 == 0:
                 formats[name] = ("uint4", group if k % group == 0 else 32)
