@@ -313,3 +313,36 @@ def test_batched_quantized_gemv_rows_are_bit_identical_to_one_row(fmt, group, k)
     for batches in (2, 3, 9):
         out = cpu.load(OneStep(GEMV, fields).record_like([w, x[:batches]])).run([w, x[:batches]])[0]
         assert np.array_equal(out.view(np.uint16), rows[:batches].view(np.uint16)), batches
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_k_quant_blocks_of_llama_cpps_quantizer_dequantize_like_gguf_and_llama_cpp(fmt):
+    """Blocks made by llama.cpp's own quantizer (quantize_row_q4_K_ref / q6_K_ref, in the
+    llama.cpp library of the bench extra's xllamacpp wheel) from float rows of very different
+    magnitudes: our dequantization equals gguf's and llama.cpp's dequantize_row_* bit for bit,
+    and the GEMV on them agrees with the reference."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("xllamacpp.xllamacpp") if importlib.util.find_spec(
+        "xllamacpp") else None
+    if spec is None:
+        pytest.skip("needs the bench extra's xllamacpp (llama.cpp's library)")
+    lib = ctypes.CDLL(spec.origin)
+    name = fmt[:-1] + "K"
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal((32, 512)) * rng.uniform(1e-3, 2, (32, 1))).astype(np.float32)
+    blocks = np.zeros((32, quant.row_bytes(fmt, 512, 256)), np.uint8)
+    theirs = np.zeros_like(x)
+    for fn, args in ((f"quantize_row_{name}_ref", (x, blocks)),
+                     (f"dequantize_row_{name}", (blocks, theirs))):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        getattr(lib, fn)(args[0].ctypes.data, args[1].ctypes.data, x.size)
+    ours = quant.dequantize(fmt, blocks, 512, 256)
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    gguf_values = gguf_dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
+    assert np.array_equal(ours.view(np.uint32), gguf_values.astype(np.float32).view(np.uint32))
+    assert np.abs(ours - x).max() <= 0.1 * np.abs(x).max()  # they are x's blocks
+    w = quant.tile(fmt, blocks, 512, 256)
+    v = rng.standard_normal((3, 512)).astype(iron.bfloat16)
+    program = OneStep(GEMV, {"weight_format": fmt, "group_size": 256}).record_like([w, v])
+    assert_close("GEMV", cpu.load(program).run([w, v])[0], program.reference([w, v])[0])
