@@ -140,6 +140,41 @@ class CacheWrite(Operator):
         return out
 
 
+class Concat(Operator):
+    """Rows side by side: x (rows, left) and y (rows, right) -> (rows, left + right).
+
+    It joins the parts of a stacked matrix product that cannot run as one product because its
+    weights are stored in different formats (a Q4_K_M file's Q4_K q and k beside a Q6_K v)."""
+
+    kernel = "concat"
+    test_shapes = ({"rows": 1, "left": 1, "right": 1}, {"rows": 1, "left": 640, "right": 128},
+                   {"rows": 5, "left": 96, "right": 33})
+    rows: int = param()
+    left: int = param()
+    right: int = param()
+
+    @classmethod
+    def shape_params(cls, x: Tensor, y: Tensor) -> dict:
+        expect(x.ndim == 2 and y.ndim == 2 and x.shape[0] == y.shape[0], cls,
+               f"takes x (rows, left) and y (rows, right), got {x.shape} and {y.shape}")
+        return {"rows": x.shape[0], "left": x.shape[1], "right": y.shape[1]}
+
+    def signature(self, x: Tensor, y: Tensor) -> list:
+        expect_dtype(x, bfloat16, self, "x")
+        expect_dtype(y, bfloat16, self, "y")
+        return [((self.rows, self.left + self.right), bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {}
+
+    @classmethod
+    def example(cls, rng, rows, left, right):
+        return {}, [normal(rng, rows, left), normal(rng, rows, right)]
+
+    def reference(self, x, y):
+        return np.concatenate([x, y], axis=1)
+
+
 class QKVRoPE(Operator):
     """Split a stacked ``q|k|v`` row, rotate q and k (RoPE) and write k and v into the KV cache.
 

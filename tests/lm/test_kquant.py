@@ -1,5 +1,6 @@
 """A Q4_K_M GGUF (llama.cpp's mix of Q4_K and Q6_K super-blocks) end to end: converted with
-its K-quant blocks kept, bundled with them native, and judged by the KL gate of test_llama.py
+its K-quant blocks kept, bundled with every one of them native (a layer's Q4_K q, k and Q6_K v
+as two products joined by Concat), and judged by the KL gate of test_llama.py
 against the same model in float32 on its own dequantized weights (gguf's dequantization)."""
 
 import json
@@ -71,9 +72,10 @@ def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
         want.update({layer.format(i) + "mlp.gate_up_proj.weight": ["q4_k", 256],
                      layer.format(i) + "self_attn.o_proj.weight": ["q4_k", 256],
                      layer.format(i) + "mlp.down_proj.weight": [down, 256]})
-    # q, k and v run as one matrix, native when they share a format: layer 1's Q6_K v makes
-    # its stack bf16 (the dequantized blocks rounded to bf16)
+    # q, k and v run as one matrix when they share a format; layer 1's Q6_K v runs apart
     want[layer.format(0) + "self_attn.qkv_proj.weight"] = ["q4_k", 256]
+    want[layer.format(1) + "self_attn.qk_proj.weight"] = ["q4_k", 256]
+    want[layer.format(1) + "self_attn.v_proj.weight"] = ["q6_k", 256]
     assert formats == want
     model = LlamaModel(bundle)
     ref = LlamaReference(float32_checkpoint(checkpoint, tmp_path / "f32"))

@@ -94,13 +94,13 @@ def hooks() -> dict[type, Callable[[Operator, int, Calibration], "Work | None"]]
     estimate".  Every operator with a cpu kernel must find one along its class's bases (a test
     checks it), so a new family is a decision — a formula, or ``no_estimate`` — never a
     silent constant that would make ``--prune K`` measure the first K candidates in order."""
-    from ...operators import (GEMM, GEMV, Attention, CacheWrite, Elementwise, Embedding,
-                             QKVRoPE, RowWise, SwiGLU)
+    from ...operators import (GEMM, GEMV, Attention, CacheWrite, Concat, Elementwise,
+                             Embedding, QKVRoPE, RowWise, SwiGLU)
 
     return {Elementwise: _elementwise, SwiGLU: _swiglu, RowWise: _rowwise,
             Embedding: _embedding, GEMV: lambda op, t, h: _gemv(op, t),
             GEMM: _gemm, Attention: lambda op, t, h: _attention(op, t),
-            CacheWrite: no_estimate, QKVRoPE: no_estimate}
+            CacheWrite: no_estimate, QKVRoPE: no_estimate, Concat: no_estimate}
 
 
 def hook_for(cls: type) -> Callable[[Operator, int, Calibration], "Work | None"] | None:
