@@ -58,6 +58,15 @@ ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 3, "silu_bf16": 7,
 ROW_OPS = {"rmsnorm_bf16": 2, "rmsnorm_weighted_bf16": 3, "softmax_bf16": 6}
 
 
+#: Per query and key of an attention tile (``attention.cc``), in vector operations over the
+#: head: the score's MACs and the weighted value's MACs (2 per head_dim / lanes), plus per key
+#: the exp2, subtract, add, max and the score's reduction and store (6 per lanes keys, with
+#: the reduction counted as one operation: an assumption).
+ATTENTION_KEY_OPS = 6
+#: Kernels that only read a position and return a trip count.
+COUNTING = ("attn_tiles", "qkv_stored", "qkv_past", "slot_row_stored", "slot_row_past")
+
+
 def kernel_cycles(call: Call, res: NpuResources) -> float:
     """Cycles of one call of a core kernel, from its integer arguments (the tile sizes)."""
     n = [a for a in call.args if type(a) is int]
@@ -72,6 +81,19 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return rows * k * batches / lanes + rows * batches * ROW_CYCLES
     if f == "gemm_bf16":  # tile_m x tile_k x tile_n: one MMUL per cycle
         return n[0] * n[1] * n[2] / math.prod(kernels.mmul_shape())
+    if f == "attn_tile":  # kv_heads, rb, follow, group, hd, tile, ctx: every query x key
+        _, rb, _, group, hd, tile, _ = n[-7:]
+        queries = rb * group
+        return queries * (2 * tile * hd / lanes + ATTENTION_KEY_OPS * tile / lanes
+                          + 2 * hd / lanes) + queries * ROW_CYCLES
+    if f in ("attn_init", "attn_finish"):  # queries x hd: a store (a multiply and a store)
+        return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
+    if f in COUNTING:  # a few scalar operations
+        return 0
+    if f in ("qkv_rope_row", "q_rope_row"):  # heads, kv_heads, hd: per rotated pair of
+        heads, kvh, hd = n[-3:]  # vectors two multiplies and two MACs, and the angles' sine
+        rotated = heads + (kvh if f == "qkv_rope_row" else 0)  # and cosine, ~40 scalar cycles
+        return rotated * hd / lanes * 2 + hd / 2 * 40 + 2 * kvh * hd / lanes
     if f == "zero_f32":  # a 16-float store per step
         return n[0] / 16
     if f == "store_bf16":  # per MMUL block: a load, a conversion and a store per row
