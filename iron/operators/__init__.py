@@ -5,6 +5,6 @@ from .llm import Attention, CacheWrite, Concat, Embedding, QKVRoPE, SlotAttentio
 from .matrix import GEMM, GEMV
 from .rowwise import RMSNorm, RoPE, RowWise, Softmax, SwiGLU
 
-__all__ = ["AXPY", "Attention", "CacheWrite", "Concat", "Elementwise", "ElementwiseAdd", "ElementwiseMul",
-           "Embedding", "GEMM", "GEMV", "QKVRoPE", "RMSNorm", "RoPE", "RowWise", "SiLU",
+__all__ = ["AXPY", "Attention", "CacheWrite", "Concat", "Elementwise", "ElementwiseAdd",
+           "ElementwiseMul", "Embedding", "GEMM", "GEMV", "QKVRoPE", "RMSNorm", "RoPE", "RowWise", "SiLU",
            "SlotAttention", "SlotQKVRoPE", "Softmax", "SwiGLU"]

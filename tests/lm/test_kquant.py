@@ -58,8 +58,8 @@ def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
     shape = make_gguf.Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512)
     src = make_gguf.write(tmp_path / "tiny-Q4_K_M.gguf", shape, "Q4_K_M", seed=1, std=0.1)
     checkpoint = gguf_import.convert_gguf(src, tmp_path / "ckpt")
-    kept = {n: f for n in Checkpoint.open(checkpoint).tensor_names()
-            if (f := (Checkpoint.open(checkpoint).quantized(n) or (None,))[0])}
+    ckpt = Checkpoint.open(checkpoint)
+    kept = {n: ckpt.quantized(n)[0] for n in ckpt.tensor_names() if ckpt.quantized(n)}
     assert kept["model.embed_tokens.weight"] == "q6_k"
     assert kept["model.layers.1.mlp.down_proj.weight"] == "q6_k"  # a layer given more bits
     assert kept["model.layers.0.mlp.down_proj.weight"] == "q4_k"
@@ -83,7 +83,8 @@ def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
     logits = ref.logits(ids)
     print(f"reference logits: std {logits.std():.3f}, top-1 margin median "
           f"{np.median(np.diff(np.sort(logits, -1)[:, -2:], axis=-1)):.3f}")
-    for path, ours in (("decode", decode_logits(model, ids)), ("prefill", prefill_logits(model, ids))):
+    for path, run in (("decode", decode_logits), ("prefill", prefill_logits)):
+        ours = run(model, ids)
         kl, agree = kl_stats(logits, ours)
         print(f"{path}: KL mean {kl.mean():.5f} p90 {np.percentile(kl, 90):.5f} max "
               f"{kl.max():.5f} top-1 {agree:.3f}")

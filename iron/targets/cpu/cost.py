@@ -156,7 +156,8 @@ def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
     passes = math.ceil(vectors / 4)
     per_chunk = sets * (2 * 16 * passes + 2 * 8 * vectors) + 2 * (2 + 2 * sets) * vectors
     ops = tiles * (chunks * per_chunk + groups * (4 + 4 * vectors)) + vectors * k * 2
-    return Work(rows * row_bytes(fmt, k, group, tiled=True), vectors * (k + rows) * 2, ops, items, threads)
+    return Work(rows * row_bytes(fmt, k, group, tiled=True), vectors * (k + rows) * 2, ops, items,
+                threads)
 
 
 def _gemm(op, threads: int, h: Calibration) -> Work:
