@@ -172,3 +172,12 @@ def test_every_design_verifies_and_fits_the_shim_descriptors():
     if MLIR_OPT:
         full = mlir_opt("\n// -----\n".join(with_calls_unregistered(t) for t in texts))
         assert full.returncode == 0, full.stderr[:2000]
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_a_k_quant_matrix_has_no_design_and_is_placed_on_the_host(fmt):
+    """qmatrix.cc has no K-quant kernel: such a GEMV runs on the host, never as a bf16 design."""
+    op = GEMV(M=32, K=256, batches=1, weight_format=fmt, group_size=256, tile_size_input=16,
+              tile_size_output=16, num_aie_columns=1)
+    npu2 = target_for(iron.device("npu2"))
+    assert npu2.placement(op) == "host" and npu2.cost(op) is None

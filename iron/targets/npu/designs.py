@@ -38,13 +38,16 @@ DESIGNED = (*ELEMENTWISE, SwiGLU, RMSNorm, Softmax, GEMV, GEMM)
 
 
 def has_design(op: Operator) -> bool:
+    if qmatrix.quantized(op):
+        return qmatrix.designed(op)
     return isinstance(op, DESIGNED) or attention.has_design(op)
 
 
 def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
     """Rules a design needs before it can be drawn (beyond the operator's own)."""
     if qmatrix.quantized(op):
-        yield from qmatrix.rules(op, res)
+        if qmatrix.designed(op):
+            yield from qmatrix.rules(op, res)
         return
     if attention.has_design(op):
         yield from attention.family_rules(op, res)
@@ -76,7 +79,7 @@ def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
 
 def design_for(op: Operator, res: NpuResources) -> Design | None:
     if qmatrix.quantized(op):  # block-quantized weights: iron/targets/npu/qmatrix.py
-        return qmatrix.design(op, res)
+        return qmatrix.design(op, res) if qmatrix.designed(op) else None
     if attention.has_design(op):
         return attention.design_for(op, res)
     if type(op) in ELEMENTWISE:

@@ -33,10 +33,20 @@ from .resources import NpuResources
 KERNEL_SOURCE = "qmatrix.cc"
 
 
+#: The formats ``qmatrix.cc`` has a kernel for.  The K-quants (q4_k, q6_k: super-blocks of 256
+#: with packed sub-block scales) have none yet: such a GEMV or GEMM is placed on the host.
+FORMATS = ("q4_0", "q4_1", "q8_0", "uint4")
+
+
 def quantized(op: Operator) -> bool:
-    """A GEMV or GEMM whose weight is block-quantized (``weight_format`` other than bf16):
-    these designs (a quantized Embedding table is a gather, placed on the host)."""
+    """A GEMV or GEMM whose weight is block-quantized (``weight_format`` other than bf16): no
+    bf16 design applies to it (a quantized Embedding table is a gather, placed on the host)."""
     return isinstance(op, (GEMV, GEMM)) and op.weight_format != "bf16"
+
+
+def designed(op: Operator) -> bool:
+    """A quantized GEMV or GEMM in a format these designs stream."""
+    return quantized(op) and op.weight_format in FORMATS
 
 
 def shape(op) -> tuple[int, int, int, int, int]:
