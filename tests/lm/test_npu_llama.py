@@ -2,6 +2,7 @@
 committed npu2 profile as ``doit device=npu2`` builds it, completes a prompt with the answer
 the model gives on the cpu."""
 
+import json
 import subprocess
 import sys
 
@@ -20,6 +21,11 @@ def test_emulated_smollm2_on_npu2_answers_paris(smollm2, tmp_path):
     assert len(profile) > 0
     bundle = write_bundle(load_app("llama", smollm2), iron.device("npu2"), profile,
                           tmp_path / "npu2")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for name, program in manifest["programs"].items():  # all but the embedding gather on the npu
+        for step, placement in zip(program["steps"], program["placements"], strict=True):
+            assert placement == ("host" if step["operator"] == "Embedding" else "npu"), (
+                name, step["operator"], step["fields"])
     run = [sys.executable, "-m", "iron.lm.run", str(bundle), "--prompt",
            "The capital of France is", "--max-new-tokens", "4", "--json"]
     emulated = subprocess.run(run + ["--emulate"], capture_output=True, text=True, timeout=600)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator, Union
 
-DTYPE_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
+DTYPE_BYTES = {"bf16": 2, "f32": 4, "i32": 4, "i8": 1, "u8": 1}  # u8: raw bytes (i8 in MLIR)
 
 
 @dataclass(frozen=True)

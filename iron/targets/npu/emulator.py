@@ -46,7 +46,8 @@ from .cost import acquires
 from .design import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Scalar, Tile,
                      Transfer, walk_ops)
 
-NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32}
+NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32, "i8": np.int8,
+            "u8": np.uint8}
 #: Bytes of guard region on each side of every buffer a kernel gets.
 GUARD = 256
 GUARD_BYTE = 0xA5

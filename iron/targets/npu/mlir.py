@@ -23,7 +23,7 @@ from .ods import AIE_DEVICE, OBJECTFIFO_PORT, UPSTREAM
 from .resources import resources
 
 SYNTAX = UPSTREAM
-ELEM = {"bf16": "bf16", "f32": "f32", "i32": "i32"}
+ELEM = {"bf16": "bf16", "f32": "f32", "i32": "i32", "i8": "i8", "u8": "i8"}
 #: The bound of a core's loop "until reconfiguration": the largest index.
 FOREVER = (1 << 63) - 1
 
