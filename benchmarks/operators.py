@@ -7,7 +7,7 @@ moves half the bytes for iron); for GEMM it is GFLOP/s.  The other operators rep
 call.  The iron side is one program of many steps, run with one ctypes call, so its time per
 step includes dispatch.
 
-    python benchmarks/operators.py [--profile profiles/llama/cpu.json]
+    python benchmarks/operators.py [--profile profiles/llama/cpu-avx2-2t.json]
     python benchmarks/operators.py --weights q4_1 [--shapes 1b]   # quantized W, Llama 1B shapes
 
 With ``--weights`` the matrices are random valid blocks of that format in the kernels' tiled

@@ -96,6 +96,8 @@ class Verdict:
     rounds: int
     lines: list[str] = field(default_factory=list)
     dropped: set = field(default_factory=set)  # instances not given this tune's setting
+    proposed: dict[str, Spread] = field(default_factory=dict)  # program -> this tune's entries
+    #                                                  against the defaults, where they differ
 
 
 def settings(programs: Mapping[str, Program]) -> dict[Operator, Operator]:
@@ -144,6 +146,10 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
     times = {name: runner.rounds({v: versions[v][name] for v in versions}, rounds, SECONDS)
              for name in names}
     kept = decide(times)
+    target = runner.target
+    proposed = {name: spread(times[name][DEFAULTS], times[name][NEW]) for name in names
+                if signature(versions[NEW][name], target)
+                != signature(versions[DEFAULTS][name], target)}
     found = [i for i in instances(versions[NEW]) if placed(i.current) and i.op.tunables()]
     by_version = {v: settings(p) for v, p in versions.items()}
     chosen, dropped = {}, set()
@@ -157,7 +163,6 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
     final = compose(previous, found, chosen, device, host)
     # a program whose instances follow homes elsewhere may now be a version not timed yet
     programs = record(final)
-    target = runner.target
     for name in names:
         sig = signature(programs[name], target)
         match = next((v for v in (NEW, OLD, DEFAULTS)
@@ -170,7 +175,8 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
         else:
             times[name] = {**times[name], "final": times[name][match]}
     verdict = Verdict(final, kept, times, {k: (tuple(v[0]), v[1]) for k, v in
-                                           (phases or {}).items()}, rounds, dropped=dropped)
+                                           (phases or {}).items()}, rounds, dropped=dropped,
+                      proposed=proposed)
     slower = [what for what, (old, fin) in totals(verdict, OLD).items()
               if spread(old, fin).median < 1.0]
     slower += [f"the {name} program" for name in names
@@ -215,6 +221,10 @@ def lines(verdict: Verdict, slower: Sequence[str]) -> list[str]:
                     f"no gain: {s.text()}" if s.exact else f"no measurable gain: {s.text()}")
             label = "resolve() defaults" if against == DEFAULTS else "the previous profile"
             out.append(f"  {what:12s} against {label}: {gain}{rate}")
+    for name, s in verdict.proposed.items():
+        fate = "written" if verdict.kept[name] == NEW else "not written"
+        out.append(f"  {name:12s} this tune's entries against resolve() defaults: {s.text()} "
+                   f"-> {fate}")
     kept = {v: [n for n, k in verdict.kept.items() if k == v] for v in (NEW, OLD, DEFAULTS)}
     out.append("  programs: " + "; ".join(
         f"{TEXT[v]} kept for {', '.join(names)}" if v != DEFAULTS else

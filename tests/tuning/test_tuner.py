@@ -566,6 +566,12 @@ def test_head_to_heads_run_in_the_program_and_the_report_ends_with_the_whole_mod
         t = result.verdict.times[name]
         faster = [d / n for d, n in zip(t["defaults"], t["new"])]
         assert (kept == "new") == (np.percentile(faster, 25) > 1.0), name
+    # each program this tune changed gets its own line: its ratio, and whether it was written
+    assert result.verdict.proposed
+    for name, s in result.verdict.proposed.items():
+        fate = "-> written" if result.verdict.kept[name] == "new" else "-> not written"
+        line = next(x for x in text if x.startswith(f"  {name} ") and "this tune's" in x)
+        assert f"{s.median:.3f}x" in line and line.endswith(fate), line
 
 
 def test_a_program_the_new_entries_make_slower_gets_no_entries(tmp_path):
