@@ -103,8 +103,9 @@ def tensor_type(name: str, qtype: str, layers: int) -> str:
     return "Q4_K"
 
 
-def random_k_blocks(ggml_type: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random valid Q4_K / Q6_K blocks (rows, cols / 256 * block bytes), values of about STD.
+def random_k_blocks(ggml_type: str, rows: int, cols: int, rng: np.random.Generator,
+                    std: float = STD) -> np.ndarray:
+    """Random valid Q4_K / Q6_K blocks (rows, cols / 256 * block bytes), values of about std.
 
     Q4_K (144 bytes): d, dmin (fp16), 12 bytes of 6-bit scales and minimums, 128 bytes of 4-bit
     codes; value = d * scale * q - dmin * min. Q6_K (210 bytes): 128 bytes of low 4 bits, 64 of
@@ -114,15 +115,15 @@ def random_k_blocks(ggml_type: str, rows: int, cols: int, rng: np.random.Generat
     if ggml_type == "Q4_K":
         # codes 0..15 (mean 7.5), scales and minimums 0..63: each 32 values' offset
         # d * 7.5 * scale - dmin * min varies as much as the codes do
-        d = np.full((n, 1), STD / (31.5 * 4.6 * 1.8), np.float16)
-        dmin = np.full((n, 1), STD * 7.5 / (31.5 * 4.6 * 1.8), np.float16)
+        d = np.full((n, 1), std / (31.5 * 4.6 * 1.8), np.float16)
+        dmin = np.full((n, 1), std * 7.5 / (31.5 * 4.6 * 1.8), np.float16)
         rest = rng.integers(0, 256, (n, 12 + 128), dtype=np.uint8)
         blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), rest], axis=1)
     elif ggml_type == "Q6_K":
         codes = rng.integers(0, 256, (n, 128 + 64), dtype=np.uint8)
         scales = rng.integers(16, 128, (n, 16), dtype=np.int8) * rng.choice(
             np.array([-1, 1], np.int8), (n, 16))
-        d = np.full((n, 1), STD / (18.5 * 76), np.float16)  # |scale| mean ~72, q - 32 std 18.5
+        d = np.full((n, 1), std / (18.5 * 76), np.float16)  # |scale| mean ~72, q - 32 std 18.5
         blocks = np.concatenate([codes, scales.view(np.uint8), d.view(np.uint8)], axis=1)
     else:
         raise ValueError(f"no random blocks for {ggml_type}")
@@ -156,7 +157,8 @@ def tokenizer_fields(reader) -> list:
     return out
 
 
-def write(path: Path, shape: Shape, qtype: str, seed: int = 0) -> Path:
+def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD) -> Path:
+    """Write the file (atomically); ``std`` is the weights' standard deviation."""
     import gguf
     from gguf.quants import quantize
 
@@ -197,12 +199,12 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0) -> Path:
             ggml = tensor_type(name, qtype, shape.layers)
             kind = gguf.GGMLQuantizationType[ggml]
             if ggml in ("Q4_K", "Q6_K"):
-                blocks = random_k_blocks(ggml, *dims, rng)
+                blocks = random_k_blocks(ggml, *dims, rng, std)
                 if name == "token_embd.weight":  # all-zero blocks are zero values
                     blocks[non_text_tokens(reader)] = 0
             else:
                 values = rng.standard_normal(dims, dtype=np.float32)
-                values *= np.float32(STD)
+                values *= np.float32(std)
                 if name == "token_embd.weight":
                     values[non_text_tokens(reader)] = 0
                 blocks = quantize(values, kind)

@@ -14,13 +14,21 @@ are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``). Both ar
 first; one is measured at a time while the other idles. For each stream count N, N clients
 post at the same moment a streaming ``/v1/completions`` request each (a different 32-token
 prompt of the same token ids for both engines, greedy, ``ignore_eos``, ``max_tokens`` new
-tokens) and read the server-sent events.
+tokens) and read the server-sent events: one thread reads every stream off raw sockets with
+one ``select``, so the clients take little of the cores the server's kernels run on.
 Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
-posts to the last token, prefills included), decode tokens/s (the sum over the streams of each
-one's tokens per second after its first), the median time to first token and the median
-per-stream time between tokens. Within a round the engines take turns at each N (so both see the same
-moments of a shared machine); the best round is kept. The load average is printed with the
-figures.
+posts to the last token, prefills included), decode tokens/s (the tokens the streams received
+after their first over the wall time from the earliest first token to the latest last token:
+one definition for 1 and N streams, so a stream that starts late or a prefill between decode
+steps counts against N), the median time to first token and the median per-stream time
+between tokens. Within a round the engines take turns at each N (so both see the same moments
+of a shared machine); the table holds the medians over the rounds. With N = 1 among the
+counts, each round also decodes the first stream's prompt in this process, without a server
+(``LlamaModel.generate``, greedy, same bundle and token count), taking turns with the served
+stream. The run ends with the figures it is judged by: each round's N-stream decode rate over
+the same round's 1-stream rate, and the server's own cost per token (a served stream's ms per
+token minus the in-process one's, and its share of the in-process step). The load average is
+printed with the figures.
 
 ``--steps`` measures iron's decode steps alone, in this process, without HTTP: the time of one
 step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
@@ -46,6 +54,7 @@ import argparse
 import http.client
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -62,56 +71,155 @@ TEXT = ("Once upon a time, there was a little girl named Lily who lived in a sma
         "the edge of a great forest. Every morning she walked to the river to fetch water")
 
 
-def stream_one(host: str, port: int, body: dict, start: threading.Barrier, out: dict) -> None:
-    """Post one streaming completion; record when each chunk came and the token count."""
-    connection = http.client.HTTPConnection(host, port, timeout=600)
-    start.wait()
-    t0 = time.perf_counter()
-    connection.request("POST", "/v1/completions", json.dumps(body),
-                       {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    if response.status != 200:
-        out["error"] = f"{response.status}: {response.read()[:300]!r}"
-        return
-    times, tokens = [], None
-    for raw in response:
-        line = raw.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        doc = json.loads(line[6:])
-        if doc.get("choices") and doc["choices"][0].get("text"):
-            times.append(time.perf_counter())
-        if doc.get("usage"):
-            tokens = doc["usage"]["completion_tokens"]
-    connection.close()
-    out.update(t0=t0, first=times[0], last=times[-1], chunks=len(times),
-               tokens=tokens if tokens is not None else len(times))
+class SSEClient:
+    """One streaming POST read off a raw non-blocking socket: the HTTP head, the chunked body,
+    the server-sent events; when each event that carries text came, and the usage's token
+    count. The clients of a measurement share one thread and one ``select``, so what they cost
+    the host per event (a ``recv``, a scan, a small ``json.loads``) stays small next to the
+    server's: the kernels' two threads take both cores, and every client woken beside a step
+    takes one from them."""
+
+    def __init__(self, port: int, body: dict):
+        payload = json.dumps(body).encode()
+        self.request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                        "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                        f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+        self.raw = b""  # received bytes not parsed yet
+        self.head: bytes | None = None
+        self.chunked = False
+        self.events = b""  # body bytes whose events are not split off yet
+        self.times: list[float] = []
+        self.tokens: int | None = None
+        self.done = False
+        self.error: str | None = None
+
+    def send(self) -> None:
+        self.t0 = time.perf_counter()
+        self.sock.sendall(self.request)
+        self.sock.setblocking(False)
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Take what ``recv`` returned at ``now`` (b"": the server closed the connection)."""
+        if not data:
+            self.done = True
+            if self.tokens is None and not self.error:
+                self.error = "the connection closed before the stream ended"
+            return
+        self.raw += data
+        if self.head is None:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.head, self.raw = self.raw[:end].lower(), self.raw[end + 4:]
+            if not self.head.startswith((b"http/1.1 200", b"http/1.0 200")):
+                self.error = self.head.split(b"\r\n", 1)[0].decode("latin-1")
+                return
+            self.chunked = b"transfer-encoding: chunked" in self.head
+        if self.chunked:
+            while (line := self.raw.find(b"\r\n")) >= 0:
+                size = int(self.raw[:line].split(b";")[0], 16)
+                if len(self.raw) < line + 2 + size + 2:
+                    break
+                self.events += self.raw[line + 2:line + 2 + size]
+                self.raw = self.raw[line + 4 + size:]
+                if size == 0:
+                    self.done = True
+                    break
+        else:
+            self.events, self.raw = self.events + self.raw, b""
+        while (end := self.events.find(b"\n\n")) >= 0:
+            event, self.events = self.events[:end].strip(), self.events[end + 2:]
+            if not event.startswith(b"data: "):
+                continue
+            if event == b"data: [DONE]":
+                self.done = True
+                continue
+            doc = json.loads(event[6:])
+            if "error" in doc:
+                self.error = f"error event: {doc['error']}"
+            elif doc.get("choices") and doc["choices"][0].get("text"):
+                self.times.append(now)
+            elif doc.get("usage"):
+                self.tokens = doc["usage"]["completion_tokens"]
+
+    def result(self) -> dict:
+        self.sock.close()
+        if self.error or not self.times:
+            return {"error": self.error or "no text came"}
+        return {"t0": self.t0, "first": self.times[0], "last": self.times[-1],
+                "chunks": len(self.times),
+                "tokens": self.tokens if self.tokens is not None else len(self.times)}
+
+
+def stream_all(port: int, bodies: list[dict]) -> list[dict]:
+    """Post ``bodies`` as streaming completions at the same moment (the connections opened
+    first, then the requests written one after another) and read every stream to its end, in
+    this thread."""
+    import selectors
+
+    clients = [SSEClient(port, body) for body in bodies]
+    for c in clients:
+        c.send()
+    selector = selectors.DefaultSelector()
+    for c in clients:
+        selector.register(c.sock, selectors.EVENT_READ, c)
+    left = len(clients)
+    while left:
+        ready = selector.select(timeout=600)
+        if not ready:
+            raise SystemExit("no answer from the server in 600 s")
+        now = time.perf_counter()
+        for key, _ in ready:
+            c = key.data
+            try:
+                data = c.sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            c.feed(data, now)
+            if c.done or c.error:
+                selector.unregister(c.sock)
+                left -= 1
+    selector.close()
+    return [c.result() for c in clients]
 
 
 def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model: str,
             extra: dict | None = None) -> dict:
-    start = threading.Barrier(n)
-    results = [{} for _ in range(n)]
-    threads = [threading.Thread(target=stream_one, args=(
-        "127.0.0.1", port, {"model": model, "prompt": prompts[i], "max_tokens": new_tokens,
-                            "temperature": 0, "stream": True, "ignore_eos": True,
-                            "stream_options": {"include_usage": True}, **(extra or {})},
-        start, results[i])) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = stream_all(port, [
+        {"model": model, "prompt": prompts[i], "max_tokens": new_tokens, "temperature": 0,
+         "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
+         **(extra or {})} for i in range(n)])
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise SystemExit(f"a request failed: {errors[0]}")
     t0 = min(r["t0"] for r in results)
-    wall = max(r["last"] for r in results) - t0
+    last = max(r["last"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     gaps = [(r["last"] - r["first"]) / max(r["chunks"] - 1, 1) for r in results]
-    return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / wall,
-            "decode_tok_s": sum(1 / g for g in gaps),
+    return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / (last - t0),
+            "decode_tok_s": decode_rate([(r["first"], r["last"], r["tokens"])
+                                         for r in results]),
             "ttft_ms": 1000 * statistics.median(r["first"] - r["t0"] for r in results),
             "token_gap_ms": 1000 * statistics.median(gaps)}
+
+
+#: seconds between two measurements: the OpenMP threads of the engine measured last spin for a
+#: few ms after its last kernel (libgomp's default), which would take a core from the next one
+SETTLE = 0.1
+
+#: what "decode tok/s" means, for 1 stream and for N alike (printed with the figures)
+DECODE_RATE = ("decode tok/s: the tokens the streams received after their first, over the "
+               "wall time from the earliest first token to the latest last token (one "
+               "definition for 1 and N streams; a stream that starts late, or a prefill "
+               "between decode steps, lengthens that time)")
+
+
+def decode_rate(streams: list[tuple[float, float, int]]) -> float:
+    """Decode tokens/s of streams given as (first token's time, last token's time, tokens):
+    see ``DECODE_RATE``."""
+    span = max(s[1] for s in streams) - min(s[0] for s in streams)
+    return sum(s[2] - 1 for s in streams) / span
 
 
 def wait_ready(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
@@ -389,6 +497,84 @@ def load(bundle: Path, clients: int, seconds: float, slots: int, queue: int | No
     return 1 if out["failed"] else 0
 
 
+class InProcess:
+    """iron's decode in this process, without a server: the same bundle, prompt and greedy
+    sampling as a stream, through ``LlamaModel.generate``; the reference a served stream's
+    time per token is compared with."""
+
+    name = "in-process"
+
+    def __init__(self, bundle: Path):
+        from iron.lm.generate import LlamaModel
+
+        self.model = LlamaModel(bundle)
+
+    def measure(self, prompt: list[int], new_tokens: int) -> dict:
+        from iron.lm.generate import Sampler
+
+        self.model.reset()
+        t0 = time.perf_counter()
+        out, stats = self.model.generate(prompt, new_tokens, Sampler(temperature=0.0),
+                                         stop_at_eos=False)
+        first = t0 + stats.time_to_first_token
+        last = first + stats.decode_seconds
+        rate = decode_rate([(first, last, len(out))])
+        return {"streams": 1, "tokens": len(out), "aggregate_tok_s": len(out) / (last - t0),
+                "decode_tok_s": rate, "ttft_ms": 1000 * stats.time_to_first_token,
+                "token_gap_ms": 1000 / rate}
+
+
+def report(rounds: dict[tuple[str, int], list[dict]], streams: list[int], dtype: str,
+           bundle: Path) -> None:
+    """The table (medians over rounds), then the figures a run is judged by: each round's
+    N-stream / 1-stream decode rate, and a served stream's time per token against the same
+    decode in process."""
+    names = [n for n in ("iron", "llama.cpp") if (n, streams[0]) in rounds]
+    med = {key: {f: statistics.median(m[f] for m in ms) for f in ms[0]}
+           for key, ms in rounds.items()}
+    print(DECODE_RATE + "; tok/s: all tokens over the wall time from the posts to the last "
+          "token, prefills included; gap: the median stream's time between tokens. Medians "
+          "over the rounds.")
+    if "llama.cpp" in names:
+        print(f"llama.cpp weights: {dtype}; iron bundle: {bundle}")
+    print("| streams | " + " | ".join(f"{n} tok/s | {n} decode tok/s | {n} ttft ms | {n} gap ms"
+                                      for n in names)
+          + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
+    print("|---" * (1 + 4 * len(names) + (len(names) == 2)) + "|")
+    for n in streams:
+        cells = []
+        for name in names:
+            m = med[(name, n)]
+            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}",
+                      f"{m['ttft_ms']:.0f}", f"{m['token_gap_ms']:.2f}"]
+        if len(names) == 2:
+            cells.append(f"{med[('iron', n)]['aggregate_tok_s'] / med[('llama.cpp', n)]['aggregate_tok_s']:.2f}x")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    print()
+    for name in names:
+        one = rounds[(name, streams[0])]
+        for n in streams[1:]:
+            per_round = [m["decode_tok_s"] / o["decode_tok_s"]
+                         for m, o in zip(rounds[(name, n)], one)]
+            print(f"{name} {n} streams / {streams[0]} stream, decode tok/s, per round: "
+                  + ", ".join(f"{x:.2f}x" for x in per_round)
+                  + f" (lowest {min(per_round):.2f}x; medians "
+                  f"{med[(name, n)]['decode_tok_s'] / med[(name, streams[0])]['decode_tok_s']:.2f}x)")
+    if (InProcess.name, 1) in rounds and ("iron", 1) in rounds:
+        def ms(m: dict) -> float:  # ms per token after the first
+            return 1000 / m["decode_tok_s"]
+
+        costs = [(ms(h) - ms(p), ms(p))
+                 for h, p in zip(rounds[("iron", 1)], rounds[(InProcess.name, 1)])]
+        http, local = (statistics.median(ms(m) for m in rounds[(k, 1)])
+                       for k in ("iron", InProcess.name))
+        print("server cost per token, 1 stream (HTTP ms/token - in-process ms/token), per "
+              "round: " + ", ".join(f"{c:.3f} ms ({100 * c / step:.1f}% of {step:.2f})"
+                                    for c, step in costs)
+              + f"; medians {http:.3f} - {local:.3f} = {http - local:.3f} ms "
+              f"({100 * (http - local) / local:.1f}% of the in-process step)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -438,56 +624,39 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_llamacpp:
         engines.append(lambda: LlamaCppServer(slots, 32 + args.tokens + 32, args.threads,
                                               args.dtype))
-    best: dict[tuple[str, int], dict] = {}
+    rounds: dict[tuple[str, int], list[dict]] = {}  # (engine, streams) -> a figure per round
     print(f"load average before: {os.getloadavg()}", flush=True)
     servers = []
+    local = InProcess(args.bundle) if 1 in args.streams else None
     try:
         for make in engines:
             servers.append(make())
             measure(servers[-1].port, 1, prompts, 8, servers[-1].model,
                     servers[-1].extra)  # warm up
+        if local is not None:
+            local.measure(prompts[0], 8)  # warm up
         for r in range(args.rounds):
             for n in args.streams:
-                for server in (servers if (r + n) % 2 == 0 else servers[::-1]):
-                    m = measure(server.port, n, prompts, args.tokens, server.model,
-                                server.extra)
-                    key = (server.name, n)
-                    if key not in best or m["aggregate_tok_s"] > best[key]["aggregate_tok_s"]:
-                        best[key] = m
-                    print(f"round {r + 1} {server.name:9s} {n} streams: "
+                runs = [(server.name, lambda s=server: measure(s.port, n, prompts, args.tokens,
+                                                               s.model, s.extra))
+                        for server in servers]
+                if n == 1 and local is not None:
+                    runs.append((InProcess.name, lambda: local.measure(prompts[0],
+                                                                        args.tokens)))
+                for name, run in (runs if (r + n) % 2 == 0 else runs[::-1]):
+                    time.sleep(SETTLE)
+                    m = run()
+                    rounds.setdefault((name, n), []).append(m)
+                    print(f"round {r + 1} {name:10s} {n} streams: "
                           f"{m['aggregate_tok_s']:7.1f} tok/s  decode {m['decode_tok_s']:7.1f} "
                           f"tok/s  ttft {m['ttft_ms']:6.1f} ms  "
-                          f"gap {m['token_gap_ms']:6.1f} ms  load {os.getloadavg()[0]:.2f}",
+                          f"gap {m['token_gap_ms']:6.2f} ms  load {os.getloadavg()[0]:.2f}",
                           flush=True)
     finally:
         for server in servers:
             server.close()
     print(f"load average after: {os.getloadavg()}\n")
-    names = sorted({k[0] for k in best}, key=["iron", "llama.cpp"].index)
-    if "llama.cpp" in names:
-        print(f"llama.cpp weights: {args.dtype}; iron bundle: {args.bundle}")
-    print("| streams | " + " | ".join(f"{n} tok/s | {n} decode tok/s | {n} ttft ms | {n} gap ms"
-                                      for n in names)
-          + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
-    print("|---" * (1 + 4 * len(names) + (len(names) == 2)) + "|")
-    for n in args.streams:
-        cells = []
-        for name in names:
-            m = best[(name, n)]
-            cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}",
-                      f"{m['ttft_ms']:.0f}",
-                      f"{m['token_gap_ms']:.1f}"]
-        if len(names) == 2:
-            ratio = (best[("iron", n)]["aggregate_tok_s"]
-                     / best[("llama.cpp", n)]["aggregate_tok_s"])
-            cells.append(f"{ratio:.2f}x")
-        print(f"| {n} | " + " | ".join(cells) + " |")
-    for name in names:
-        for what in ("aggregate", "decode"):
-            one = best[(name, args.streams[0])][f"{what}_tok_s"]
-            scaling = ", ".join(f"{n}: {best[(name, n)][f'{what}_tok_s'] / one:.2f}x"
-                                for n in args.streams)
-            print(f"{name} {what} tok/s against {args.streams[0]} stream: {scaling}")
+    report(rounds, args.streams, args.dtype, args.bundle)
     return 0
 
 

@@ -35,6 +35,24 @@ chunk of 32 values, then its 16 scales, then its 16 minimums (q4_1, uint4). A ch
            high nibbles (so that the kernels expand both like 4-bit codes)
 
 Only the order of the bytes differs from the row layout: ``untile(tile(w)) == w``.
+
+The K-quants (llama.cpp's Q4_K and Q6_K, what Q4_K_M files hold; ggml-common.h block_q4_K,
+block_q6_K) come in super-blocks of 256 values, their ``group_size``. Their row layout is the
+GGUF blocks themselves, byte for byte::
+
+    q4_k  144 bytes: d, dmin fp16 | 12 bytes: 8 6-bit scales sc, 8 6-bit minimums mn | 128
+          bytes: 4-bit codes q (byte l of each 32 holds value l of sub-block 2i in its low
+          nibble, of sub-block 2i + 1 in its high nibble)     w = (d sc) q - (dmin mn) per 32
+    q6_k  210 bytes: 128 bytes of low 4 bits | 64 of high 2 bits | 16 int8 scales sc | d fp16
+                                                               w = (d sc) (q - 32) per 16
+
+Their tiled layout splits a super-block into its 8 groups of 32 values (the kernels' groups),
+each the group's codes in the planes above (q6_k: two sets, the low 4 bits and the high 2 bits
+of the unsigned q, as for q8_0) followed by its 16 rows' sub-block scales as bytes (q4_k: sc,
+then mn, 6-bit values unpacked to a byte each; q6_k: the two int8 scales of its sub-blocks of
+16, 16 rows each), then the super-block's 16 d (and 16 dmin) fp16. Unpacking the 6-bit fields
+to bytes (148 bytes per row and super-block for 144) and q6_k's codes to 8 bits (274 for 210)
+is lossless: ``untile`` packs them back into the file's bytes.
 """
 
 from __future__ import annotations
@@ -43,12 +61,18 @@ import ml_dtypes
 import numpy as np
 
 #: Weight formats, in the order of their IRON_FMT_* numbers in kernels/cpu/iron_cpu.h.
-FORMATS = ("bf16", "q4_0", "q4_1", "q8_0", "uint4")
+FORMATS = ("bf16", "q4_0", "q4_1", "q8_0", "uint4", "q4_k", "q6_k")
 QUANTIZED = FORMATS[1:]
-#: Group sizes each format supports (bf16 has no groups: its group_size stays 32).
-GROUPS = {"bf16": (32,), "q4_0": (32,), "q4_1": (32,), "q8_0": (32,), "uint4": (32, 128)}
+#: Group sizes each format supports (bf16 has no groups: its group_size stays 32); the first
+#: is the one a GGUF file's blocks have.
+GROUPS = {"bf16": (32,), "q4_0": (32,), "q4_1": (32,), "q8_0": (32,), "uint4": (32, 128),
+          "q4_k": (256,), "q6_k": (256,)}
 #: GGUF tensor type names of the formats a GGUF file stores as such.
-GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}
+#: The K-quants: bytes of a super-block of 256 values, in the file and per row of a tile.
+K_BLOCK = {"q4_k": 144, "q6_k": 210}
+K_TILED = {"q4_k": 148, "q6_k": 274}
+QK_K = 256
 #: Rows per tile of the tiled layout (the lanes of a 512-bit register of 32-bit words).
 TILE = 16
 
@@ -73,16 +97,19 @@ def code_bytes(fmt: str, k: int) -> int:
     return k if fmt == "q8_0" else k // 2
 
 
-def row_bytes(fmt: str, k: int, group: int) -> int:
-    """Bytes per row of K values (K a multiple of 32 and of ``group``)."""
+def row_bytes(fmt: str, k: int, group: int, tiled: bool = False) -> int:
+    """Bytes per row of K values (K a multiple of 32 and of ``group``) in the row layout, or
+    the tiled one (the same but for the K-quants)."""
     if fmt == "bf16":
         return 2 * k
+    if fmt in K_BLOCK:
+        return k // QK_K * (K_TILED if tiled else K_BLOCK)[fmt]
     return code_bytes(fmt, k) + (2 + 2 * has_min(fmt)) * (k // group)
 
 
-def k_of(fmt: str, nbytes: int, group: int) -> int:
+def k_of(fmt: str, nbytes: int, group: int, tiled: bool = False) -> int:
     """The K whose rows take ``nbytes``; FormatError when no K does."""
-    per_group = row_bytes(fmt, group, group)
+    per_group = row_bytes(fmt, group, group, tiled)
     if nbytes % per_group:
         raise FormatError(f"a {fmt} row of {nbytes} bytes is not a whole number of "
                           f"{per_group}-byte groups of {group}")
@@ -127,6 +154,8 @@ def dequantize(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     ``d * q + m`` in float32 (d * q is exact: an 11-bit scale times a code of at most 8 bits)."""
     if fmt == "bf16":
         return np.asarray(w, np.float32)
+    if fmt in K_BLOCK:
+        return _k_dequantize(fmt, w, k)
     rows, n, codes, d, m = _planes(fmt, w, k, group)
     q = unpack_codes(fmt, codes).reshape(rows, n, group)
     if fmt == "q4_0":
@@ -145,40 +174,60 @@ def _tile_axes(fmt: str, rows: int, k: int, group: int) -> tuple[int, int, int, 
     return rows // TILE, k // group, group // 32, 2 if fmt == "q8_0" else 1
 
 
-def tile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
-    """Row layout -> tiled layout (the bytes the kernels read); rows a multiple of TILE."""
-    rows, n, codes, _, _ = _planes(fmt, w, k, group)
-    t, n, chunks, nibbles = _tile_axes(fmt, rows, k, group)
-    q = unpack_codes(fmt, codes).astype(np.int32)
-    if fmt == "q8_0":  # the unsigned code q + 128 as a low and a high nibble
-        q = np.stack([(q + 128) & 0xF, (q + 128) >> 4], axis=-1)
+def _code_planes(u: np.ndarray, group: int, nibbles: int) -> np.ndarray:
+    """Unsigned codes (rows, K) -> their planes (tiles, K/group, group's code bytes * TILE)."""
+    rows, k = u.shape
+    t, n, chunks = rows // TILE, k // group, group // 32
+    q = u.astype(np.int32)
+    if nibbles == 2:  # a low and a high nibble
+        q = np.stack([q & 0xF, q >> 4], axis=-1)
     q = q.reshape(t, TILE, n, chunks, 4, 4, 2, nibbles).astype(np.uint32)
     # pairs (8j + 2s, 8j + 2s + 1) of every row into bits 4s and 16 + 4s of word j
     shift = (4 * np.arange(4, dtype=np.uint32))[:, None]
     words = ((q[..., 0, :] << shift) | (q[..., 1, :] << (shift + 16))).sum(axis=-2,
                                                                           dtype=np.uint32)
     c = words.transpose(0, 2, 3, 5, 4, 1).astype("<u4")  # (tile, group, chunk, nibble, j, row)
+    return c.reshape(t, n, -1).view(np.uint8)
+
+
+def _plane_codes(planes: np.ndarray, rows: int, k: int, group: int, nibbles: int
+                 ) -> np.ndarray:
+    """Inverse of ``_code_planes``: (tiles, K/group, code bytes * TILE) -> codes (rows, K)."""
+    t, n, chunks = rows // TILE, k // group, group // 32
+    words = np.ascontiguousarray(planes).view("<u4").reshape(t, n, chunks, nibbles, 4, TILE)
+    words = words.transpose(0, 5, 1, 2, 4, 3)[..., None, None, :]  # (t,row,g,c,j,1,1,nibble)
+    shift = (4 * np.arange(4, dtype=np.uint32))[:, None, None]
+    q = (words >> (shift + 16 * np.arange(2, dtype=np.uint32)[:, None])) & 0xF  # (..,j,s,2,nib)
+    q = q.reshape(rows, k, nibbles).astype(np.int32)
+    return q[..., 0] + 16 * q[..., 1] if nibbles == 2 else q[..., 0]
+
+
+def tile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
+    """Row layout -> tiled layout (the bytes the kernels read); rows a multiple of TILE."""
+    if fmt in K_BLOCK:
+        return _k_tile(fmt, w, k)
+    rows, n, codes, _, _ = _planes(fmt, w, k, group)
+    t, n, chunks, nibbles = _tile_axes(fmt, rows, k, group)
+    q = unpack_codes(fmt, codes).astype(np.int32)
+    c = _code_planes(q + 128 if fmt == "q8_0" else q, group, nibbles)  # q8_0: unsigned q + 128
     params = w[:, code_bytes(fmt, k):].reshape(rows, -1, n, 2)  # (row, plane, group, 2 bytes)
-    fields = [c.reshape(t, n, -1).view(np.uint8),
+    fields = [c,
               params.reshape(t, TILE, -1, n, 2).transpose(0, 3, 2, 1, 4).reshape(t, n, -1)]
     return np.ascontiguousarray(np.concatenate(fields, axis=2)).reshape(rows, -1)
 
 
 def untile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     """Tiled layout -> row layout: the inverse of ``tile``."""
+    if fmt in K_BLOCK:
+        return _k_untile(fmt, w, k)
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != row_bytes(fmt, k, group):
         raise FormatError(f"a {fmt} (group {group}) matrix with K={k} must be uint8 (rows, "
                           f"{row_bytes(fmt, k, group)}), got {w.dtype} {w.shape}")
     t, n, chunks, nibbles = _tile_axes(fmt, w.shape[0], k, group)
     g = w.reshape(t, n, row_bytes(fmt, group, group) * TILE)
     c = code_bytes(fmt, group) * TILE
-    words = np.ascontiguousarray(g[:, :, :c]).view("<u4").reshape(t, n, chunks, nibbles, 4, TILE)
-    words = words.transpose(0, 5, 1, 2, 4, 3)[..., None, None, :]  # (t,row,g,c,j,1,1,nibble)
-    shift = (4 * np.arange(4, dtype=np.uint32))[:, None, None]
-    q = (words >> (shift + 16 * np.arange(2, dtype=np.uint32)[:, None])) & 0xF  # (..,j,s,2,nib)
-    q = q.reshape(w.shape[0], k, nibbles).astype(np.int32)
-    q = q[..., 0] + 16 * q[..., 1] - 128 if fmt == "q8_0" else q[..., 0]
-    codes = pack_codes(fmt, q)
+    q = _plane_codes(g[:, :, :c], w.shape[0], k, group, nibbles)
+    codes = pack_codes(fmt, q - 128 if fmt == "q8_0" else q)
     params = g[:, :, c:].reshape(t, n, -1, TILE, 2).transpose(0, 3, 2, 1, 4)  # (t,row,pl,g,2)
     return np.ascontiguousarray(np.concatenate(
         [codes, params.reshape(w.shape[0], -1)], axis=1))
@@ -220,7 +269,13 @@ def activation_values(x: np.ndarray) -> np.ndarray:
 
 
 def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:
-    """GGUF blocks (rows, K/32 * block bytes) -> the row layout: bytes moved, not changed."""
+    """GGUF blocks (rows, K/32 * block bytes) -> the row layout: bytes moved, not changed
+    (the K-quants' row layout is the blocks as they are)."""
+    if fmt in K_BLOCK:
+        if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % K_BLOCK[fmt]:
+            raise FormatError(f"{fmt} GGUF blocks must be uint8 (rows, K/256 * "
+                              f"{K_BLOCK[fmt]}), got {blocks.dtype} {blocks.shape}")
+        return np.ascontiguousarray(blocks)
     per = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
     if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % per:
         raise FormatError(f"{fmt} GGUF blocks must be uint8 (rows, K/32 * {per}), got "
@@ -235,6 +290,8 @@ def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:
 
 def to_gguf(fmt: str, w: np.ndarray) -> np.ndarray:
     """Inverse of ``from_gguf``."""
+    if fmt in K_BLOCK:
+        return w
     per = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
     rows, n = w.shape[0], w.shape[1] // per
     c = code_bytes(fmt, 32 * n)
@@ -271,6 +328,8 @@ def random_matrix(fmt: str, rows: int, k: int, group: int, rng: np.random.Genera
                   scale: float = 0.1) -> np.ndarray:
     """A valid quantized matrix of about ``scale``-sized values (random codes, scales and
     minimums): realistic inputs for timing and checking a kernel."""
+    if fmt in K_BLOCK:
+        return _k_random(fmt, rows, k, rng, scale)
     codes = rng.integers(-128, 128, (rows, k)) if fmt == "q8_0" else rng.integers(0, 16,
                                                                                    (rows, k))
     n = k // group
@@ -282,3 +341,155 @@ def random_matrix(fmt: str, rows: int, k: int, group: int, rng: np.random.Genera
         m = (-d.astype(np.float32) * rng.uniform(6, 9, (rows, n))).astype(scale_type)
         planes.append(m.view(np.uint8).reshape(rows, -1))
     return np.ascontiguousarray(np.concatenate(planes, axis=1))
+
+
+def _k_blocks(fmt: str, w: np.ndarray, k: int, tiled: bool = False) -> np.ndarray:
+    """A K-quant matrix (rows, row bytes) as (rows, super-blocks, bytes), checked."""
+    want = row_bytes(fmt, k, QK_K, tiled)
+    if w.dtype != np.uint8 or w.ndim != 2 or k % QK_K or w.shape[1] != want:
+        raise FormatError(f"a {fmt} matrix with K={k} must be uint8 (rows, {want}) with K a "
+                          f"multiple of {QK_K}, got {w.dtype} {w.shape}")
+    return w.reshape(w.shape[0], k // QK_K, -1)
+
+
+def _q4_k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 bytes (..., 12) -> its 8 6-bit scales and 8 6-bit minimums (..., 8): bytes
+    0-3 hold sc 0-3 (low 6 bits) and the top 2 bits of sc 4-7, bytes 4-7 the same for mn,
+    bytes 8-11 the low 4 bits of sc 4-7 (low nibble) and of mn 4-7 (high nibble)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _q4_k_pack_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Inverse of ``_q4_k_scales`` (every one of the 96 bits is a bit of a 6-bit field)."""
+    return np.concatenate([(sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6),
+                           (mn[..., :4] & 0x3F) | ((mn[..., 4:] >> 4) << 6),
+                           (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)],
+                          axis=-1).astype(np.uint8)
+
+
+def _k_codes(fmt: str, b: np.ndarray) -> np.ndarray:
+    """Blocks (rows, n, bytes) -> unsigned codes (rows, n, 256) in the order of the values."""
+    rows, n = b.shape[:2]
+    if fmt == "q4_k":
+        qs = b[..., 16:].reshape(rows, n, 4, 1, 32)
+        return np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, n, QK_K)
+    ql = b[..., :128].reshape(rows, n, 2, 1, 64)  # value 128h + 64s + l: nibble s of byte 64h + l
+    qh = b[..., 128:192].reshape(rows, n, 2, 1, 32)  # 128h + 32s + l: bits 2s of byte 32h + l
+    lo = np.concatenate([ql & 0x0F, ql >> 4], axis=3).reshape(rows, n, QK_K)
+    hi = np.concatenate([(qh >> 2 * s) & 3 for s in range(4)], axis=3).reshape(rows, n, QK_K)
+    return lo | (hi << 4)
+
+
+def _k_pack_codes(fmt: str, u: np.ndarray) -> np.ndarray:
+    """Inverse of ``_k_codes``: codes (rows, n, 256) -> the blocks' code bytes (rows, n, ...)."""
+    rows, n = u.shape[:2]
+    u = u.astype(np.uint8)
+    if fmt == "q4_k":
+        u = u.reshape(rows, n, 4, 2, 32)
+        return (u[:, :, :, 0] | (u[:, :, :, 1] << 4)).reshape(rows, n, 128)
+    lo = (u & 0x0F).reshape(rows, n, 2, 2, 64)
+    hi = (u >> 4).reshape(rows, n, 2, 4, 32)
+    ql = lo[:, :, :, 0] | (lo[:, :, :, 1] << 4)
+    qh = hi[:, :, :, 0] | (hi[:, :, :, 1] << 2) | (hi[:, :, :, 2] << 4) | (hi[:, :, :, 3] << 6)
+    return np.concatenate([ql.reshape(rows, n, 128), qh.reshape(rows, n, 64)], axis=2)
+
+
+def _k_dequantize(fmt: str, w: np.ndarray, k: int) -> np.ndarray:
+    """gguf's dequantization (gguf.quants Q4_K / Q6_K), in float32 as it computes it: d * sc
+    and dmin * mn are exact, as is (d sc) (q - 32); Q4_K's difference rounds once."""
+    b = _k_blocks(fmt, w, k)
+    rows, n = b.shape[:2]
+    u = _k_codes(fmt, b).astype(np.float32)
+    if fmt == "q4_k":
+        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16).astype(np.float32)
+        dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
+        sc, mn = _q4_k_scales(b[..., 4:16])
+        scale = (d * sc.astype(np.float32))[..., None]
+        low = (dmin * mn.astype(np.float32))[..., None]
+        out = scale * u.reshape(rows, n, 8, 32) - low
+    else:
+        sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)
+        d = np.ascontiguousarray(b[..., 208:210]).view(np.float16).astype(np.float32)
+        out = (d * sc)[..., None] * (u.reshape(rows, n, 16, 16) - np.float32(32))
+    return out.reshape(rows, k).astype(np.float32)
+
+
+def _tile_rows(a: np.ndarray) -> np.ndarray:
+    """Per-row fields (rows, n, f, bytes) -> (tiles, n, f * TILE * bytes): a field's 16 rows
+    side by side."""
+    rows, n, f, nbytes = a.shape
+    return np.ascontiguousarray(a.reshape(rows // TILE, TILE, n, f, nbytes)
+                                .transpose(0, 2, 3, 1, 4)).reshape(rows // TILE, n, -1)
+
+
+def _untile_rows(a: np.ndarray, f: int, nbytes: int) -> np.ndarray:
+    """Inverse of ``_tile_rows``."""
+    t, n = a.shape[:2]
+    return a.reshape(t, n, f, TILE, nbytes).transpose(0, 3, 1, 2, 4).reshape(t * TILE, n, f,
+                                                                              nbytes)
+
+
+def _k_tile(fmt: str, w: np.ndarray, k: int) -> np.ndarray:
+    b = _k_blocks(fmt, w, k)
+    rows, n = b.shape[:2]
+    _tile_axes(fmt, rows, k, 32)
+    t = rows // TILE
+    nibbles = 1 if fmt == "q4_k" else 2
+    planes = _code_planes(_k_codes(fmt, b).reshape(rows, k), 32, nibbles)  # (t, 8n, bytes)
+    if fmt == "q4_k":
+        sc, mn = _q4_k_scales(b[..., 4:16])
+        scales = np.stack([sc, mn], axis=3)  # (rows, n, group, 2)
+        tail = [b[..., 0:2], b[..., 2:4]]
+    else:
+        scales = b[..., 192:208].reshape(rows, n, 8, 2)  # the two of each group's 16-blocks
+        tail = [b[..., 208:210]]
+    scales = _tile_rows(scales.reshape(rows, 8 * n, 2, 1))  # (t, 8n, 2 * 16)
+    groups = np.concatenate([planes, scales], axis=2).reshape(t, n, -1)
+    tail = _tile_rows(np.stack(tail, axis=2))  # (t, n, fields * 32)
+    return np.concatenate([groups, tail], axis=2).reshape(rows, -1)
+
+
+def _k_untile(fmt: str, w: np.ndarray, k: int) -> np.ndarray:
+    b = _k_blocks(fmt, w, k, tiled=True)
+    rows, n = b.shape[:2]
+    _tile_axes(fmt, rows, k, 32)
+    t = rows // TILE
+    nibbles = 1 if fmt == "q4_k" else 2
+    code = 16 * nibbles * TILE
+    tail = 32 * (2 if fmt == "q4_k" else 1)
+    s = b.reshape(t, TILE * n * K_TILED[fmt])
+    s = s.reshape(t, n, -1)
+    groups = s[:, :, :-tail].reshape(t, 8 * n, code + 2 * TILE)
+    u = _plane_codes(groups[:, :, :code], rows, k, 32, nibbles).reshape(rows, n, QK_K)
+    scales = _untile_rows(groups[:, :, code:], 2, 1).reshape(rows, n, 8, 2)
+    fields = _untile_rows(s[:, :, -tail:], tail // 32, 2)  # (rows, n, fields, 2)
+    codes = _k_pack_codes(fmt, u)
+    if fmt == "q4_k":
+        parts = [fields[:, :, 0], fields[:, :, 1],
+                 _q4_k_pack_scales(scales[..., 0], scales[..., 1]), codes]
+    else:
+        parts = [codes, scales.reshape(rows, n, 16), fields[:, :, 0]]
+    return np.ascontiguousarray(np.concatenate(parts, axis=2).reshape(rows, -1))
+
+
+def _k_random(fmt: str, rows: int, k: int, rng: np.random.Generator, scale: float
+              ) -> np.ndarray:
+    """Valid random K-quant blocks of about ``scale``-sized values: random codes and 6-bit /
+    int8 sub-block scales, fp16 super-block scales sized so."""
+    n = rows * k // QK_K
+    if k % QK_K:
+        raise FormatError(f"a {fmt} matrix's K={k} must be a multiple of {QK_K}")
+    if fmt == "q4_k":
+        d = (rng.uniform(0.5, 1.5, (n, 1)) * scale / (7.5 * 40)).astype(np.float16)
+        dmin = (rng.uniform(0.5, 1.5, (n, 1)) * scale / 40).astype(np.float16)
+        rest = rng.integers(0, 256, (n, 140), dtype=np.uint8)
+        blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), rest], axis=1)
+    else:
+        codes = rng.integers(0, 256, (n, 192), dtype=np.uint8)
+        sc = rng.integers(-128, 128, (n, 16)).astype(np.int8)
+        d = (rng.uniform(0.5, 1.5, (n, 1)) * scale / (32 * 64)).astype(np.float16)
+        blocks = np.concatenate([codes, sc.view(np.uint8), d.view(np.uint8)], axis=1)
+    return np.ascontiguousarray(blocks.reshape(rows, -1))

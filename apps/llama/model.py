@@ -34,8 +34,8 @@ from iron.errors import IronError
 from iron.lm.checkpoint import LlamaConfig
 from iron.errors import ShapeError
 from iron.lm.layout import DECODE, HEAD, PREFILL, PREFILL_TAIL, decode_slots
-from iron.operators import (GEMM, GEMV, Attention, ElementwiseAdd, Embedding, QKVRoPE, RMSNorm,
-                            SlotAttention, SlotQKVRoPE, SwiGLU)
+from iron.operators import (GEMM, GEMV, Attention, Concat, ElementwiseAdd, Embedding, QKVRoPE,
+                            RMSNorm, SlotAttention, SlotQKVRoPE, SwiGLU)
 
 Formats = dict  # kernel weight name -> (weight_format, group_size); absent means bf16
 
@@ -45,7 +45,7 @@ def matrix(graph: iron.Graph, formats: Formats, name: str, rows: int, k: int):
     fmt, group = formats.get(name, ("bf16", 32))
     if fmt == "bf16":
         return graph.weight(name, (rows, k)), {}
-    return (graph.weight(name, (rows, quant.row_bytes(fmt, k, group)), np.uint8),
+    return (graph.weight(name, (rows, quant.row_bytes(fmt, k, group, tiled=True)), np.uint8),
             {"weight_format": fmt, "group_size": group})
 
 
@@ -91,7 +91,11 @@ class Decoder(iron.Graph):
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             h = RMSNorm.step(x, w(p + "input_layernorm.weight", (d,)), eps=c.rms_norm_eps)
-            qkv = linear_(mat(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, d), h)
+            if p + SPLIT_QK in self.formats:  # q, k and v not in one format: two products
+                qkv = Concat.step(linear_(mat(p + SPLIT_QK, q_dim + kv_dim, d), h),
+                                  linear_(mat(p + "self_attn.v_proj.weight", kv_dim, d), h))
+            else:
+                qkv = linear_(mat(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, d), h)
             cache = (c.num_key_value_heads, self.ctx, hd)
             if self.slots is None:
                 q, k_cache, v_cache = QKVRoPE.step(  # q: (rows, heads * hd), rotated
@@ -216,15 +220,25 @@ _STACKED = {".self_attn.q_proj.": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
 _ABSORBED = (".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.up_proj.")
 
 
-def kernel_parts(checkpoint) -> dict[str, list[str]]:
-    """Kernel weight name -> the checkpoint tensors stacked (in order) to make it."""
+#: A layer's q and k stacked without v, where q|k and v are stored in different formats.
+SPLIT_QK = "self_attn.qk_proj.weight"
+
+
+def kernel_parts(checkpoint, formats: Formats | None = None) -> dict[str, list[str]]:
+    """Kernel weight name -> the checkpoint tensors stacked (in order) to make it; a q|k|v
+    stack whose layer ``formats`` splits (``SPLIT_QK``) is q|k and v apart."""
     parts = {}
     for name in checkpoint.tensor_names():
         first = next((k for k in _STACKED if k in name), None)
         if first:
             fused, names = _STACKED[first]
             old = first.strip(".").split(".")[-1]
-            parts[name.replace(old, fused)] = [name.replace(old, part) for part in names]
+            stack = [name.replace(old, part) for part in names]
+            qk = name.replace("self_attn.q_proj.weight", SPLIT_QK)
+            if formats and qk in formats:
+                parts[qk], parts[stack[2]] = stack[:2], stack[2:]
+            else:
+                parts[name.replace(old, fused)] = stack
         elif not any(part in name for part in _ABSORBED):
             parts[name] = [name]
     return parts
@@ -234,7 +248,8 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
     """(weight_format, group_size) of every quantized kernel weight under ``mode``.
 
     ``native`` keeps a matrix in the format its source file stored it in when every part of
-    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding); ``uint4``
+    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding), and splits
+    a q|k|v stack whose v alone has another format into q|k (``SPLIT_QK``) and v; ``uint4``
     quantizes every projection (not the embedding) in groups of ``group``, or of 32 where
     ``group`` does not divide its rows (rows not a multiple of 32 stay bf16); ``bf16``
     quantizes nothing. A matrix whose row count is not a whole number of the quantized
@@ -249,9 +264,15 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
             continue
         k = shapes[0][1]
         if mode == "native":
-            found = {(checkpoint.quantized(p) or ("bf16", None))[0] for p in parts}
-            if len(found) == 1 and found != {"bf16"}:
-                formats[name] = (found.pop(), 32)
+            found = [(checkpoint.quantized(p) or ("bf16", None))[0] for p in parts]
+            if len(set(found)) == 1 and found[0] != "bf16":
+                formats[name] = (found[0], quant.GROUPS[found[0]][0])
+            elif (name.endswith("qkv_proj.weight") and found[0] == found[1] != "bf16"
+                  and found[2] != "bf16" and shapes[2][0] % quant.TILE == 0):
+                # e.g. Q4_K_M's Q4_K q, k and Q6_K v: two products (``Concat`` joins them)
+                formats[name.replace("self_attn.qkv_proj.weight", SPLIT_QK)] = (
+                    found[0], quant.GROUPS[found[0]][0])
+                formats[parts[2]] = (found[2], quant.GROUPS[found[2]][0])
         elif mode == "uint4" and name.endswith("_proj.weight"):
             if k % 32 == 0:
                 formats[name] = ("uint4", group if k % group == 0 else 32)
@@ -268,7 +289,7 @@ def kernel_weights(checkpoint, config: LlamaConfig, formats: Formats | None = No
 
     formats = formats or {}
     yield "rope.inv_freq", inv_freq(config)
-    for name, parts in kernel_parts(checkpoint).items():
+    for name, parts in kernel_parts(checkpoint, formats).items():
         fmt, group = formats.get(name, ("bf16", 32))
         if fmt == "bf16":
             arrays = [checkpoint.tensor(p) for p in parts]

@@ -165,12 +165,21 @@ class _Sequence:
 class Engine:
     """Runs requests on a ``SlotModel``: at most ``model.slots`` at once, decoded together."""
 
-    def __init__(self, model: SlotModel, after_step: Callable[[], None] | None = None):
+    def __init__(self, model: SlotModel, after_step: Callable[[], None] | None = None,
+                 gather: Callable[[], None] | None = None):
         """``after_step()`` is called on the engine's thread after every step, once its tokens
         and finishes have been passed to the requests' listeners (a server hands them to its
-        event loop there, once per step)."""
+        event loop there, once per step).
+
+        ``gather()`` is called on the engine's thread when a request comes to an idle engine,
+        before it takes a slot, and returns once the requests that came with it have been
+        submitted too (a server: those it is still reading or tokenizing). So requests sent
+        together are prefilled in one step and decode together from the next, whatever the
+        order their threads ran in; without it, those that reach the queue a moment after the
+        first are prefilled a step or more later, between decode steps of the first."""
         self.model = model
         self.after_step = after_step
+        self.gather = gather
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[_Sequence] = collections.deque()  # oldest first
         self.active: dict[int, _Sequence] = {}  # slot -> a sequence that decodes
@@ -215,6 +224,8 @@ class Engine:
                 self.after_step()
 
     def _step(self) -> bool:
+        if self.gather is not None and self.waiting and not (self.active or self.prefilling):
+            self.gather()
         self._take_slots()
         for seq in [*self.prefilling, *self.active.values()]:
             if seq.request.cancelled:

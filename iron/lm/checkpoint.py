@@ -482,7 +482,8 @@ def _open_blocks(directory: Path, config: LlamaConfig
             raise CheckpointError(f"{path}: tensor {name!r} has format {fmt!r} in the "
                                   f"metadata; expected one of {known}")
         rows, k = want[name]
-        shape = (rows, quant.row_bytes(fmt, k, 32)) if k % 32 == 0 else None
+        group = quant.GROUPS[fmt][0]  # a GGUF file's blocks
+        shape = (rows, quant.row_bytes(fmt, k, group)) if k % group == 0 else None
         if info.dtype != "U8" or info.shape != shape:
             raise CheckpointError(f"{path}: tensor {name!r} is {info.dtype} {info.shape}; a "
                                   f"{fmt} {want[name]} tensor must be U8 {shape}")

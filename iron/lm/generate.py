@@ -100,7 +100,7 @@ class Sampler:
         return logits
 
     def __call__(self, logits: np.ndarray) -> int:
-        token = self._sample(logits.astype(np.float32).ravel())
+        token = self._sample(np.asarray(logits, np.float32).ravel())  # no copy: read only
         self._seen.add(token)
         self._counts[token] = self._counts.get(token, 0) + 1
         return token

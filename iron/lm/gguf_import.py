@@ -52,7 +52,7 @@ DEFAULT_NAME = "smollm2-135m-instruct"
 
 MANIFEST = "iron-manifest.json"
 # Bump when the converter's output changes, so that older conversions are redone.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3  # 3: Q4_K and Q6_K blocks kept as stored
 _OUTPUT_FILES = ("config.json", "model.safetensors", "quantized.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "generation_config.json")
 

@@ -28,7 +28,9 @@ class Embedding(Operator):
                    {"vocab": 304, "dim": 576, "rows": 5, "weight_format": "q8_0"},
                    {"vocab": 64, "dim": 64, "rows": 3, "weight_format": "q4_1"},
                    {"vocab": 48, "dim": 256, "rows": 2, "weight_format": "uint4",
-                    "group_size": 128})
+                    "group_size": 128},
+                   {"vocab": 32, "dim": 512, "rows": 3, "weight_format": "q4_k", "group_size": 256},
+                   {"vocab": 48, "dim": 256, "rows": 4, "weight_format": "q6_k", "group_size": 256})
     shape_fields = ("weight_format", "group_size")
     vocab: int = param()
     dim: int = param()
@@ -136,6 +138,41 @@ class CacheWrite(Operator):
         n = max(0, min(self.rows, self.ctx - start))
         out[:, start:start + n] = x[:n].reshape(n, self.kv_heads, self.head_dim).swapaxes(0, 1)
         return out
+
+
+class Concat(Operator):
+    """Rows side by side: x (rows, left) and y (rows, right) -> (rows, left + right).
+
+    It joins the parts of a stacked matrix product that cannot run as one product because its
+    weights are stored in different formats (a Q4_K_M file's Q4_K q and k beside a Q6_K v)."""
+
+    kernel = "concat"
+    test_shapes = ({"rows": 1, "left": 1, "right": 1}, {"rows": 1, "left": 640, "right": 128},
+                   {"rows": 5, "left": 96, "right": 33})
+    rows: int = param()
+    left: int = param()
+    right: int = param()
+
+    @classmethod
+    def shape_params(cls, x: Tensor, y: Tensor) -> dict:
+        expect(x.ndim == 2 and y.ndim == 2 and x.shape[0] == y.shape[0], cls,
+               f"takes x (rows, left) and y (rows, right), got {x.shape} and {y.shape}")
+        return {"rows": x.shape[0], "left": x.shape[1], "right": y.shape[1]}
+
+    def signature(self, x: Tensor, y: Tensor) -> list:
+        expect_dtype(x, bfloat16, self, "x")
+        expect_dtype(y, bfloat16, self, "y")
+        return [((self.rows, self.left + self.right), bfloat16)]
+
+    def space(self, dev: Device) -> dict[str, list[int]]:
+        return {}
+
+    @classmethod
+    def example(cls, rng, rows, left, right):
+        return {}, [normal(rng, rows, left), normal(rng, rows, right)]
+
+    def reference(self, x, y):
+        return np.concatenate([x, y], axis=1)
 
 
 class QKVRoPE(Operator):

@@ -22,7 +22,7 @@ def weight_k(op: Operator | type, w: Tensor, fmt: str, group: int) -> int:
         check_format(fmt, group, name)
         if fmt == "bf16":
             return w.shape[1]
-        k = k_of(fmt, w.shape[1], group)
+        k = k_of(fmt, w.shape[1], group, tiled=True)
     except FormatError as e:
         raise ShapeError(str(e)) from None
     if w.shape[0] % TILE:
@@ -49,7 +49,7 @@ def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: s
 def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
     """W must be (rows, K) bf16, or (rows, row bytes) uint8 for a quantized format."""
     fmt, k = op.weight_format, op.K if hasattr(op, "K") else op.dim
-    want = (rows, row_bytes(fmt, k, op.group_size))
+    want = (rows, row_bytes(fmt, k, op.group_size, tiled=True))
     dtype = bfloat16 if fmt == "bf16" else np.uint8
     expect(w.shape == (rows, k) if fmt == "bf16" else w.shape == want, op,
            f"{what} has shape {w.shape}, expected {(rows, k) if fmt == 'bf16' else want} "
@@ -79,7 +79,9 @@ class GEMV(Operator):
                    {"M": 32, "K": 64, "batches": 9, "weight_format": "q4_1"},
                    {"M": 32, "K": 576, "batches": 1, "weight_format": "uint4", "group_size": 32},
                    {"M": 48, "K": 1536, "batches": 2, "weight_format": "uint4",
-                    "group_size": 128})
+                    "group_size": 128},
+                   {"M": 32, "K": 512, "batches": 3, "weight_format": "q4_k", "group_size": 256},
+                   {"M": 48, "K": 256, "batches": 1, "weight_format": "q6_k", "group_size": 256})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
     M: int = param()
@@ -167,7 +169,9 @@ class GEMM(Operator):
                    {"M": 32, "K": 80, "N": 96},  # K % 32 != 0: the non-AMX path on AMX hosts
                    {"M": 16, "K": 576, "N": 96, "weight_format": "q4_1"},
                    {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0"},
-                   {"M": 20, "K": 256, "N": 48, "weight_format": "uint4", "group_size": 128})
+                   {"M": 20, "K": 256, "N": 48, "weight_format": "uint4", "group_size": 128},
+                   {"M": 9, "K": 512, "N": 32, "weight_format": "q4_k", "group_size": 256},
+                   {"M": 6, "K": 256, "N": 48, "weight_format": "q6_k", "group_size": 256})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
     M: int = param()

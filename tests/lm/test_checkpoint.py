@@ -473,7 +473,7 @@ def test_embedded_says_paris(smollm2: Path):
 
 def test_gguf_of_every_stored_type_converts_and_says_what_it_converted(tmp_path: Path, capsys):
     """F16 and BF16 tensors become bf16 as their values round; a type iron does not run as
-    stored (Q5_0 here, the K-quants alike) is dequantized to bf16 with one line naming it and
+    stored (Q5_0 here, Q5_K alike) is dequantized to bf16 with one line naming it and
     how many tensors; Q4_0 blocks are kept."""
     src = tmp_path / "mixed.gguf"
     weights = _write_tiny_gguf(src, seed=3, types={

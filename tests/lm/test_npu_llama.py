@@ -2,8 +2,11 @@
 committed npu2 profile as ``doit device=npu2`` builds it, completes a prompt with the answer
 the model gives on the cpu."""
 
+import json
 import subprocess
 import sys
+
+import numpy as np
 
 import iron
 from iron.pipeline.app import app_profile, load_app
@@ -18,6 +21,11 @@ def test_emulated_smollm2_on_npu2_answers_paris(smollm2, tmp_path):
     assert len(profile) > 0
     bundle = write_bundle(load_app("llama", smollm2), iron.device("npu2"), profile,
                           tmp_path / "npu2")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for name, program in manifest["programs"].items():  # all but the embedding gather on the npu
+        for step, placement in zip(program["steps"], program["placements"], strict=True):
+            assert placement == ("host" if step["operator"] == "Embedding" else "npu"), (
+                name, step["operator"], step["fields"])
     run = [sys.executable, "-m", "iron.lm.run", str(bundle), "--prompt",
            "The capital of France is", "--max-new-tokens", "4", "--json"]
     emulated = subprocess.run(run + ["--emulate"], capture_output=True, text=True, timeout=600)
@@ -26,3 +34,27 @@ def test_emulated_smollm2_on_npu2_answers_paris(smollm2, tmp_path):
     refused = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr.startswith(f"error: {bundle}: running on npu2 itself needs")
+
+
+def test_emulated_npu2_decode_meets_the_kl_gate_against_float32(smollm2, smollm2_reference,
+                                                                tmp_path):
+    """The gate the cpu decode meets (``test_llama``: KL mean <= 0.02, p90 <= 0.04, max <= 0.2,
+    top-1 >= 95%), teacher-forced through the emulated npu2 bundle's decode program, whose
+    RMSNorm, QKVRoPE, Attention, residual adds and SwiGLU run as their designs (KV cache in the
+    emulated DRAM, the key tiles of each position rendered per dispatch).  20 positions of one
+    text (each emulated token takes seconds), at a 2048-position context."""
+    from test_llama import assert_accurate, decode_logits, kl_stats, token_ids
+    from iron.lm.generate import LlamaModel
+    from iron.lm.texts import TEXTS
+
+    bundle = write_bundle(load_app("llama", smollm2, context=2048), iron.device("npu2"),
+                          app_profile("llama", "npu2"), tmp_path / "npu2")
+    model = LlamaModel(bundle, emulate=True)
+    decode = model.bundle.manifest["programs"]["decode"]
+    placed = {step["operator"]: p for step, p in zip(decode["steps"], decode["placements"])}
+    assert placed["Attention"] == placed["QKVRoPE"] == "npu", placed
+    ids = token_ids(model, TEXTS[0])[:20]
+    kl, agree = kl_stats(smollm2_reference.logits(ids), decode_logits(model, ids))
+    print(f"emulated npu2 decode: KL mean {kl.mean():.4f} p90 {np.percentile(kl, 90):.4f} "
+          f"max {kl.max():.4f} top-1 {agree:.3f} over {kl.size} positions")
+    assert_accurate(kl, agree)

@@ -24,8 +24,9 @@ openai = pytest.importorskip("openai")
 
 from iron.lm.chat import ChatTemplate  # noqa: E402
 from iron.lm.generate import Sampler  # noqa: E402
-from iron.lm.serve import (LLAMA_SERVER_SAMPLING, Limits, Outbox, Server,  # noqa: E402
-                           allowed_host, main, sampling_defaults, uvicorn_config)
+from iron.lm.serve import (GATHER_SECONDS, LLAMA_SERVER_SAMPLING, Limits,  # noqa: E402
+                           Outbox, Server, allowed_host, main, sampling_defaults,
+                           uvicorn_config)
 
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
@@ -191,6 +192,47 @@ def test_concurrent_streams_each_get_their_tokens_alone(served, client, smollm2_
         assert text == alone(smollm2_model, ids, 16), prompt
     steps, rows = server.engine.steps - steps, server.engine.batch_rows - rows
     assert rows / steps > 1.5, f"{rows} sequence-steps in {steps} steps: no batching"
+
+
+def test_requests_sent_together_to_an_idle_server_decode_together(served):
+    """A request whose body is still coming when another reaches an idle engine: the engine
+    waits for it (``Server.gather``), so both are prefilled in one step and every decode step
+    holds both; their tokens are still each one's own."""
+    server, url = served
+    port = int(url.rsplit(":", 1)[1])
+    n = 4
+    late = json.dumps({"prompt": "Once upon a time", "max_tokens": n, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    steps, rows = server.engine.steps, server.engine.batch_rows
+    server.gather_seconds = 30.0  # the test's pace, not the machine's, decides
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: "
+                         + str(len(late)).encode() + b"\r\n\r\n" + late[:10])
+            deadline = time.monotonic() + 10
+            while server.preparing < 1:  # the slow one is being read
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with ThreadPoolExecutor(1) as pool:
+                first = pool.submit(call, url + "/v1/completions",
+                                    {"prompt": "The capital of France is", "max_tokens": n,
+                                     "temperature": 0, "ignore_eos": True})
+                time.sleep(0.3)  # within the fixture's read timeout
+                assert not first.done()  # the engine waits for the slow one
+                slow.sendall(late[10:])
+                status, reply = first.result(60)
+            slow.settimeout(60)
+            answer = b""
+            while not answer.endswith(b"}}"):  # the reply's last field is its usage
+                chunk = slow.recv(65536)
+                assert chunk, answer
+                answer += chunk
+    finally:
+        server.gather_seconds = GATHER_SECONDS
+    assert status == 200 and reply["usage"]["completion_tokens"] == n
+    assert b"HTTP/1.1 200" in answer
+    assert (server.engine.steps - steps, server.engine.batch_rows - rows) == (n - 1, 2 * (n - 1))
 
 
 def test_stop_strings_and_penalties(served, client, smollm2_model):

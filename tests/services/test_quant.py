@@ -35,6 +35,56 @@ def test_layout_keeps_gguf_blocks_and_dequantizes_like_gguf(fmt):
     assert np.array_equal(ours, gguf_dequantize(blocks, qtype))  # bit for bit
 
 
+def k_blocks(fmt, rows, k, rng):
+    """Random bytes as K-quant blocks, but for finite fp16 super-block scales (d, dmin): every
+    code, 6-bit scale and minimum, int8 scale takes any value the format can hold."""
+    w = rng.integers(0, 256, (rows, quant.row_bytes(fmt, k, 256)), dtype=np.uint8)
+    b = w.reshape(rows, k // 256, -1)
+    fields = [slice(0, 2), slice(2, 4)] if fmt == "q4_k" else [slice(208, 210)]
+    for f in fields:
+        b[..., f] = rng.uniform(-0.01, 0.01, b.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
+    return w
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_k_quant_blocks_are_kept_and_dequantize_like_gguf(fmt):
+    """The row layout of a K-quant is the GGUF blocks as they are; the dequantization is gguf's,
+    bit for bit, on blocks of random bytes; the tiled layout gives back the very bytes."""
+    rng = np.random.default_rng(7)
+    blocks = k_blocks(fmt, 32, 768, rng)
+    assert quant.from_gguf(fmt, blocks) is not None
+    assert np.array_equal(quant.to_gguf(fmt, quant.from_gguf(fmt, blocks)), blocks)
+    ours = quant.dequantize(fmt, blocks, 768, 256)
+    theirs = gguf_dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
+    assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    tiled = quant.tile(fmt, blocks, 768, 256)
+    assert tiled.shape == (32, quant.row_bytes(fmt, 768, 256, tiled=True))
+    assert np.array_equal(quant.untile(fmt, tiled, 768, 256), blocks)
+    index = np.array([31, 0, 17, 17, 5])
+    assert np.array_equal(quant.tiled_rows(fmt, tiled, 768, 256, index), blocks[index])
+
+
+def test_q4_k_tiled_layout_puts_codes_scales_and_d_where_the_kernels_read_them():
+    """A super-block of a tile is 8 groups of 32 values (their code planes, then 16 scales and
+    16 minimums as bytes), then 16 d and 16 dmin (fp16)."""
+    rng = np.random.default_rng(8)
+    w = k_blocks("q4_k", 32, 512, rng)
+    tiled = quant.tile("q4_k", w, 512, 256).reshape(-1)
+    super_bytes, group_bytes = 16 * 148, 256 + 32
+    second = tiled[16 * 2 * 148 + super_bytes:][:super_bytes]  # tile 1, super-block 1
+    block = w[16 + 3].reshape(2, 144)[1]  # its row 3
+    sc, mn = quant._q4_k_scales(block[4:16])
+    group5 = second[5 * group_bytes:][:group_bytes]
+    assert group5[256 + 3] == sc[5] and group5[256 + 16 + 3] == mn[5]
+    assert second[8 * group_bytes + 6:][:2].tobytes() == block[0:2].tobytes()  # d
+    assert second[8 * group_bytes + 32 + 6:][:2].tobytes() == block[2:4].tobytes()  # dmin
+    words = group5[:256].view("<u4").reshape(4, 16)  # (plane j, row)
+    codes = quant._k_codes("q4_k", block[None, None])[0, 0, 160:192]  # group 5's 32 codes
+    for j, s in ((0, 0), (2, 3), (3, 1)):
+        assert (words[j, 3] >> 4 * s) & 0xF == codes[8 * j + 2 * s]
+        assert (words[j, 3] >> 16 + 4 * s) & 0xF == codes[8 * j + 2 * s + 1]
+
+
 @pytest.mark.parametrize("fmt,group", [("q4_0", 32), ("q4_1", 32), ("q8_0", 32), ("uint4", 128)])
 def test_tiled_layout_moves_bytes_to_where_the_kernels_read_them(fmt, group):
     """tile / untile are inverse, and the tiled bytes sit where iron_quant.h reads them: word i
@@ -113,6 +163,8 @@ AVX2_CASES = [
     ("GEMV", {"M": 16, "K": 256, "batches": 1, "weight_format": "uint4", "group_size": 128}),
     ("GEMM", {"M": 5, "K": 64, "N": 32, "weight_format": "q4_1"}),
     ("Embedding", {"vocab": 32, "dim": 64, "rows": 3, "weight_format": "q8_0"}),
+    ("GEMV", {"M": 16, "K": 512, "batches": 3, "weight_format": "q4_k", "group_size": 256}),
+    ("GEMV", {"M": 32, "K": 256, "batches": 2, "weight_format": "q6_k", "group_size": 256}),
 ]
 
 
@@ -168,7 +220,8 @@ def test_profile_entries_match_on_the_weight_format():
         profile.add(GEMV, weight_format="q9", tile_size_input=2)
 
 
-@pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("uint4", 128, 256)])
+@pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("uint4", 128, 256),
+                                         ("q4_k", 256, 512), ("q6_k", 256, 256)])
 def test_quantized_gemv_over_work_items_and_vector_counts(fmt, group, k):
     """The kernel computes a tile of 16 rows for up to 4 vectors per pass (2 or 1 without
     AVX512-VNNI), the rest in a last pass: one and nine vectors, work items of one and two
@@ -223,7 +276,8 @@ def test_quantized_gemv_matches_the_reference_on_blocks_at_the_edges_of_int8():
 
 
 @pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q8_0", 32, 64), ("q4_0", 32, 64),
-                                         ("uint4", 128, 256)])
+                                         ("uint4", 128, 256), ("q4_k", 256, 512),
+                                         ("q6_k", 256, 512)])
 def test_quantized_gemm_rows_are_bit_identical_to_the_gemv(fmt, group, k):
     """A prefill chunk's GEMM multiplies each row as the decode GEMV multiplies x (the same
     int8 rounding, integer sums and float steps), whatever the row blocking and threads: so a
@@ -243,6 +297,55 @@ def test_quantized_gemm_rows_are_bit_identical_to_the_gemv(fmt, group, k):
         out = cpu.load(program).run([a, w])[0]
         assert np.array_equal(out.view(np.uint16), rows.view(np.uint16)), (tile_m, tile_n)
         assert_close("GEMM", out, program.reference([a, w])[0])
+
+
+@pytest.mark.parametrize("fmt,group,k", [("q4_1", 32, 96), ("q4_k", 256, 512), ("q6_k", 256, 256)])
+def test_batched_quantized_gemv_rows_are_bit_identical_to_one_row(fmt, group, k):
+    """Decode's batched GEMV (1 to 9 vectors, passes of 2 or 4 and a rest) gives each vector
+    the bits the one-vector GEMV gives it: a sequence's logits do not depend on its batch."""
+    rng = np.random.default_rng(13)
+    w = quant.tile(fmt, quant.random_matrix(fmt, 32, k, group, rng), k, group)
+    x = rng.standard_normal((9, k)).astype(iron.bfloat16)
+    fields = {"weight_format": fmt, "group_size": group, "tile_size_output": 16,
+              "num_aie_columns": 2}
+    one = cpu.load(OneStep(GEMV, fields).record_like([w, x[0]]))
+    rows = np.stack([one.run([w, row])[0] for row in x])
+    for batches in (2, 3, 9):
+        out = cpu.load(OneStep(GEMV, fields).record_like([w, x[:batches]])).run([w, x[:batches]])[0]
+        assert np.array_equal(out.view(np.uint16), rows[:batches].view(np.uint16)), batches
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_k_quant_blocks_of_llama_cpps_quantizer_dequantize_like_gguf_and_llama_cpp(fmt):
+    """Blocks made by llama.cpp's own quantizer (quantize_row_q4_K_ref / q6_K_ref, in the
+    llama.cpp library of the bench extra's xllamacpp wheel) from float rows of very different
+    magnitudes: our dequantization equals gguf's and llama.cpp's dequantize_row_* bit for bit,
+    and the GEMV on them agrees with the reference."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("xllamacpp.xllamacpp") if importlib.util.find_spec(
+        "xllamacpp") else None
+    if spec is None:
+        pytest.skip("needs the bench extra's xllamacpp (llama.cpp's library)")
+    lib = ctypes.CDLL(spec.origin)
+    name = fmt[:-1] + "K"
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal((32, 512)) * rng.uniform(1e-3, 2, (32, 1))).astype(np.float32)
+    blocks = np.zeros((32, quant.row_bytes(fmt, 512, 256)), np.uint8)
+    theirs = np.zeros_like(x)
+    for fn, args in ((f"quantize_row_{name}_ref", (x, blocks)),
+                     (f"dequantize_row_{name}", (blocks, theirs))):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        getattr(lib, fn)(args[0].ctypes.data, args[1].ctypes.data, x.size)
+    ours = quant.dequantize(fmt, blocks, 512, 256)
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    gguf_values = gguf_dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
+    assert np.array_equal(ours.view(np.uint32), gguf_values.astype(np.float32).view(np.uint32))
+    assert np.abs(ours - x).max() <= 0.1 * np.abs(x).max()  # they are x's blocks
+    w = quant.tile(fmt, blocks, 512, 256)
+    v = rng.standard_normal((3, 512)).astype(iron.bfloat16)
+    program = OneStep(GEMV, {"weight_format": fmt, "group_size": 256}).record_like([w, v])
+    assert_close("GEMV", cpu.load(program).run([w, v])[0], program.reference([w, v])[0])
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])

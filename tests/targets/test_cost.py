@@ -17,7 +17,7 @@ import pytest
 
 import iron
 from iron.errors import DeviceError
-from iron.operators import GEMM, GEMV, Attention, ElementwiseAdd, SiLU, SwiGLU
+from iron.operators import GEMM, GEMV, Attention, ElementwiseAdd, Embedding, SiLU, SwiGLU
 from iron.targets import Target, target_for
 from iron.targets.cpu import calibration
 from iron.targets.cpu import cost as cpu_model
@@ -72,8 +72,8 @@ def test_a_target_without_a_model_and_a_host_placed_npu_step_say_none():
     assert Target().cost(gemv) is None
     npu2 = target_for(iron.device("npu2"))
     assert npu2.cost(gemv) is not None  # a design: modelled
-    quantized = dataclasses.replace(gemv, weight_format="q8_0")  # no design: on the host
-    assert npu2.placement(quantized) == "host" and npu2.cost(quantized) is None
+    lookup = Embedding(vocab=64, dim=32, rows=1, num_aie_columns=1)  # a gather: on the host
+    assert npu2.placement(lookup) == "host" and npu2.cost(lookup) is None
 
 
 # ---- the cpu roofline ---------------------------------------------------------------------

@@ -17,7 +17,7 @@
 #error "embedding.c needs IRON_VOCAB, IRON_DIM, IRON_ROWS, IRON_NUM_AIE_COLUMNS"
 #endif
 _Static_assert(IRON_ROWS % IRON_NUM_AIE_COLUMNS == 0, "rows % num_aie_columns == 0");
-_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_DIM % 32 == 0 && IRON_DIM % QG == 0
+_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_DIM % 32 == 0 && IRON_DIM % Q_SUPER_VALUES == 0
                                          && IRON_VOCAB % Q_TILE == 0),
                "a quantized table holds whole groups, 32-value chunks and 16-row tiles");
 

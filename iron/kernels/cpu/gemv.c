@@ -35,7 +35,7 @@ IRON_TILE_SIZE_OUTPUT, IRON_NUM_AIE_COLUMNS"
 _Static_assert(IRON_M % IRON_TILE_SIZE_OUTPUT == 0, "M % tile_size_output == 0");
 _Static_assert(IRON_TILE_SIZE_OUTPUT % IRON_TILE_SIZE_INPUT == 0,
                "tile_size_output % tile_size_input == 0");
-_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_K % 32 == 0 && IRON_K % QG == 0
+_Static_assert(QFMT == IRON_FMT_BF16 || (IRON_K % 32 == 0 && IRON_K % Q_SUPER_VALUES == 0
                                          && IRON_TILE_SIZE_INPUT == Q_TILE),
                "a quantized W holds whole groups and 32-value chunks, computed a tile of 16 "
                "rows at a time");

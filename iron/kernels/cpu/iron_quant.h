@@ -10,6 +10,14 @@
  * unsigned u = q + 128. Value = d * (u - Q_ZERO) + m, with m a stored minimum (q4_1, uint4) or
  * 0, and Q_ZERO 8 (q4_0), 128 (q8_0) or 0.
  *
+ * The K-quants (q4_k, q6_k) come in super-blocks of 256 values (IRON_GROUP_SIZE), Q_SUPER = 8
+ * of the kernels' groups of QG = 32: a super-block of a tile is its 8 groups, each its codes
+ * (q6_k: two sets, the low 4 and the high 2 bits of q) then 32 bytes of its 16 rows' sub-block
+ * scales (q4_k: 16 6-bit scales sc, 16 6-bit minimums mn, a byte each; q6_k: the int8 scales
+ * of its two blocks of 16 values), then the super-block's 16 fp16 d (q4_k: and 16 dmin).
+ * Value = (d sc) u - (dmin mn) (q4_k, per group) or (d sc) (u - 32) (q6_k, per 16 values):
+ * d sc and dmin mn are exact in float32.
+ *
  * macros: IRON_WEIGHT_FORMAT (one of IRON_FMT_*, the index in iron.quant.FORMATS),
  * IRON_GROUP_SIZE (a multiple of 32).
  */
@@ -23,21 +31,30 @@
 #define IRON_FMT_Q4_1 2
 #define IRON_FMT_Q8_0 3
 #define IRON_FMT_UINT4 4
+#define IRON_FMT_Q4_K 5
+#define IRON_FMT_Q6_K 6
 
 #if !defined(IRON_WEIGHT_FORMAT) || !defined(IRON_GROUP_SIZE)
 #error "iron_quant.h needs IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE"
 #endif
 
 #define QFMT IRON_WEIGHT_FORMAT
-#define QG IRON_GROUP_SIZE
+#define Q_KQUANT (QFMT == IRON_FMT_Q4_K || QFMT == IRON_FMT_Q6_K)
+#define QG (Q_KQUANT ? 32 : IRON_GROUP_SIZE)               /* the kernels' group */
+#define Q_SUPER (Q_KQUANT ? 8 : 1)                         /* groups per super-block */
+#define Q_SUPER_VALUES (QG * Q_SUPER)
 #define Q_TILE 16
-#define Q_HAS_MIN (QFMT == IRON_FMT_Q4_1 || QFMT == IRON_FMT_UINT4)
+#define Q_HAS_MIN (QFMT == IRON_FMT_Q4_1 || QFMT == IRON_FMT_UINT4) /* a stored fp16 minimum */
 #define Q_CHUNKS (QG / 32)                                 /* chunks per group */
-#define Q_NIBBLES (QFMT == IRON_FMT_Q8_0 ? 2 : 1)          /* 4-bit code sets per chunk */
+#define Q_NIBBLES (QFMT == IRON_FMT_Q8_0 || QFMT == IRON_FMT_Q6_K ? 2 : 1) /* 4-bit code sets */
 #define Q_CHUNK_BYTES (Q_NIBBLES * 16 * Q_TILE)             /* a chunk's codes in a tile */
-#define Q_ZERO (QFMT == IRON_FMT_Q8_0 ? 128 : QFMT == IRON_FMT_Q4_0 ? 8 : 0)
-#define Q_GROUP_BYTES (Q_CHUNKS * Q_CHUNK_BYTES + 2 * Q_TILE * (1 + Q_HAS_MIN))
-#define Q_ROW_BYTES(k) ((long)(k) / QG * (Q_GROUP_BYTES / Q_TILE))
+#define Q_CODE_BYTES (Q_CHUNKS * Q_CHUNK_BYTES)             /* a group's codes in a tile */
+#define Q_ZERO (QFMT == IRON_FMT_Q8_0 ? 128 : QFMT == IRON_FMT_Q4_0 ? 8 \
+                : QFMT == IRON_FMT_Q6_K ? 32 : 0)
+#define Q_GROUP_BYTES (Q_CODE_BYTES + 2 * Q_TILE * (Q_KQUANT ? 1 : 1 + Q_HAS_MIN))
+#define Q_SUPER_TAIL (QFMT == IRON_FMT_Q4_K ? 4 * Q_TILE : QFMT == IRON_FMT_Q6_K ? 2 * Q_TILE : 0)
+#define Q_SUPER_BYTES (Q_SUPER * Q_GROUP_BYTES + Q_SUPER_TAIL)
+#define Q_ROW_BYTES(k) ((long)(k) / Q_SUPER_VALUES * (Q_SUPER_BYTES / Q_TILE))
 #define Q_TILE_BYTES(k) (Q_TILE * Q_ROW_BYTES(k))
 
 #if QFMT != IRON_FMT_BF16
@@ -52,6 +69,16 @@ static inline float q_param(const uint8_t *p) {
 #endif
 }
 
+/* group g of a tile: its codes, then its scales */
+static inline const uint8_t *q_group(const uint8_t *tile, const long g) {
+    return tile + g / Q_SUPER * Q_SUPER_BYTES + g % Q_SUPER * Q_GROUP_BYTES;
+}
+
+/* the K-quants: the fp16 d (then dmin) of the super-block of group g */
+static inline const uint8_t *q_super_tail(const uint8_t *tile, const long g) {
+    return tile + g / Q_SUPER * Q_SUPER_BYTES + Q_SUPER * Q_GROUP_BYTES;
+}
+
 /* the unsigned code u of value v (0..31) of a chunk, row lane */
 static inline int q_code(const uint8_t *chunk, const int lane, const int v) {
     int u = 0;
@@ -63,16 +90,29 @@ static inline int q_code(const uint8_t *chunk, const int lane, const int v) {
     return u;
 }
 
-/* the scale d and the offset m (the minimum, or -Q_ZERO d) of a group (its codes at g) of the tile, row lane, so that a
- * value is exactly d * u + m in float32 (d * u is exact: an 11-bit scale times a code of at
- * most 8 bits, so a fused multiply-add rounds once, like the reference) */
-static inline void q_group_params(const uint8_t *g, const int lane, float *d, float *m) {
-    const uint8_t *ds = g + Q_CHUNKS * Q_CHUNK_BYTES;
+/* the scale d and the offset m (the minimum, or -Q_ZERO d) of block blk of 16 values of
+ * group g of the tile, row lane, so that a value is exactly d * u + m in float32 (d * u is
+ * exact: an 11-bit scale times a code of at most 8 bits, or a K-quant's d sc, at most 18 bits,
+ * times one of at most 6; so a fused multiply-add rounds once, like the reference) */
+static inline void q_block_params(const uint8_t *tile, const long g, const int blk,
+                                  const int lane, float *d, float *m) {
+    const uint8_t *ds = q_group(tile, g) + Q_CODE_BYTES;
+#if QFMT == IRON_FMT_Q4_K
+    const uint8_t *tail = q_super_tail(tile, g);
+    *d = q_param(tail + 2 * lane) * (float)ds[lane];
+    *m = -(q_param(tail + 2 * Q_TILE + 2 * lane) * (float)ds[Q_TILE + lane]);
+    (void)blk;
+#elif QFMT == IRON_FMT_Q6_K
+    *d = q_param(q_super_tail(tile, g) + 2 * lane) * (float)(int8_t)ds[Q_TILE * blk + lane];
+    *m = -(float)Q_ZERO * *d;
+#else
     *d = q_param(ds + 2 * lane);
 #if Q_HAS_MIN
     *m = q_param(ds + 2 * Q_TILE + 2 * lane);
 #else
     *m = -(float)Q_ZERO * *d;
+#endif
+    (void)blk;
 #endif
 }
 
@@ -81,13 +121,15 @@ static inline void q_group_params(const uint8_t *g, const int lane, float *d, fl
 static inline void q_lane_f32(const uint8_t *tile, const long k, const int lane, const long k0,
                               const long len, float *out) {
     for (long g = k0 / QG; g < (k0 + len) / QG; g++) {
-        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
-        float d, m;
-        q_group_params(gp, lane, &d, &m);
+        const uint8_t *gp = q_group(tile, g);
         for (int c = 0; c < Q_CHUNKS; c++)
-            for (int v = 0; v < 32; v++)
-                out[g * QG + 32 * c + v - k0] =
-                    fmaf((float)q_code(gp + c * Q_CHUNK_BYTES, lane, v), d, m);
+            for (int blk = 0; blk < 2; blk++) {
+                float d, m;
+                q_block_params(tile, g, 2 * c + blk, lane, &d, &m);
+                for (int v = 16 * blk; v < 16 * blk + 16; v++)
+                    out[g * QG + 32 * c + v - k0] =
+                        fmaf((float)q_code(gp + c * Q_CHUNK_BYTES, lane, v), d, m);
+            }
     }
     (void)k;
 }
@@ -113,6 +155,29 @@ static inline __m256 q_load8_params(const uint8_t *p) {
     return _mm256_cvtph_ps(h);
 #endif
 }
+
+/* the K-quants, rows 8h .. 8h+7 of group g: q4_k's scale d sc and bias -(dmin mn) of the
+ * group, q6_k's scale d sc of its block blk of 16 values (both exact in float32) */
+#if QFMT == IRON_FMT_Q4_K
+static inline void q4_k_params8(const uint8_t *tile, const long g, const int h, __m256 *d,
+                                __m256 *bias) {
+    const uint8_t *sub = q_group(tile, g) + Q_CODE_BYTES, *tail = q_super_tail(tile, g);
+    const __m256 sc = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + 8 * h))));
+    const __m256 mn = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + Q_TILE + 8 * h))));
+    *d = _mm256_mul_ps(q_load8_params(tail + 16 * h), sc);
+    *bias = _mm256_sub_ps(_mm256_setzero_ps(),
+                          _mm256_mul_ps(q_load8_params(tail + 2 * Q_TILE + 16 * h), mn));
+}
+#elif QFMT == IRON_FMT_Q6_K
+static inline __m256 q6_k_scale8(const uint8_t *tile, const long g, const int blk, const int h) {
+    const uint8_t *sub = q_group(tile, g) + Q_CODE_BYTES + Q_TILE * blk;
+    const __m256 sc = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sub + 8 * h))));
+    return _mm256_mul_ps(q_load8_params(q_super_tail(tile, g) + 16 * h), sc);
+}
+#endif
 
 #endif /* QFMT != IRON_FMT_BF16 */
 #endif /* IRON_QUANT_H */

@@ -27,7 +27,7 @@
     || !defined(Q_VECTOR_BLOCK)
 #error "qmatmul.h needs Q_K, Q_VECTORS, Q_OUT_STRIDE, Q_ITEM_ROWS, Q_VECTOR_BLOCK"
 #endif
-_Static_assert(Q_K % 32 == 0 && Q_K % QG == 0 && Q_ITEM_ROWS % Q_TILE == 0
+_Static_assert(Q_K % 32 == 0 && Q_K % Q_SUPER_VALUES == 0 && Q_ITEM_ROWS % Q_TILE == 0
                && Q_VECTORS % Q_VECTOR_BLOCK == 0,
                "a quantized W holds whole groups and 32-value chunks, computed a tile of 16 rows "
                "at a time, its vectors in whole blocks");
@@ -35,8 +35,10 @@ _Static_assert(Q_K % 32 == 0 && Q_K % QG == 0 && Q_ITEM_ROWS % Q_TILE == 0
 #define NG (Q_K / QG) /* groups per row */
 #define NC (Q_K / 32) /* 32-value chunks per row */
 #define XB (Q_K / 16) /* blocks of 16 values of x per row, each with its own scale */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define VNNI 1 /* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2) */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !Q_KQUANT
+/* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2; the K-quants' kernel on
+ * every host, the same bits) */
+#define VNNI 1
 #define VECTORS 4
 #else
 #define VNNI 0
@@ -50,6 +52,7 @@ typedef struct {
     const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
     const float *dx;    /* per block of 16: the scale of its codes */
     const float *xs;    /* per group: the sum of the values the codes give back, dx * code */
+    const int32_t *xi;  /* per block of 16: the sum of its codes (q6_k's offset of 32) */
 } vectors_t;
 
 /* A quantized W multiplies x rounded to int8 codes per 16 values (scale = max |x| / 127, round
@@ -57,7 +60,8 @@ typedef struct {
  * product, exact in any order. This rounds group bg % NG of vector bg / NG (the threads share
  * the groups out) and sums its values. The codes of plane j are stored in the order lo/hi
  * below take the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
-static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xs) {
+static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xs,
+                           int32_t *xi) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const long b = bg / NG;
     xs[bg] = 0.0f;
@@ -76,8 +80,10 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
             q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
             q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
             const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
-            sum += iron_hsum8(_mm256_cvtepi32_ps(s)) * scale; /* |codes| sum exact */
+            const float codes_sum = iron_hsum8(_mm256_cvtepi32_ps(s)); /* an integer, exact */
+            sum += codes_sum * scale;
             dx[b * XB + 2 * c + half] = scale;
+            xi[b * XB + 2 * c + half] = (int32_t)codes_sum;
         }
         /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3, of
          * the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */
@@ -130,11 +136,18 @@ static inline void q_items(const uint8_t *W, const vectors_t v, uint16_t *out, c
             tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(Q_K), v, v0, out + m);
 }
 
-/* x rounded: per vector, group sums (NG floats), block scales (XB), then the codes (K bytes) */
-#define X_FLOATS ((long)Q_VECTORS * (NG + XB))
+/* x rounded: per vector, group sums (NG floats), block scales (XB), block code sums (XB
+ * int32), then the codes (K bytes) */
+#define X_FLOATS ((long)Q_VECTORS * (NG + 2 * XB))
 #define X_BYTES ((sizeof(float) * X_FLOATS + (long)Q_VECTORS * Q_K + 63) / 64 * 64)
 static inline vectors_t x_buffer(float *xs) {
-    return (vectors_t){(const uint32_t *)(xs + X_FLOATS), xs + (long)Q_VECTORS * NG, xs};
+    float *dx = xs + (long)Q_VECTORS * NG;
+    return (vectors_t){(const uint32_t *)(xs + X_FLOATS), dx, xs,
+                       (const int32_t *)(dx + (long)Q_VECTORS * XB)};
+}
+
+static inline void round_group(const uint16_t *x, const long bg, const vectors_t v) {
+    quantize_group(x, bg, (int8_t *)v.x8, (float *)v.dx, (float *)v.xs, (int32_t *)v.xi);
 }
 
 /* Decode's few vectors: every thread rounds all of x itself, into its own stack, and goes
@@ -151,8 +164,7 @@ static void q_matmul(const uint8_t *W, const uint16_t *x, uint16_t *out) {
     {
         _Alignas(64) float xs[X_BYTES / sizeof(float)];
         const vectors_t v = x_buffer(xs);
-        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++)
-            quantize_group(x, bg, (int8_t *)v.x8, (float *)v.dx, xs);
+        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++) round_group(x, bg, v);
 #if IRON_NUM_AIE_COLUMNS > 1
         #pragma omp for schedule(static) nowait
 #endif
@@ -168,8 +180,7 @@ static void q_matmul(const uint8_t *W, const uint16_t *x, uint16_t *out) {
 #if IRON_NUM_AIE_COLUMNS > 1
         #pragma omp for schedule(static)
 #endif
-        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++)
-            quantize_group(x, bg, (int8_t *)v.x8, (float *)v.dx, xs);
+        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++) round_group(x, bg, v);
 #if IRON_NUM_AIE_COLUMNS > 1
         #pragma omp for schedule(static) /* after the barrier that ends the loop above */
 #endif

@@ -17,7 +17,11 @@ typedef struct {
  * vpmaddwd per block adds the 16-bit pairs into 32-bit lanes. Each 64-byte plane holds the
  * rows 0-7 in its first 32 bytes, 8-15 in the others; both halves are done in one pass, so
  * that each broadcast of x's codes and scales serves the 16 rows (broadcasts per half were
- * a sixth of the loop's instructions, and the kernel is what bounds decode with one core). */
+ * a sixth of the loop's instructions, and the kernel is what bounds decode with one core).
+ * The K-quants: q4_k is q4_1 with a group's d and minimum made from the super-block's fp16
+ * d, dmin and the group's 6-bit scales (exact); q6_k's scale changes every 16 values, so each
+ * block's integer sum, less 32 times x's codes' sum (exact: (u - 32) . x codes), is scaled by x's
+ * scale and added times the block's d sc. */
 static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
                                                            const vectors_t v, const long b0,
                                                            acc_t *acc) {
@@ -25,8 +29,8 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
     const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
     for (int b = 0; b < nb; b++) acc[b].h[0] = acc[b].h[1] = _mm256_setzero_ps();
     for (long g = 0; g < NG; g++) {
-        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
-        const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+        const uint8_t *gp = q_group(tile, g);
+        const uint8_t *ds = gp + Q_CODE_BYTES;
         for (int c = 0; c < Q_CHUNKS; c++)
             for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
                 _mm_prefetch((const char *)gp + c * Q_CHUNK_BYTES + PREFETCH + line,
@@ -61,22 +65,41 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
                             }
                         }
                     }
-                for (int b = 0; b < nb; b++) {
-                    const __m256 scale = _mm256_broadcast_ss(v.dx + (b0 + b) * XB + 2 * chunk
-                                                             + blk);
-                    for (int half = 0; half < 2; half++) {
+                for (int half = 0; half < 2; half++) {
+#if QFMT == IRON_FMT_Q6_K
+                    const __m256 block_d = q6_k_scale8(tile, g, 2 * c + blk, half);
+#endif
+                    for (int b = 0; b < nb; b++) {
                         __m256i s = _mm256_madd_epi16(part[b][0][half], ones);
-                        if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
+                        if (Q_NIBBLES == 2) /* q8_0, q6_k: u = low + 16 high */
                             s = _mm256_add_epi32(
                                 s, _mm256_madd_epi16(part[b][Q_NIBBLES - 1][half], sixteens));
+                        const long xb = (b0 + b) * XB + 2 * chunk + blk;
+#if QFMT == IRON_FMT_Q6_K
+                        s = _mm256_sub_epi32(s, _mm256_set1_epi32(Q_ZERO * v.xi[xb]));
+                        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s),
+                                                       _mm256_broadcast_ss(v.dx + xb));
+                        acc[b].h[half] = _mm256_fmadd_ps(f, block_d, acc[b].h[half]);
+#else
                         const __m256 f = _mm256_cvtepi32_ps(s);
-                        sum[b][half] = c == 0 && blk == 0 ? _mm256_mul_ps(f, scale)
-                                                          : _mm256_fmadd_ps(f, scale, sum[b][half]);
+                        const __m256 scale = _mm256_broadcast_ss(v.dx + xb);
+                        sum[b][half] = c == 0 && blk == 0
+                                           ? _mm256_mul_ps(f, scale)
+                                           : _mm256_fmadd_ps(f, scale, sum[b][half]);
+#endif
                     }
                 }
             }
         }
+#if QFMT == IRON_FMT_Q6_K
+        (void)ds, (void)sum; /* its blocks were added as they came */
+#else
         for (int half = 0; half < 2; half++) {
+#if QFMT == IRON_FMT_Q4_K
+            __m256 d, bias;
+            q4_k_params8(tile, g, half, &d, &bias);
+            (void)ds;
+#else
             const __m256 d = q_load8_params(ds + 16 * half);
 #if Q_HAS_MIN
             const __m256 bias = _mm256_fnmadd_ps(_mm256_set1_ps(BIAS_D), d,
@@ -84,12 +107,14 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
 #else
             const __m256 bias = _mm256_mul_ps(_mm256_set1_ps(-BIAS_D), d);
 #endif
+#endif
             for (int b = 0; b < nb; b++) {
                 acc[b].h[half] = _mm256_fmadd_ps(sum[b][half], d, acc[b].h[half]);
                 acc[b].h[half] = _mm256_fmadd_ps(
                     bias, _mm256_broadcast_ss(v.xs + (b0 + b) * NG + g), acc[b].h[half]);
             }
         }
+#endif
     }
 }
 

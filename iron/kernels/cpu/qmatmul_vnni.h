@@ -30,7 +30,7 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
     const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f);
     for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
     for (long g = 0; g < NG; g++) {
-        const uint8_t *gp = tile + g * Q_GROUP_BYTES;
+        const uint8_t *gp = q_group(tile, g);
         __m512 sum[BB]; /* sum over the group's chunks of dx * (codes . x codes) */
         for (int c = 0; c < Q_CHUNKS; c++) {
             const uint8_t *cp = gp + c * Q_CHUNK_BYTES;

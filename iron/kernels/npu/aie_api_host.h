@@ -3,7 +3,9 @@
 // that the emulator runs the kernels' own source.  Only the semantics the kernels rely on are
 // reproduced: element-wise arithmetic with float32 accumulators ("accfloat"), one rounding to
 // bfloat16 (to nearest even) where the API converts an accumulator to a bf16 vector, lane
-// reductions, and the MMUL of bf16 tiles.  Transcendental functions (exp2, inv,
+// reductions, and the MMUL of bf16 tiles; for the quantized matrix kernels (qmatrix.cc) int16
+// vectors with 32-bit integer accumulators ("acc32", exact), shifts and masks, lane filters,
+// reinterpretation (cast_to), and conversions between float and fixed point.  Transcendental functions (exp2, inv,
 // invsqrt) are computed in float32 and rounded to their result type; on the device they are
 // approximations whose error is not modelled here.
 //
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 extern "C" {
@@ -44,7 +47,16 @@ struct bfloat16 {
     }
 };
 
+// The AIE compiler's names of the integer element types.
+using int8 = int8_t;
+using uint8 = uint8_t;
+using int16 = int16_t;
+using uint16 = uint16_t;
+using int32 = int32_t;
+using uint32 = uint32_t;
+
 struct accfloat {};
+struct acc32 {};
 
 namespace aie {
 
@@ -55,11 +67,23 @@ struct vector {
     T get(unsigned i) const { return v[i]; }
     void set(T x, unsigned i) { v[i] = x; }
     T operator[](unsigned i) const { return v[i]; }
+    // The same bits as a vector of another element type (the register reinterpreted).
+    template <typename U>
+    vector<U, N * sizeof(T) / sizeof(U)> cast_to() const {
+        static_assert((N * sizeof(T)) % sizeof(U) == 0, "cast_to keeps the vector's bits");
+        vector<U, N * sizeof(T) / sizeof(U)> r;
+        std::memcpy(r.v, v, sizeof(v));
+        return r;
+    }
 };
 
+// accfloat lanes hold float32; acc32 lanes a 32-bit integer sum (kept exactly: the kernels'
+// sums stay far inside its range).
 template <typename Tag, unsigned N>
 struct accum {
-    float v[N];
+    using value_type = typename std::conditional<std::is_same<Tag, acc32>::value, int64_t,
+                                                 float>::type;
+    value_type v[N];
     template <typename T>
     vector<T, N> to_vector() const {
         vector<T, N> r;
@@ -68,7 +92,12 @@ struct accum {
     }
     template <typename T>
     accum &from_vector(const vector<T, N> &x) {
-        for (unsigned i = 0; i < N; i++) v[i] = float(x.v[i]);
+        for (unsigned i = 0; i < N; i++) {
+            if constexpr (std::is_same<T, bfloat16>::value)
+                v[i] = value_type(float(x.v[i]));
+            else
+                v[i] = value_type(x.v[i]);
+        }
         return *this;
     }
 };
@@ -96,27 +125,119 @@ vector<T, N> broadcast(T x) {
 
 template <typename T, unsigned N>
 auto zeros() {
-    if constexpr (std::is_same<T, accfloat>::value) {
-        accum<accfloat, N> r;
-        for (unsigned i = 0; i < N; i++) r.v[i] = 0.0f;
+    if constexpr (std::is_same<T, accfloat>::value || std::is_same<T, acc32>::value) {
+        accum<T, N> r;
+        for (unsigned i = 0; i < N; i++) r.v[i] = 0;
         return r;
     } else {
         return broadcast<T, N>(T(0.0f));
     }
 }
 
-// Vector + vector, vector - vector: the result type of the inputs, one rounding.
+// Vector + vector, vector - vector: the result type of the inputs, one rounding (integers:
+// exact, wrapping as the hardware's lanes do).
 template <typename T, unsigned N>
 vector<T, N> add(const vector<T, N> &a, const vector<T, N> &b) {
     vector<T, N> r;
-    for (unsigned i = 0; i < N; i++) r.v[i] = T(float(a.v[i]) + float(b.v[i]));
+    for (unsigned i = 0; i < N; i++) {
+        if constexpr (std::is_integral<T>::value)
+            r.v[i] = T((int64_t)a.v[i] + (int64_t)b.v[i]);
+        else
+            r.v[i] = T(float(a.v[i]) + float(b.v[i]));
+    }
     return r;
 }
 
 template <typename T, unsigned N>
 vector<T, N> sub(const vector<T, N> &a, const vector<T, N> &b) {
     vector<T, N> r;
-    for (unsigned i = 0; i < N; i++) r.v[i] = T(float(a.v[i]) - float(b.v[i]));
+    for (unsigned i = 0; i < N; i++) {
+        if constexpr (std::is_integral<T>::value)
+            r.v[i] = T((int64_t)a.v[i] - (int64_t)b.v[i]);
+        else
+            r.v[i] = T(float(a.v[i]) - float(b.v[i]));
+    }
+    return r;
+}
+
+// Integer lanes: arithmetic shift right / left by a constant, bitwise and / or.
+template <typename T, unsigned N>
+vector<T, N> downshift(const vector<T, N> &a, unsigned shift) {
+    static_assert(std::is_integral<T>::value, "downshift takes integer lanes");
+    vector<T, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = T(a.v[i] >> shift);
+    return r;
+}
+
+template <typename T, unsigned N>
+vector<T, N> upshift(const vector<T, N> &a, unsigned shift) {
+    static_assert(std::is_integral<T>::value, "upshift takes integer lanes");
+    vector<T, N> r;
+    using U = typename std::make_unsigned<T>::type;
+    for (unsigned i = 0; i < N; i++) r.v[i] = T(U(U(a.v[i]) << shift));
+    return r;
+}
+
+template <typename T, unsigned N>
+vector<T, N> bit_and(const vector<T, N> &a, const vector<T, N> &b) {
+    vector<T, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = T(a.v[i] & b.v[i]);
+    return r;
+}
+
+template <typename T, unsigned N>
+vector<T, N> bit_or(const vector<T, N> &a, const vector<T, N> &b) {
+    vector<T, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = T(a.v[i] | b.v[i]);
+    return r;
+}
+
+template <typename T, unsigned N>
+vector<T, N> abs(const vector<T, N> &a) {
+    vector<T, N> r;
+    for (unsigned i = 0; i < N; i++) {
+        if constexpr (std::is_same<T, bfloat16>::value)
+            r.v[i].bits = (uint16_t)(a.v[i].bits & 0x7fffu);
+        else
+            r.v[i] = a.v[i] < T(0) ? T(-a.v[i]) : a.v[i];
+    }
+    return r;
+}
+
+// Lanes in groups of ``step``: the even groups, or the odd ones (half the lanes).
+template <typename T, unsigned N>
+vector<T, N / 2> filter_even(const vector<T, N> &a, unsigned step = 1) {
+    vector<T, N / 2> r;
+    for (unsigned i = 0; i < N / 2; i++) r.v[i] = a.v[i / step * 2 * step + i % step];
+    return r;
+}
+
+template <typename T, unsigned N>
+vector<T, N / 2> filter_odd(const vector<T, N> &a, unsigned step = 1) {
+    vector<T, N / 2> r;
+    for (unsigned i = 0; i < N / 2; i++) r.v[i] = a.v[i / step * 2 * step + step + i % step];
+    return r;
+}
+
+// Fixed point <-> float: value * 2^-shift, and float * 2^shift rounded to nearest even
+// (the mode the API documents for AIE-ML's emulated float-to-fixed conversion), saturated.
+template <typename TR = float, typename T, unsigned N>
+vector<TR, N> to_float(const vector<T, N> &a, int shift = 0) {
+    static_assert(std::is_integral<T>::value, "to_float takes integer lanes");
+    vector<TR, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = TR(std::ldexp(double(a.v[i]), -shift));
+    return r;
+}
+
+template <typename TR = int32_t, typename T, unsigned N>
+vector<TR, N> to_fixed(const vector<T, N> &a, int shift = 0) {
+    vector<TR, N> r;
+    const double lo = double(std::numeric_limits<TR>::min());
+    const double hi = double(std::numeric_limits<TR>::max());
+    for (unsigned i = 0; i < N; i++) {
+        double x = std::nearbyint(std::ldexp(double(float(a.v[i])), shift));
+        r.v[i] = TR(x < lo ? lo : x > hi ? hi : x);
+    }
     return r;
 }
 
@@ -155,6 +276,30 @@ template <typename T, unsigned N>
 accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, float s) {
     accum<accfloat, N> r;
     for (unsigned i = 0; i < N; i++) r.v[i] = acc.v[i] + float(a.v[i]) * s;
+    return r;
+}
+
+// int8 lanes widened to int16 (unpack) and int16 lanes narrowed to int8, saturating (pack).
+template <unsigned N>
+vector<int16_t, N> unpack(const vector<int8_t, N> &a) {
+    vector<int16_t, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = a.v[i];
+    return r;
+}
+
+template <unsigned N>
+vector<int8_t, N> pack(const vector<int16_t, N> &a) {
+    vector<int8_t, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = int8_t(a.v[i] < -128 ? -128 : a.v[i] > 127 ? 127 : a.v[i]);
+    return r;
+}
+
+// Integer multiply-accumulate of int16 lanes into 32-bit integer lanes: exact.
+template <unsigned N>
+accum<acc32, N> mac(const accum<acc32, N> &acc, const vector<int16_t, N> &a,
+                    const vector<int16_t, N> &b) {
+    accum<acc32, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = acc.v[i] + (int64_t)a.v[i] * (int64_t)b.v[i];
     return r;
 }
 

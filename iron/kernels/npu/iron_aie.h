@@ -15,4 +15,22 @@
 // bf16 lanes of one vector operation in the element-wise and row-wise kernels: 16 (a 256-bit
 // vector), the width of mlir-aie's aie_kernels/aie2/add.cc, silu.cc and aie2p/rms_norm.cc.
 constexpr unsigned IRON_LANES = 16;
+
+// One scalar of a buffer the kernel was given (a position, a running maximum): a plain load or
+// store on a core, checked against the call's buffers on the host like aie::load_v / store_v.
+template <typename T>
+inline T iron_load(const T *p) {
+#if !defined(__AIE_ARCH__)
+    iron_npu_check_access(p, (int64_t)sizeof(T), "scalar load");
+#endif
+    return *p;
+}
+
+template <typename T>
+inline void iron_store(T *p, T x) {
+#if !defined(__AIE_ARCH__)
+    iron_npu_check_access(p, (int64_t)sizeof(T), "scalar store");
+#endif
+    *p = x;
+}
 #endif

@@ -94,13 +94,13 @@ def hooks() -> dict[type, Callable[[Operator, int, Calibration], "Work | None"]]
     estimate".  Every operator with a cpu kernel must find one along its class's bases (a test
     checks it), so a new family is a decision — a formula, or ``no_estimate`` — never a
     silent constant that would make ``--prune K`` measure the first K candidates in order."""
-    from ...operators import (GEMM, GEMV, Attention, CacheWrite, Elementwise, Embedding,
-                             QKVRoPE, RowWise, SwiGLU)
+    from ...operators import (GEMM, GEMV, Attention, CacheWrite, Concat, Elementwise,
+                             Embedding, QKVRoPE, RowWise, SwiGLU)
 
     return {Elementwise: _elementwise, SwiGLU: _swiglu, RowWise: _rowwise,
             Embedding: _embedding, GEMV: lambda op, t, h: _gemv(op, t),
             GEMM: _gemm, Attention: lambda op, t, h: _attention(op, t),
-            CacheWrite: no_estimate, QKVRoPE: no_estimate}
+            CacheWrite: no_estimate, QKVRoPE: no_estimate, Concat: no_estimate}
 
 
 def hook_for(cls: type) -> Callable[[Operator, int, Calibration], "Work | None"] | None:
@@ -149,14 +149,15 @@ def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
     8 vpdpbusd; per chunk and vector 4 ops (6 for q8_0's two sets) scale the integer sums of
     x's two blocks by their scales, per group and vector 2 FMAs apply the rows' scales and
     bias. x is rounded to int8 once per call."""
-    from ...quant import row_bytes
+    from ...quant import K_BLOCK, row_bytes
 
-    sets = 2 if fmt == "q8_0" else 1
-    tiles, chunks, groups = rows // 16, k // 32, k // group
+    sets = 2 if fmt in ("q8_0", "q6_k") else 1
+    tiles, chunks, groups = rows // 16, k // 32, k // min(group, 32 if fmt in K_BLOCK else group)
     passes = math.ceil(vectors / 4)
     per_chunk = sets * (2 * 16 * passes + 2 * 8 * vectors) + 2 * (2 + 2 * sets) * vectors
     ops = tiles * (chunks * per_chunk + groups * (4 + 4 * vectors)) + vectors * k * 2
-    return Work(rows * row_bytes(fmt, k, group), vectors * (k + rows) * 2, ops, items, threads)
+    return Work(rows * row_bytes(fmt, k, group, tiled=True), vectors * (k + rows) * 2, ops, items,
+                threads)
 
 
 def _gemm(op, threads: int, h: Calibration) -> Work:

@@ -13,8 +13,8 @@ from typing import Iterator
 
 from ...devices import Device
 from ...operator import Rule, rule
-from ...operators import (GEMM, GEMV, Attention, CacheWrite, Elementwise, Embedding, QKVRoPE,
-                          RowWise, SwiGLU)
+from ...operators import (GEMM, GEMV, Attention, CacheWrite, Concat, Elementwise, Embedding,
+                          QKVRoPE, RowWise, SwiGLU)
 from ..base import own_rules_only
 
 
@@ -37,6 +37,7 @@ RULES = {
     SwiGLU: own_rules_only,
     Embedding: own_rules_only,
     CacheWrite: own_rules_only,
+    Concat: own_rules_only,
     QKVRoPE: own_rules_only,
     Attention: own_rules_only,
 }

@@ -58,6 +58,41 @@ ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 3, "silu_bf16": 7,
 ROW_OPS = {"rmsnorm_bf16": 2, "rmsnorm_weighted_bf16": 3, "softmax_bf16": 6}
 
 
+#: The quantized matrix kernels (``qmatrix.cc``), vector operations counted from the source.
+#: Per block of 16 values of one vector and one 16-row tile: the tile's code vectors are
+#: ``kernels.qmatrix_lanes()`` (32) int16 lanes, 16 rows x a pair of values, so the block takes
+#: 16 * 16 / 32 = 8 MACs, each after extracting its codes (a shift, a mask, the broadcast of
+#: x's pair: 3; q8_0 joins the low and high planes' nibbles of four codes at once, 8
+#: operations, then takes each code out of its byte, 1 or 2, so 14 per 4 MACs plus the
+#: broadcast: 4.5); plus
+#: the code loads (2 planes, q8_0 4), x's codes (a load, an unpack) and the block's sum (the
+#: accumulator to a vector, two lane filters, an add, the conversion to float and the scaled
+#: MAC: 6).
+QMATRIX_EXTRACT_OPS = {"qmatrix_q4_0": 3, "qmatrix_q4_1": 3, "qmatrix_q8_0": 4.5,
+                       "qmatrix_uint4": 3}
+QMATRIX_LOADS = {"qmatrix_q4_0": 2, "qmatrix_q4_1": 2, "qmatrix_q8_0": 4, "qmatrix_uint4": 2}
+QMATRIX_BLOCK_OPS = 2 + 6
+#: Per group of one vector: the scales widened (a load, two conversions, fp16: two masks, two
+#: shifts, a multiply and an or; bf16: a shift), the offsets likewise (the minimums) or a
+#: multiply, the two MACs into the rows' sums, the group sum's load and the sum's conversion.
+QMATRIX_GROUP_OPS = {"qmatrix_q4_0": 9 + 1 + 4, "qmatrix_q4_1": 9 + 9 + 4,
+                     "qmatrix_q8_0": 9 + 1 + 4, "qmatrix_uint4": 4 + 4 + 4}
+#: Rounding x, per block of 16 values: a load, the absolute value, the lane maximum, the two
+#: scalar divisions (counted as one operation each: an assumption), the multiply, the add and
+#: subtract that round, the conversion, the narrowing and the store; then the block's sum (a
+#: load, a widening, a lane sum, a multiply-add): 15.
+QUANTIZE_BLOCK_OPS = 15
+
+
+#: Per query and key of an attention tile (``attention.cc``), in vector operations over the
+#: head: the score's MACs and the weighted value's MACs (2 per head_dim / lanes), plus per key
+#: the exp2, subtract, add, max and the score's reduction and store (6 per lanes keys, with
+#: the reduction counted as one operation: an assumption).
+ATTENTION_KEY_OPS = 6
+#: Kernels that only read a position and return a trip count.
+COUNTING = ("attn_tiles", "qkv_stored", "qkv_past", "slot_row_stored", "slot_row_past")
+
+
 def kernel_cycles(call: Call, res: NpuResources) -> float:
     """Cycles of one call of a core kernel, from its integer arguments (the tile sizes)."""
     n = [a for a in call.args if type(a) is int]
@@ -72,6 +107,29 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return rows * k * batches / lanes + rows * batches * ROW_CYCLES
     if f == "gemm_bf16":  # tile_m x tile_k x tile_n: one MMUL per cycle
         return n[0] * n[1] * n[2] / math.prod(kernels.mmul_shape())
+    if f in QMATRIX_EXTRACT_OPS:  # k of the tile, vectors, group, K of x
+        k, vectors, group = n[0], n[1], n[2]
+        block = kernels.qmatrix_block()
+        macs = block * 16 // kernels.qmatrix_lanes()
+        per_block = macs * (1 + QMATRIX_EXTRACT_OPS[f]) + QMATRIX_LOADS[f] + QMATRIX_BLOCK_OPS
+        return vectors * (k // block * per_block + k // group * QMATRIX_GROUP_OPS[f] + 2)
+    if f == "qmatrix_quantize":  # K, vectors, group
+        return n[1] * n[0] / kernels.qmatrix_block() * QUANTIZE_BLOCK_OPS
+    if f == "qmatrix_store":  # vectors: a load, a rounding and a store each
+        return n[0] * 3
+    if f == "attn_tile":  # kv_heads, rb, follow, group, hd, tile, ctx: every query x key
+        _, rb, _, group, hd, tile, _ = n[-7:]
+        queries = rb * group
+        return queries * (2 * tile * hd / lanes + ATTENTION_KEY_OPS * tile / lanes
+                          + 2 * hd / lanes) + queries * ROW_CYCLES
+    if f in ("attn_init", "attn_finish"):  # queries x hd: a store (a multiply and a store)
+        return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
+    if f in COUNTING:  # a few scalar operations
+        return 0
+    if f in ("qkv_rope_row", "q_rope_row"):  # heads, kv_heads, hd: per rotated pair of
+        heads, kvh, hd = n[-3:]  # vectors two multiplies and two MACs, and the angles' sine
+        rotated = heads + (kvh if f == "qkv_rope_row" else 0)  # and cosine, ~40 scalar cycles
+        return rotated * hd / lanes * 2 + hd / 2 * 40 + 2 * kvh * hd / lanes
     if f == "zero_f32":  # a 16-float store per step
         return n[0] / 16
     if f == "store_bf16":  # per MMUL block: a load, a conversion and a store per row

@@ -12,6 +12,9 @@
 - GEMM: per column four compute tiles (one per row); A comes through the memory tile, split
   by rows over the four cores; B is broadcast to them; their C tiles are joined in the memory
   tile; columns split N; accumulation is float32 in a core buffer.
+- GEMV and GEMM over block-quantized weights: ``qmatrix``.
+- QKVRoPE, Attention: ``attention`` (the KV cache in DRAM, the position read by the cores and
+  rendered into each dispatch's transfers).
 
 ``design_for`` returns ``None`` for an operator without a design: it is placed on the host.
 """
@@ -23,6 +26,7 @@ from typing import Iterator
 from ...operator import Operator, Rule, rule
 from ...operators import (AXPY, GEMM, GEMV, ElementwiseAdd, ElementwiseMul, RMSNorm, SiLU,
                           Softmax, SwiGLU)
+from . import attention, qmatrix
 from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Pattern, Release, Tile, Transfer, linear)
 from .kernels import lanes, mmul_shape
@@ -34,12 +38,19 @@ DESIGNED = (*ELEMENTWISE, SwiGLU, RMSNorm, Softmax, GEMV, GEMM)
 
 
 def has_design(op: Operator) -> bool:
-    return isinstance(op, DESIGNED)
+    if qmatrix.quantized(op):
+        return qmatrix.designed(op)
+    return isinstance(op, DESIGNED) or attention.has_design(op)
 
 
 def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
     """Rules a design needs before it can be drawn (beyond the operator's own)."""
-    if quantized(op):
+    if qmatrix.quantized(op):
+        if qmatrix.designed(op):
+            yield from qmatrix.rules(op, res)
+        return
+    if attention.has_design(op):
+        yield from attention.family_rules(op, res)
         return
     v = lanes()
     if type(op) in ELEMENTWISE or isinstance(op, SwiGLU):
@@ -66,15 +77,11 @@ def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
                    f"{r}x{s}x{t} bf16 MMUL)")
 
 
-def quantized(op: Operator) -> bool:
-    """Block-quantized weights (``weight_format`` other than bf16): no design streams them yet,
-    so those matrix steps run on the host, dequantizing as their reference maths does."""
-    return getattr(op, "weight_format", "bf16") != "bf16"
-
-
 def design_for(op: Operator, res: NpuResources) -> Design | None:
-    if quantized(op):
-        return None
+    if qmatrix.quantized(op):  # block-quantized weights: iron/targets/npu/qmatrix.py
+        return qmatrix.design(op, res) if qmatrix.designed(op) else None
+    if attention.has_design(op):
+        return attention.design_for(op, res)
     if type(op) in ELEMENTWISE:
         return elementwise(op, res)
     if isinstance(op, SwiGLU):

@@ -2,8 +2,9 @@
 
 The legality rules (``designs``) and the cost model (``cost``) need the vector width and the
 MMUL shape of the kernels a design calls; both are constants in ``iron/kernels/npu`` (the
-width in ``iron_aie.h``, the MMUL shape in ``gemm.cc``), read here so that the model prices
-the kernel that is linked and cannot drift from it.
+width in ``iron_aie.h``, the MMUL shape in ``gemm.cc``, the quantized kernels' code lanes and
+activation block in ``qmatrix.cc``), read here so that the model prices the kernel that is
+linked and cannot drift from it.
 """
 
 from __future__ import annotations
@@ -36,3 +37,15 @@ def mmul_shape() -> tuple[int, int, int]:
     """The GEMM kernel's ``aie::mmul`` shape (rows of A, K, columns of B)."""
     r, s, t = _constant("gemm.cc", r"constexpr unsigned MR = (\d+), MK = (\d+), MN = (\d+);")
     return r, s, t
+
+
+@functools.lru_cache(maxsize=1)
+def qmatrix_lanes() -> int:
+    """int16 lanes of one code vector of the quantized matrix kernels (16 rows x 2 values)."""
+    return _constant("qmatrix.cc", r"constexpr unsigned QL = (\d+);")[0]
+
+
+@functools.lru_cache(maxsize=1)
+def qmatrix_block() -> int:
+    """Values of x per int8 scale in the quantized matrix kernels."""
+    return _constant("qmatrix.cc", r"constexpr int32_t QBLOCK = (\d+);")[0]

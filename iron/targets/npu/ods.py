@@ -393,9 +393,28 @@ class NpuDmaWaitOp(IRDLOperation):
         _flat(self, "symbol", self.symbol)
 
 
+@irdl_op_definition
+class NpuWriteRTPOp(IRDLOperation):
+    """def AIE_NpuWriteRTPOp: AIEX_Op<"npu.rtp_write", []>: ``FlatSymbolRefAttr:$buffer,
+    UI32Attr:$index, I32Attr:$value``."""
+
+    name = "aiex.npu.rtp_write"
+    buffer = prop_def(SymbolRefAttr)
+    index = prop_def(IntegerAttr)
+    value = prop_def(IntegerAttr[I32])
+    traits = traits_def(HasParent(RuntimeSequenceOp))
+
+    def verify_(self) -> None:
+        _flat(self, "buffer", self.buffer)
+        kind = self.index.type
+        if str(kind) != "ui32":
+            raise VerifyException(f"'{self.name}' op property 'index' must be a UI32Attr, "
+                                  f"got {kind}")
+
+
 AIE = Dialect("aie", [EndOp, DeviceOp, TileOp, CoreOp, BufferOp, ObjectFifoCreateOp,
                       ObjectFifoLinkOp, ObjectFifoAcquireOp, ObjectFifoReleaseOp,
                       ObjectFifoSubviewAccessOp, RuntimeSequenceOp],
               [ObjectFifoType, ObjectFifoSubviewType, BDDimLayoutArrayAttr,
                BDDimLayoutArrayArrayAttr])
-AIEX = Dialect("aiex", [NpuDmaMemcpyNdOp, NpuDmaWaitOp], [])
+AIEX = Dialect("aiex", [NpuDmaMemcpyNdOp, NpuDmaWaitOp, NpuWriteRTPOp], [])

@@ -14,8 +14,8 @@ from typing import Iterator
 
 from ...devices import Device
 from ...operator import Rule, rule
-from ...operators import (GEMM, GEMV, Attention, CacheWrite, Elementwise, Embedding, QKVRoPE,
-                          RowWise, SwiGLU)
+from ...operators import (GEMM, GEMV, Attention, CacheWrite, Concat, Elementwise, Embedding,
+                          QKVRoPE, RowWise, SwiGLU)
 from ..base import own_rules_only
 from .resources import resources
 
@@ -26,9 +26,10 @@ def gemv(op: GEMV, dev: Device) -> Iterator[Rule]:
 
 
 def gemm(op: GEMM, dev: Device) -> Iterator[Rule]:
-    rows = resources(dev.name).compute_rows
-    yield rule(op.M % (op.tile_m * rows) == 0, "tile_m",
-               f"M % (tile_m * {rows}) == 0 ({rows} compute tiles per column of {dev})")
+    if op.weight_format == "bf16":  # a quantized B: one core per column (qmatrix.py)
+        rows = resources(dev.name).compute_rows
+        yield rule(op.M % (op.tile_m * rows) == 0, "tile_m",
+                   f"M % (tile_m * {rows}) == 0 ({rows} compute tiles per column of {dev})")
     yield rule(op.N % (op.tile_n * op.num_aie_columns) == 0,
                "tile_n num_aie_columns", "N % (tile_n * num_aie_columns) == 0")
 
@@ -49,6 +50,7 @@ RULES = {
     SwiGLU: own_rules_only,
     Embedding: own_rules_only,
     CacheWrite: own_rules_only,
+    Concat: own_rules_only,
     QKVRoPE: own_rules_only,
     Attention: attention,
 }

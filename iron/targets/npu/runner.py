@@ -40,8 +40,11 @@ def emulate_step(step, design: Design | None, env: dict[int, np.ndarray], progra
         for i, r in zip(step.outputs, result):
             env[i] = np.asarray(r).astype(program.tensors[i].dtype)
         return
-    outs = [np.zeros(program.tensors[i].shape, program.tensors[i].dtype) for i in step.outputs]
     args = [np.ascontiguousarray(env[i]).reshape(-1) for i in step.inputs]
+    inplace = type(op).inplace  # an output that overwrites an input (a KV cache) is its array
+    outs = [args[inplace[k]].reshape(program.tensors[i].shape) if k in inplace else
+            np.zeros(program.tensors[i].shape, program.tensors[i].dtype)
+            for k, i in enumerate(step.outputs)]
     loaded.dispatch(args + [o.reshape(-1) for o in outs])
     for i, o in zip(step.outputs, outs):
         env[i] = o

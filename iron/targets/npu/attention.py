@@ -1,0 +1,456 @@
+"""NPU designs of the KV-cache operators: ``QKVRoPE`` (the rotation and the cache write),
+``Attention`` (decode, one query row, and prefill chunks; grouped-query heads), ``CacheWrite``
+and the slotted ``SlotQKVRoPE`` / ``SlotAttention`` of batched decode.
+
+**The KV cache** lives in DRAM as the host keeps it, one layout for the design and the host:
+``(kv_heads, ctx, head_dim)`` bf16, row-major (slotted: ``(slots, kv_heads, ctx, head_dim)``),
+so position ``p`` of KV head ``h`` in slot ``s`` is the ``head_dim`` elements at
+``((s * kv_heads + h) * ctx + p) * head_dim``.  The designs write it in place.
+
+**The position is data of the dispatch.**  The cores read it as a runtime parameter: each
+compute tile has an ``i32`` buffer the runtime sequence writes first (``Rtp``,
+``aiex.npu.rtp_write``), and a kernel reads it after the core's first acquire of the dispatch
+(whose data the sequence sends only after the write) and returns the trip count of the loop
+over key tiles or stored rows (``Call.result``, ``Loop.dynamic``).  The transfers that depend
+on it (the key and value tiles of ``0 .. pos``, the cache rows a write lands on) and the
+parameter values are rendered by the host per dispatch (``render``): the runtime sequence is
+the instruction stream XRT sends with each run, host data.  A design's ``sequence`` is the one
+at the bound (the last rows of the context, every key tile, the shifted last tile included):
+what the legality rules measure and ``mlir`` writes; every position's has the same transfers
+with smaller sizes.  So a decode token reads ``ceil((pos + 1) / tile_size)`` key and value
+tiles per KV head, never the whole context, and the cost model prices a design at the middle
+of its context (``PRICED_AT``).
+
+**Attention.** A work unit is a block of ``row_block`` query rows of one KV head with its
+``heads // kv_heads`` query heads, so each key tile is read once for the group; columns split
+the units, one compute tile per column.  A shim tile has two channels into the array and a core
+two inputs, so the keys and values come from a second shim tile and are joined in the column's
+memory tile, one ``(2 * tile_size, head_dim)`` element per tile.  Per unit the core takes its
+queries, then the joined tiles, keeps the online softmax state (running maximum and sum,
+float32 accumulator) in core buffers and writes the unit's rows at the end.  Every unit is one
+runtime phase (queries, keys, values in, its output out, a wait).  When ``ctx`` is not a
+multiple of ``tile_size`` the last tile is read shifted back to end at ``ctx`` (a shim
+descriptor cannot pad) and the kernel skips the keys an earlier tile scored.
+
+**QKVRoPE.** One compute tile rotates q and k of each row (rotate-half RoPE, angle ``pos[r] *
+inv_freq`` in float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` /
+``cos`` exist only on the first-generation AIE) and emits the row whole; the memory tile splits
+it into q (to shim 0) and k, v (to shim 1, into the caches).  Rows past ``ctx`` leave as q only,
+through the core's second output.  **CacheWrite** has no core: the rows stream through the
+memory tile to the cache rows they land on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+from ...operator import Rule, rule
+from ...operators import Attention, CacheWrite, QKVRoPE
+from ...operators.llm import Slotted
+from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
+                     Pattern, Release, Rtp, Scalar, Tile, Transfer, linear)
+from .kernels import lanes
+from .resources import NpuResources
+
+#: Where the cost model prices a design whose transfers follow the position: the middle of
+#: its context (a decode token at position ctx / 2 reads half of its keys).
+PRICED_AT = 0.5
+#: Query rows of one attention work unit at most (prefill): 8 rows of 3 heads of 64 keep a
+#: unit's queries, output and accumulator at 18 KiB of a core's 64.
+ROW_BLOCK = 8
+DESIGNED = (QKVRoPE, Attention, CacheWrite)
+
+
+def has_design(op) -> bool:
+    return isinstance(op, DESIGNED)
+
+
+def slotted(op) -> bool:
+    """A slotted form (``SlotQKVRoPE``, ``SlotAttention``): every row its own sequence, at
+    ``pos[r]`` of cache slot ``slot[r]``; the caches are ``(slots, kv_heads, ctx, head_dim)``."""
+    return isinstance(op, Slotted)
+
+
+def row_block(op: Attention) -> int:
+    if slotted(op):  # rows of different sequences share no keys
+        return 1
+    return max(d for d in range(1, min(op.rows, ROW_BLOCK) + 1) if op.rows % d == 0)
+
+
+def units(op: Attention) -> int:
+    return op.rows // row_block(op) * op.kv_heads
+
+
+def family_rules(op, res: NpuResources) -> Iterator[Rule]:
+    v = lanes()
+    if isinstance(op, CacheWrite):
+        yield rule(op.kv_heads * op.head_dim % 2 == 0, "", "kv_heads * head_dim is even (a "
+                   "row moves as whole 4-byte words)")
+        yield rule(op.rows <= 1023 and op.kv_heads <= 1023, "", "rows <= 1023 and kv_heads <= "
+                   "1023 (the write's access pattern walks each in one dimension)")
+        return
+    if isinstance(op, QKVRoPE):
+        yield rule(op.head_dim % (2 * v) == 0, "", f"head_dim % {2 * v} == 0 (the kernel "
+                   f"rotates whole {v}-lane bf16 vectors of each half of a head)")
+        yield rule(op.rows <= 1023, "", "rows <= 1023 (the cache write's access pattern "
+                   "walks the rows in one dimension)")
+        return
+    yield rule(op.head_dim % v == 0, "", f"head_dim % {v} == 0 (the kernels take whole "
+               f"{v}-lane bf16 vectors of a head)")
+    yield rule(2 * op.num_aie_columns <= res.columns, "num_aie_columns",
+               f"2 * num_aie_columns <= {res.columns} columns of {res.name} (each column's "
+               "keys and values come from a second shim tile: a shim tile has two channels "
+               "to the array and a unit needs three streams)")
+    if isinstance(op, Attention):
+        n = units(op)
+        yield rule(n % op.num_aie_columns == 0, "num_aie_columns",
+                   f"num_aie_columns divides the {n} (row block, KV head) units")
+
+
+def design_for(op, res: NpuResources) -> Design:
+    if isinstance(op, CacheWrite):
+        return cache_write(op, res)
+    return attention(op, res) if isinstance(op, Attention) else qkv_rope(op, res)
+
+
+def shim(c: int) -> Tile:
+    return Tile(c, 0)
+
+
+def consume(*names):
+    return tuple(Acquire(n, "consume") for n in names)
+
+
+def produce(*names):
+    return tuple(Acquire(n, "produce") for n in names)
+
+
+def release(port, *names):
+    return tuple(Release(n, port) for n in names)
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+def rtp_words(rows: int) -> int:
+    """Words of a core's runtime-parameter buffer: a position per row, whole 16-word rows."""
+    return rows + (-rows) % 16
+
+
+def attention(op: Attention, res: NpuResources) -> Design:
+    rows, kvh, hd, ctx, tile = op.rows, op.kv_heads, op.head_dim, op.ctx, op.tile_size
+    group, rb, cols = op.heads // kvh, row_block(op), op.num_aie_columns
+    per = units(op) // cols
+    follow = 0 if slotted(op) else 1
+    most = -(-ctx // tile)
+    fifos, links, buffers, cores = [], [], [], []
+    for c in range(cols):
+        core, mem, feed = Tile(c, 2), Tile(c, 1), shim(cols + c)
+        q, k, v, kv, out = (f"{n}_{c}" for n in ("q", "k", "v", "kv", "out"))
+        rtp, acc, ml, scores = f"rtp_{c}", f"acc_{c}", f"ml_{c}", f"scores_{c}"
+        fifos += [Fifo(q, shim(c), (core,), 2, (rb * group, hd)),
+                  Fifo(k, feed, (mem,), 2, (tile, hd)),
+                  Fifo(v, feed, (mem,), 2, (tile, hd)),
+                  Fifo(kv, mem, (core,), 2, (2 * tile, hd)),
+                  Fifo(out, core, (shim(c),), 2, (rb * group, hd))]
+        links.append(Link((k, v), (kv,), (0, tile * hd)))
+        buffers += [Buffer(rtp, core, (rtp_words(rows),), "i32"),
+                    Buffer(acc, core, (rb * group, hd)),
+                    Buffer(ml, core, (2 * rb * group + (-2 * rb * group) % 16,)),
+                    Buffer(scores, core, (tile + (-tile) % lanes(),))]
+        shape = (kvh, rb, follow, group, hd, tile, ctx)
+        tiles = Loop(most, (*consume(kv),
+                            Call("attn_tile", (q, kv, Buf(acc), Buf(ml), Buf(scores), Buf(rtp),
+                                               c * per, Iv(1, 1), Iv(0, 1), *shape,
+                                               float(1 / math.sqrt(hd)))),
+                            *release("consume", kv)), dynamic="tiles")
+        body = (*consume(q), *produce(out),
+                Call("attn_tiles", (Buf(rtp), c * per, Iv(0, 1), kvh, rb, follow, tile, ctx),
+                     "tiles"),
+                Call("attn_init", (Buf(acc), Buf(ml), rb * group, hd)),
+                tiles,
+                Call("attn_finish", (Buf(acc), Buf(ml), out, rb * group, hd)),
+                *release("consume", q), *release("produce", out))
+        cores.append(Core(core, (Loop(per, body),)))
+    cache = 0 if slotted(op) else kvh * ctx * hd  # 0: as many slots as the caller's cache has
+    args = (Arg("q", rows * op.heads * hd), Arg("k_cache", cache), Arg("v_cache", cache),
+            Arg("pos", rows, "i32"), *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
+            Arg("out", rows * op.heads * hd))
+    params = (("cols", cols), ("ctx", ctx), ("head_dim", hd), ("heads", op.heads),
+              ("kind", "slot_attention" if slotted(op) else "attention"), ("kv_heads", kvh),
+              ("rb", rb), ("rows", rows), ("tile", tile))
+    design = Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
+                    tuple(buffers), tuple(cores), (), "attention.cc", ("tile_size",), params)
+    return at_bound(design)
+
+
+def key_tiles(first: int, last: int, tile: int, ctx: int) -> int:
+    """Key tiles a block of query rows at positions ``first .. last`` attends: those holding
+    keys ``0 .. min(last, ctx - 1)``; none when every row is padding (``last < 0``).  The same
+    count as ``attn_tiles`` in ``attention.cc``."""
+    if last < 0:
+        return 0
+    return -(-min(last + 1, ctx) // tile)
+
+
+def tile_transfers(arg: int, fifo: str, feed: Tile, base: int, n: int, tile: int, hd: int,
+                   ctx: int) -> list[Transfer]:
+    """``n`` key (or value) tiles of one head from element ``base``: one contiguous run, the
+    last tile shifted back to end at ``ctx`` when it would pass it (its own descriptor)."""
+    if n == 0:
+        return []
+    if n * tile <= ctx:
+        return [Transfer("in", arg, fifo, feed, linear(base, n * tile * hd))]
+    head = [Transfer("in", arg, fifo, feed, linear(base, (n - 1) * tile * hd))] if n > 1 \
+        else []
+    return head + [Transfer("in", arg, fifo, feed, linear(base + (ctx - tile) * hd, tile * hd))]
+
+
+def attention_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
+    """Attention: unit (row block b, KV head h) reads the key tiles of rows ``pos[0] + b * rb
+    ..``; slotted, unit (row r, h) those of ``pos[r]`` in slot ``slot[r]`` (out argument 5)."""
+    rows, heads, kvh, hd, ctx, tile, cols, rb = (p[k] for k in (
+        "rows", "heads", "kv_heads", "head_dim", "ctx", "tile", "cols", "rb"))
+    group = heads // kvh
+    per = rows // rb * kvh // cols
+    if slot is None:
+        rtps = tuple(Rtp(f"rtp_{c}", 0, int(pos[0])) for c in range(cols))
+    else:
+        rtps = tuple(Rtp(f"rtp_{c}", r, int(pos[r])) for c in range(cols) for r in range(rows))
+    out = 4 if slot is None else 5
+    phases = []
+    for i in range(per):
+        phase = []
+        for c in range(cols):
+            b, h = divmod(c * per + i, kvh)
+            qp = Pattern(b * rb * heads * hd + h * group * hd, (1, 1, rb, group * hd),
+                         (0, 0, heads * hd, 1))
+            phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
+            if slot is None:
+                first, head = int(pos[0]) + b * rb, h * ctx * hd
+            else:
+                first, head = int(pos[b]), (int(slot[b]) * kvh + h) * ctx * hd
+            n = key_tiles(first, first + rb - 1, tile, ctx)
+            for arg, name in ((1, "k"), (2, "v")):
+                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c), head, n, tile, hd,
+                                        ctx)
+            phase.append(Transfer("out", out, f"out_{c}", shim(c), qp))
+        phases.append(tuple(phase))
+    return rtps, tuple(phases)
+
+
+# ---- QKVRoPE -------------------------------------------------------------------------------
+
+
+def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
+    """One compute tile; the rotated q|k|v rows are split in the memory tile into q (to shim
+    0) and k, v (to shim 1, where they land in the caches); the rows past ``ctx`` leave as q
+    only, through the core's second output channel."""
+    rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
+    width = (heads + 2 * kvh) * hd
+    core, mem = Tile(0, 2), Tile(0, 1)
+    fifos = (Fifo("freq", shim(0), (core,), 1, (hd // 2,), "f32"),
+             Fifo("qkv", shim(0), (core,), 2, (width,)),
+             Fifo("rot", core, (mem,), 2, (width,)),
+             Fifo("q", mem, (shim(0),), 2, (heads * hd,)),
+             Fifo("k", mem, (shim(1),), 2, (kvh * hd,)),
+             Fifo("v", mem, (shim(1),), 2, (kvh * hd,)),
+             Fifo("q_past", core, (shim(0),), 2, (heads * hd,)))
+    links = (Link(("rot",), ("q", "k", "v"), (0, heads * hd, (heads + kvh) * hd)),)
+    buffers = (Buffer("rtp", core, (rtp_words(rows),), "i32"),)
+    shape = (heads, kvh, hd)
+    stored = Loop(rows, (*consume("qkv"), *produce("rot"),
+                         Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(0, 1),
+                                               *shape)),
+                         *release("consume", "qkv"), *release("produce", "rot")),
+                  dynamic="stored")
+    past = Loop(rows, (*consume("qkv"), *produce("q_past"),
+                       Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past",
+                                           Scalar("stored"), Iv(0, 1), *shape)),
+                       *release("consume", "qkv"), *release("produce", "q_past")),
+                dynamic="past")
+    body = (*consume("freq"),  # the dispatch's first data: its runtime parameters are written
+            Call("qkv_stored", (Buf("rtp"), rows, ctx), "stored"), stored,
+            Call("qkv_past", (Buf("rtp"), rows, ctx), "past"), past,
+            *release("consume", "freq"))
+    if slotted(op):  # each row stored or not on its own position: loops of 0 or 1
+        one = Loop(1, (*consume("qkv"), *produce("rot"),
+                       Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(1, 1),
+                                             *shape)),
+                       *release("consume", "qkv"), *release("produce", "rot")),
+                   dynamic="stored")
+        none = Loop(1, (*consume("qkv"), *produce("q_past"),
+                        Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past", 0, Iv(1, 1),
+                                            *shape)),
+                        *release("consume", "qkv"), *release("produce", "q_past")),
+                    dynamic="past")
+        row = Loop(rows, (Call("slot_row_stored", (Buf("rtp"), Iv(0, 1), ctx), "stored"), one,
+                          Call("slot_row_past", (Buf("rtp"), Iv(0, 1), ctx), "past"), none))
+        body = (*consume("freq"), row, *release("consume", "freq"))
+    cache = 0 if slotted(op) else kvh * ctx * hd  # 0: as many slots as the caller's cache has
+    args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
+            Arg("k_cache", cache), Arg("v_cache", cache),
+            *((Arg("slot", rows, "i32"),) if slotted(op) else ()), Arg("q", rows * heads * hd),
+            Arg("k_cache_out", cache), Arg("v_cache_out", cache))
+    params = (("ctx", ctx), ("head_dim", hd), ("heads", heads),
+              ("kind", "slot_qkv_rope" if slotted(op) else "qkv_rope"), ("kv_heads", kvh),
+              ("rows", rows))
+    design = Design(op.describe(True), res.name, args, fifos, links, buffers,
+                    (Core(core, body),), (), "rope.cc", (), params)
+    return at_bound(design)
+
+
+def stored_rows(start: int, rows: int, ctx: int) -> int:
+    """Rows of a chunk at ``start ..`` that land inside the cache (``qkv_stored``)."""
+    return 0 if start < 0 else max(0, min(rows, ctx - start))
+
+
+def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
+    """QKVRoPE: the chunk's stored rows to the caches at ``pos[0] ..``, q of every row;
+    slotted, one phase per row: q, and k, v at ``pos[r]`` of slot ``slot[r]`` when stored."""
+    rows, heads, kvh, hd, ctx = (p[k] for k in ("rows", "heads", "kv_heads", "head_dim", "ctx"))
+    width, qw = (heads + 2 * kvh) * hd, heads * hd
+    rtps = tuple(Rtp("rtp", r, int(pos[r])) for r in range(rows))
+    freq = Transfer("in", 2, "freq", shim(0), linear(0, hd // 2))
+    if slot is not None:
+        phases = []
+        for r in range(rows):
+            phase = [freq] if r == 0 else []
+            phase.append(Transfer("in", 0, "qkv", shim(0), linear(r * width, width)))
+            if 0 <= int(pos[r]) < ctx:
+                at = Pattern((int(slot[r]) * kvh * ctx + int(pos[r])) * hd, (1, 1, kvh, hd),
+                             (0, 0, ctx * hd, 1))
+                phase += [Transfer("out", 6, "q", shim(0), linear(r * qw, qw)),
+                          Transfer("out", 7, "k", shim(1), at),
+                          Transfer("out", 8, "v", shim(1), at)]
+            else:
+                phase.append(Transfer("out", 6, "q_past", shim(0), linear(r * qw, qw)))
+            phases.append(tuple(phase))
+        return rtps, tuple(phases)
+    start = int(pos[0])
+    n = stored_rows(start, rows, ctx)
+    phase = [freq, Transfer("in", 0, "qkv", shim(0), linear(0, rows * width))]
+    if n:
+        rows_at = Pattern(start * hd, (1, n, kvh, hd), (0, hd, ctx * hd, 1))
+        phase += [Transfer("out", 5, "q", shim(0), linear(0, n * qw)),
+                  Transfer("out", 6, "k", shim(1), rows_at),
+                  Transfer("out", 7, "v", shim(1), rows_at)]
+    if n < rows:
+        phase.append(Transfer("out", 5, "q_past", shim(0), linear(n * qw, (rows - n) * qw)))
+    return rtps, (tuple(phase),)
+
+
+# ---- CacheWrite ----------------------------------------------------------------------------
+
+
+def cache_write(op: CacheWrite, res: NpuResources) -> Design:
+    """No core: the rows stream into the memory tile and out again to the cache rows they land
+    on; the host renders the rows that fit (``pos[0] ..`` below ``ctx``)."""
+    kvh, ctx, hd, rows = op.kv_heads, op.ctx, op.head_dim, op.rows
+    mem = Tile(0, 1)
+    fifos = (Fifo("x", shim(0), (mem,), 2, (kvh * hd,)), Fifo("row", mem, (shim(0),), 2,
+                                                                (kvh * hd,)))
+    cache = kvh * ctx * hd
+    args = (Arg("cache", cache), Arg("x", rows * kvh * hd), Arg("pos", rows, "i32"),
+            Arg("cache_out", cache))
+    params = (("ctx", ctx), ("head_dim", hd), ("kind", "cache_write"), ("kv_heads", kvh),
+              ("rows", rows))
+    design = Design(op.describe(True), res.name, args, fifos, (Link(("x",), ("row",)),), (), (),
+                    (), "rope.cc", (), params)
+    return at_bound(design)
+
+
+def cache_write_dispatch(p: dict, pos: np.ndarray, slot=None):
+    rows, kvh, hd, ctx = (p[k] for k in ("rows", "kv_heads", "head_dim", "ctx"))
+    start = int(pos[0])
+    n = stored_rows(start, rows, ctx)
+    if not n:
+        return (), ()
+    return (), ((Transfer("in", 1, "x", shim(0), linear(0, n * kvh * hd)),
+                 Transfer("out", 3, "row", shim(0), Pattern(start * hd, (1, n, kvh, hd),
+                                                            (0, hd, ctx * hd, 1)))),)
+
+
+# ---- per-dispatch rendering ------------------------------------------------------------------
+
+#: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
+#: and the runtime argument holding the positions.
+RENDERERS = {"attention": (attention_dispatch, 3, None),
+             "slot_attention": (attention_dispatch, 3, 4),
+             "qkv_rope": (qkv_rope_dispatch, 1, None),
+             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5),
+             "cache_write": (cache_write_dispatch, 2, None)}
+
+
+def render(design: Design, args):
+    """The runtime parameters and runtime sequence of one dispatch, drawn for the positions
+    among ``args``."""
+    p = dict(design.renderer)
+    dispatch, pos_arg, slot_arg = RENDERERS[p["kind"]]
+    slot = None if slot_arg is None else np.asarray(args[slot_arg]).reshape(-1)
+    return dispatch(p, np.asarray(args[pos_arg]).reshape(-1), slot)
+
+
+def positions(design: Design, start: int) -> list:
+    """Arguments carrying only the positions ``start ..`` (all the renderers read); slotted,
+    every row at ``start`` in slot 0."""
+    p = dict(design.renderer)
+    _, pos_arg, slot_arg = RENDERERS[p["kind"]]
+    args: list = [None] * len(design.args)
+    if slot_arg is None:
+        args[pos_arg] = np.arange(start, start + p["rows"], dtype=np.int32)
+    else:
+        args[pos_arg] = np.full(p["rows"], start + p["rows"] - 1, np.int32)
+        args[slot_arg] = np.zeros(p["rows"], np.int32)
+    return args
+
+
+def at_bound(design: Design) -> Design:
+    """The design with the sequence of its bound: the last rows of the context, every key
+    tile read (what the legality rules measure and ``mlir`` writes)."""
+    from dataclasses import replace
+
+    p = dict(design.renderer)
+    rtps, sequence = render(design, positions(design, max(0, p["ctx"] - p["rows"])))
+    return replace(design, rtps=rtps, sequence=sequence)
+
+
+def priced(design: Design) -> Design:
+    """The design as the cost model prices it: its sequence at ``PRICED_AT`` of the context and
+    each core's dynamic loops at the counts its kernel returns there (a column's mean)."""
+    from dataclasses import replace
+
+    p = dict(design.renderer)
+    start = int((p["ctx"] - p["rows"]) * PRICED_AT) if p["ctx"] > p["rows"] else 0
+    rtps, sequence = render(design, positions(design, start))
+    counts = {}
+    if p["kind"] in ("attention", "slot_attention"):
+        kvh, rb = p["kv_heads"], p["rb"]
+        per = p["rows"] // rb * kvh // p["cols"]
+        pos = positions(design, start)[RENDERERS[p["kind"]][1]]
+        for c in range(p["cols"]):
+            blocks = [u // kvh for u in range(c * per, (c + 1) * per)]
+            if p["kind"] == "attention":
+                n = [key_tiles(start + b * rb, start + b * rb + rb - 1, p["tile"], p["ctx"])
+                     for b in blocks]
+            else:
+                n = [key_tiles(int(pos[b]), int(pos[b]), p["tile"], p["ctx"]) for b in blocks]
+            counts[Tile(c, 2)] = {"tiles": sum(n) / len(n)}
+    elif p["kind"] == "cache_write":
+        pass
+    elif p["kind"] == "slot_qkv_rope":
+        counts[Tile(0, 2)] = {"stored": 1, "past": 0}
+    else:
+        n = stored_rows(start, p["rows"], p["ctx"])
+        counts[Tile(0, 2)] = {"stored": n, "past": p["rows"] - n}
+
+    def fix(body, mine):
+        return tuple(replace(op, body=fix(op.body, mine), dynamic="",
+                             count=mine[op.dynamic] if op.dynamic else op.count)
+                     if isinstance(op, Loop) else op for op in body)
+
+    cores = tuple(replace(c, body=fix(c.body, counts[c.tile])) for c in design.cores)
+    return replace(design, cores=cores, rtps=rtps, sequence=sequence, renderer=())

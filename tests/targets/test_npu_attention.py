@@ -1,0 +1,206 @@
+"""The npu designs of the KV-cache operators (``iron/targets/npu/attention.py``): QKVRoPE,
+Attention (decode and prefill chunks, grouped-query heads) and their slotted forms, emulated
+against the operators' references at several positions on the same loaded design, their
+position-dependent transfers, and their modules verified against mlir-aie's op definitions."""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from iron.operators import Attention, CacheWrite, QKVRoPE, SlotAttention, SlotQKVRoPE
+from iron.resolution import legal_settings
+from iron.targets import npu, target_for
+from iron.targets.npu import attention
+from iron.targets.npu.bds import allocate
+from iron.targets.npu.emulator import Emulation, EmulationError
+from iron.targets.npu.mlir import render
+from iron.targets.npu.resources import resources
+from iron.targets.npu.verify import check_text
+from opcases import OneStep, assert_close
+
+#: (operator, shape, positions of the dispatches in a row, device, tunables or None: every
+#: legal setting).  Positions: the middle and the end of the context, the start, rows past the
+#: end, padding rows before the start (prefill); a ctx that is not a multiple of the tile (the
+#: last tile read shifted back).
+CASES = [
+    (Attention, dict(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=64), (31, 63, 0), "npu2",
+     None),
+    (Attention, dict(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=300), (299, 150, 7), "npu2",
+     dict(tile_size=64, num_aie_columns=3)),
+    (Attention, dict(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=64), (56, 0, -3), "npu1",
+     None),
+    (Attention, dict(rows=5, heads=4, kv_heads=2, head_dim=16, ctx=40), (3, 35, 38), "npu2",
+     None),
+    (QKVRoPE, dict(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=64), (63, 0, 64), "npu2", {}),
+    (QKVRoPE, dict(rows=8, heads=4, kv_heads=2, head_dim=32, ctx=40), (36, 0, 30), "npu1", {}),
+    (SlotAttention, dict(rows=4, slots=5, heads=9, kv_heads=3, head_dim=64, ctx=300), (), "npu2",
+     dict(tile_size=64, num_aie_columns=3)),
+    (SlotAttention, dict(rows=4, slots=5, heads=8, kv_heads=2, head_dim=16, ctx=64), (), "npu2",
+     None),
+    (SlotQKVRoPE, dict(rows=4, slots=6, heads=9, kv_heads=3, head_dim=64, ctx=64), (), "npu2",
+     {}),
+    (CacheWrite, dict(kv_heads=3, ctx=64, head_dim=64, rows=8), (60, 0, 70), "npu2", {}),
+    (CacheWrite, dict(kv_heads=3, ctx=64, head_dim=64, rows=1), (63, 5, 64), "npu1", {}),
+]
+
+
+def case_inputs(cls, shape, position, seed):
+    fields = {k: v for k, v in shape.items()}
+    at = {Attention: 3, QKVRoPE: 1, CacheWrite: 2}.get(cls)  # the positions input
+    if at is not None:
+        fields["pos"] = 0
+    _, inputs = cls.example(np.random.default_rng(seed), **fields)
+    if at is not None:
+        inputs[at] = np.arange(position, position + shape["rows"], dtype=np.int32)
+    return inputs
+
+
+def settings(cls, shape, dev, given):
+    inputs = case_inputs(cls, shape, 0, 0)
+    op = OneStep(cls, {}, dev).record_like(inputs).ops[0] if given is None else None
+    return legal_settings(op, dev) if given is None else [given]
+
+
+@pytest.mark.parametrize("cls,shape,positions,dev,given", CASES,
+                         ids=[f"{c.__name__}-{i}" for i, c in enumerate(x[0] for x in CASES)])
+def test_emulation_matches_the_reference_dispatch_after_dispatch(cls, shape, positions, dev,
+                                                                given):
+    """One loaded design per setting, dispatched at each position in a row (slotted: random
+    positions, padding rows of position -1 among them, and distinct slots, three times)."""
+    found = settings(cls, shape, dev, given)
+    assert found, f"{cls.__name__} {shape} has no legal setting on {dev}"
+    for setting in found:
+        graph = OneStep(cls, setting, dev)
+        first = case_inputs(cls, shape, positions[0] if positions else 0, 0)
+        exe = target_for(graph.device).emulated().load(graph.record_like(first))
+        assert all(d is not None for d, _ in exe.loaded), "placed on the host"
+        for seed, position in enumerate(positions or (0, 0, 0)):
+            xs = case_inputs(cls, shape, position, seed)
+            want = graph.reference(*[x.copy() for x in xs])
+            got = exe.run([x.copy() for x in xs])
+            for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
+                assert_close(cls.__name__, g, w)
+
+
+DECODE = Attention(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
+                   num_aie_columns=3)
+
+
+def key_elements(design, pos, args=None):
+    _, sequence = design.dispatch_for(args or attention.positions(design, pos))
+    return sum(t.pattern.numel for phase in sequence for t in phase if t.arg == 1)
+
+
+def test_a_decode_token_reads_the_keys_it_attends_not_the_context():
+    d = npu.design_of(DECODE, "npu2")
+    for pos in (0, 63, 64, 4095, 8191):
+        tiles = -(-(pos + 1) // 64)
+        assert key_elements(d, pos) == 3 * tiles * 64 * 64, pos
+    # the module's sequence is the bound: every key of every head
+    assert sum(t.pattern.numel for p in d.sequence for t in p if t.arg == 1) == 3 * 8192 * 64
+    # and the model prices the middle of the context, not the bound
+    bound = dataclasses.replace(d, renderer=())
+    assert d.cost().seconds < 0.6 * bound.cost().seconds
+    assert d.cost().terms["memtile"] < 0.6 * bound.cost().terms["memtile"]
+
+
+def test_the_last_tile_is_read_shifted_back_when_ctx_is_not_a_multiple():
+    op = dataclasses.replace(DECODE, ctx=300, num_aie_columns=1)
+    d = npu.design_of(op, "npu2")
+    _, sequence = d.dispatch_for(attention.positions(d, 299))
+    keys = [t.pattern for t in sequence[0] if t.arg == 1]
+    assert [(p.offset, p.numel) for p in keys] == [(0, 256 * 64), ((300 - 64) * 64, 64 * 64)]
+
+
+def test_every_design_fits_its_descriptors_and_verifies_against_mlir_aies_op_definitions():
+    ops = [DECODE, dataclasses.replace(DECODE, rows=64, num_aie_columns=4),
+           dataclasses.replace(DECODE, rows=32, num_aie_columns=4),
+           QKVRoPE(rows=64, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           QKVRoPE(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           SlotAttention(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
+                         num_aie_columns=4),
+           SlotQKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           CacheWrite(kv_heads=3, ctx=8192, head_dim=64, rows=64)]
+    for op in ops:
+        for dev in ("npu1", "npu2"):
+            if 2 * getattr(op, "num_aie_columns", 1) > resources(dev).columns:
+                continue
+            d = npu.design_of(op, dev)
+            assert allocate(d, resources(dev).shim_bds).overflow is None
+            generic = render(d, generic=True)
+            assert check_text(generic, op.describe(True)) is None
+            if not isinstance(op, CacheWrite):  # no core: nothing to count
+                assert "aiex.npu.rtp_write" in generic and "-> i32" in generic
+            for pos in (0, 4000):  # every dispatch's sequence within the descriptors too
+                _, seq = d.dispatch_for(attention.positions(d, pos))
+                assert allocate(dataclasses.replace(d, sequence=seq),
+                                resources(dev).shim_bds).overflow is None
+
+
+def test_a_sequence_that_disagrees_with_the_kernels_count_is_caught():
+    """The host renders the key tiles and the core counts them from the position it was given:
+    a rendering one tile short leaves the core waiting (a deadlock, named)."""
+    op = Attention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64, tile_size=16,
+                   num_aie_columns=1)
+    d = npu.design_of(op, "npu2")
+    lib = npu_cores()
+    short = dataclasses.replace(d, renderer=(), rtps=(attention.Rtp("rtp_0", 0, 40),),
+                                sequence=attention.render(d, attention.positions(d, 20))[1])
+    args = [np.zeros(a.numel, _bf16()) for a in d.args[:3]]
+    args += [np.array([40], np.int32), np.zeros(d.args[4].numel, _bf16())]
+    with pytest.raises(EmulationError, match="deadlock"):
+        Emulation(short, lib).dispatch(args)
+
+
+def test_a_position_past_the_bound_is_refused():
+    op = Attention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64, tile_size=16,
+                   num_aie_columns=1)
+    d = npu.design_of(op, "npu2")
+    loop = d.cores[0].body[0].body[4]
+    assert loop.dynamic == "tiles" and loop.count == 4
+    capped = dataclasses.replace(d, cores=(dataclasses.replace(d.cores[0], body=(
+        dataclasses.replace(d.cores[0].body[0], body=(
+            *d.cores[0].body[0].body[:4], dataclasses.replace(loop, count=2),
+            *d.cores[0].body[0].body[5:])),)),))
+    args = [np.zeros(a.numel, _bf16() if a.dtype == "bf16" else np.int32) for a in d.args]
+    args[3][0] = 63
+    with pytest.raises(EmulationError, match="outside 0..2"):
+        Emulation(capped, npu_cores()).dispatch(args)
+
+
+def _bf16():
+    from iron.tensor import bfloat16
+
+    return bfloat16
+
+
+def npu_cores() -> str:
+    """The core kernels' host build (the npu target's executor artifact)."""
+    import iron
+
+    target = target_for(iron.device("npu2"))
+    return str(target.artifact(target.compile(target.recipe(None))))
+
+
+@pytest.mark.skipif(shutil.which("mlir-opt-22") is None, reason="mlir-opt-22 not found: "
+                    "install Debian's mlir-22-tools (apt-get install mlir-22-tools); .ci/run does")
+def test_upstream_mlir_verifies_the_standard_dialects_inside_the_designs():
+    """Debian's mlir-opt-22 parses every generic module and verifies the arith / scf / func ops
+    inside: the dynamic loop bounds (a kernel's ``i32`` result through ``arith.index_cast``)
+    included.  The kernel calls become unregistered ops, as in ``test_npu`` (an unregistered
+    ``aie.device`` is no symbol table a ``func.call`` could resolve its callee in)."""
+    ops = [DECODE, QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           SlotAttention(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
+                         num_aie_columns=4),
+           SlotQKVRoPE(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           CacheWrite(kv_heads=3, ctx=8192, head_dim=64, rows=8)]
+    text = "\n// -----\n".join(render(npu.design_of(op, "npu2"), generic=True).replace(
+        '"func.call"(', '"iron.kernel_call"(') for op in ops)
+    done = subprocess.run(["mlir-opt-22", "--allow-unregistered-dialect", "--split-input-file",
+                           "-o", os.devnull], input=text, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[:2000]
