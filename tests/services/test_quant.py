@@ -346,3 +346,24 @@ def test_k_quant_blocks_of_llama_cpps_quantizer_dequantize_like_gguf_and_llama_c
     v = rng.standard_normal((3, 512)).astype(iron.bfloat16)
     program = OneStep(GEMV, {"weight_format": fmt, "group_size": 256}).record_like([w, v])
     assert_close("GEMV", cpu.load(program).run([w, v])[0], program.reference([w, v])[0])
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_quantized_gemv_rows_do_not_depend_on_the_batch_or_who_rounds_x(fmt):
+    """Up to 4 vectors (decode's batches) every thread rounds all of x itself, without a
+    barrier; more are shared out among the threads: either way a vector's outputs are the bits
+    the 1-vector GEMV gives it, with 1 and 2 threads."""
+    rng = np.random.default_rng(13)
+    k = 96
+    w = quant.tile(fmt, quant.random_matrix(fmt, 64, k, 32, rng), k, 32)
+    x = rng.standard_normal((5, k)).astype(iron.bfloat16)
+    fields = {"weight_format": fmt, "group_size": 32, "tile_size_output": 16}
+    one = cpu.load(OneStep(GEMV, {**fields, "num_aie_columns": 1}).record_like([w, x[0]]))
+    rows = np.stack([one.run([w, row])[0] for row in x])
+    for batches in (4, 5):
+        for threads in (1, 2):
+            program = OneStep(GEMV, {**fields, "num_aie_columns": threads}).record_like(
+                [w, x[:batches]])
+            out = cpu.load(program).run([w, x[:batches]])[0]
+            assert np.array_equal(out.view(np.uint16), rows[:batches].view(np.uint16)), \
+                (batches, threads)

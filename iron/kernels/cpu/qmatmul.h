@@ -129,17 +129,50 @@ static inline void tile_times_vectors(const uint8_t *tile, const vectors_t v, co
     }
 }
 
+/* the rows of work item item of W times the rounded vectors v */
+static inline void q_items(const uint8_t *W, const vectors_t v, uint16_t *out, const long item) {
+    for (long v0 = 0; v0 < Q_VECTORS; v0 += Q_VECTOR_BLOCK)
+        for (long m = item * Q_ITEM_ROWS; m < (item + 1) * Q_ITEM_ROWS; m += Q_TILE)
+            tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(Q_K), v, v0, out + m);
+}
+
+/* x rounded: per vector, group sums (NG floats), block scales (XB), block code sums (XB
+ * int32), then the codes (K bytes) */
+#define X_FLOATS ((long)Q_VECTORS * (NG + 2 * XB))
+#define X_BYTES ((sizeof(float) * X_FLOATS + (long)Q_VECTORS * Q_K + 63) / 64 * 64)
+static inline vectors_t x_buffer(float *xs) {
+    float *dx = xs + (long)Q_VECTORS * NG;
+    return (vectors_t){(const uint32_t *)(xs + X_FLOATS), dx, xs,
+                       (const int32_t *)(dx + (long)Q_VECTORS * XB)};
+}
+
+static inline void round_group(const uint16_t *x, const long bg, const vectors_t v) {
+    quantize_group(x, bg, (int8_t *)v.x8, (float *)v.dx, (float *)v.xs, (int32_t *)v.xi);
+}
+
+/* Decode's few vectors: every thread rounds all of x itself, into its own stack, and goes
+ * straight on to its rows: rounding 576 to 8192 values costs less than the barrier that
+ * sharing it out needs, and a barrier waits for the slowest thread's wake-up. */
+#define Q_PRIVATE_X (Q_VECTORS <= 4)
+
 /* out (Q_VECTORS, Q_OUT_STRIDE) bf16 = x (Q_VECTORS, Q_K) bf16 times the rows of W */
 static void q_matmul(const uint8_t *W, const uint16_t *x, uint16_t *out) {
-    /* per vector: group sums (NG floats), block scales (XB), block code sums (XB int32), then
-     * the codes (K bytes) */
-    const long floats = (long)Q_VECTORS * (NG + 2 * XB);
-    float *xs = aligned_alloc(64, (sizeof(float) * floats + (long)Q_VECTORS * Q_K + 63) / 64 * 64);
-    float *dx = xs + (long)Q_VECTORS * NG;
-    int32_t *xi = (int32_t *)(dx + (long)Q_VECTORS * XB);
-    int8_t *x8 = (int8_t *)(xs + floats);
-    const vectors_t v = {(const uint32_t *)x8, dx, xs, xi};
-
+#if Q_PRIVATE_X
+#if IRON_NUM_AIE_COLUMNS > 1
+    #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
+#endif
+    {
+        _Alignas(64) float xs[X_BYTES / sizeof(float)];
+        const vectors_t v = x_buffer(xs);
+        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++) round_group(x, bg, v);
+#if IRON_NUM_AIE_COLUMNS > 1
+        #pragma omp for schedule(static) nowait
+#endif
+        for (long item = 0; item < Q_OUT_STRIDE / Q_ITEM_ROWS; item++) q_items(W, v, out, item);
+    }
+#else
+    float *xs = aligned_alloc(64, X_BYTES);
+    const vectors_t v = x_buffer(xs);
 #if IRON_NUM_AIE_COLUMNS > 1
     #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)
 #endif
@@ -147,17 +180,14 @@ static void q_matmul(const uint8_t *W, const uint16_t *x, uint16_t *out) {
 #if IRON_NUM_AIE_COLUMNS > 1
         #pragma omp for schedule(static)
 #endif
-        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++)
-            quantize_group(x, bg, x8, dx, xs, xi);
+        for (long bg = 0; bg < (long)Q_VECTORS * NG; bg++) round_group(x, bg, v);
 #if IRON_NUM_AIE_COLUMNS > 1
         #pragma omp for schedule(static) /* after the barrier that ends the loop above */
 #endif
-        for (long item = 0; item < Q_OUT_STRIDE / Q_ITEM_ROWS; item++)
-            for (long v0 = 0; v0 < Q_VECTORS; v0 += Q_VECTOR_BLOCK)
-                for (long m = item * Q_ITEM_ROWS; m < (item + 1) * Q_ITEM_ROWS; m += Q_TILE)
-                    tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(Q_K), v, v0, out + m);
+        for (long item = 0; item < Q_OUT_STRIDE / Q_ITEM_ROWS; item++) q_items(W, v, out, item);
     }
     free(xs);
+#endif
 }
 
 #endif /* IRON_QMATMUL_H */
