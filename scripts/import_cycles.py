@@ -32,6 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("resolution", ("iron.resolution",)),
     ("graphs", ("iron.graph",)),
     ("pipeline", ("iron.pipeline",)),
+    ("bundle tools", ("iron.targets.npu.verify", "iron.targets.npu.report",
+                      "iron.targets.npu.foldfiles")),  # command-line tools reading bundles
     ("tuning", ("iron.tuning",)),
     ("language models", ("iron.lm",)),
     ("package", ("iron",)),  # iron/__init__.py: lazy exports of the layers below

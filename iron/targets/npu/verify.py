@@ -97,7 +97,8 @@ def bundle_modules(path: Path):
     every folded configuration of each of its programs, as its executables fold them."""
     from ...errors import IronError
     from ...pipeline.bundle import read_manifest
-    from .fold import bundle_folds, render
+    from .fold import render
+    from .foldfiles import bundle_folds
 
     try:
         manifest = read_manifest(path)

@@ -1,0 +1,57 @@
+"""The folded configurations of an npu bundle, read from its manifest: for ``verify BUNDLE``
+and for writing them as files (``python -m iron.targets.npu.foldfiles BUNDLE OUT``).
+
+It reads bundles, so it sits above the pipeline layer (``scripts/import_cycles.py``), unlike
+``fold`` itself, which the npu target's executables use.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ...errors import IronError
+from ...pipeline.bundle import Bundle
+from ...util import atomic_write_bytes
+from .fold import Fold, plan, render
+from .runner import step_design
+
+
+def bundle_folds(path: Path):
+    """(program name, fold) for every fold of every program of the npu bundle at ``path``, as
+    its executables fold them."""
+
+    bundle = Bundle.open(path)
+    for name, doc in bundle.manifest["programs"].items():
+        designs = [step_design(str(bundle.path / k)) for k in doc["kernels"]]
+        for segment in plan(bundle.program(name), designs):
+            if isinstance(segment, Fold):
+                yield name, segment
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m iron.targets.npu.foldfiles BUNDLE OUT``: write each fold's module, custom and
+    generic form, as ``OUT/<program>.<fold>.mlir`` / ``.generic.mlir`` (for reading, and for
+    aiecc.py where it exists; ``verify BUNDLE`` checks the same modules without writing)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m iron.targets.npu.foldfiles BUNDLE OUT", file=sys.stderr)
+        return 2
+    out = Path(argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    try:
+        for program, fold in bundle_folds(Path(argv[0])):
+            for generic, suffix in ((False, ".mlir"), (True, ".generic.mlir")):
+                atomic_write_bytes(out / f"{program}.{fold.name}{suffix}",
+                                   render(fold, generic).encode())
+            n += 1
+    except IronError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {n} folded configurations into {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
