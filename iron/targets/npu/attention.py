@@ -50,8 +50,8 @@ import numpy as np
 from ...operator import Rule, rule
 from ...operators import Attention, CacheWrite, QKVRoPE
 from ...operators.llm import Slotted
-from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
-                     Pattern, Release, Rtp, Scalar, Tile, Transfer, linear)
+from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Rtp,
+                     Scalar, Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
 from .resources import NpuResources
 
@@ -114,22 +114,6 @@ def design_for(op, res: NpuResources) -> Design:
     if isinstance(op, CacheWrite):
         return cache_write(op, res)
     return attention(op, res) if isinstance(op, Attention) else qkv_rope(op, res)
-
-
-def shim(c: int) -> Tile:
-    return Tile(c, 0)
-
-
-def consume(*names):
-    return tuple(Acquire(n, "consume") for n in names)
-
-
-def produce(*names):
-    return tuple(Acquire(n, "produce") for n in names)
-
-
-def release(port, *names):
-    return tuple(Release(n, port) for n in names)
 
 
 # ---- attention -----------------------------------------------------------------------------

@@ -309,6 +309,26 @@ def walk_ops(body) -> Iterator[Op]:
 # ---- access patterns -------------------------------------------------------------------------
 
 
+# ---- builders the designs share ---------------------------------------------------------
+
+
+def shim(c: int) -> Tile:
+    """Column ``c``'s shim tile (row 0), where DRAM transfers enter and leave the array."""
+    return Tile(c, 0)
+
+
+def consume(*names):
+    return tuple(Acquire(n, "consume") for n in names)
+
+
+def produce(*names):
+    return tuple(Acquire(n, "produce") for n in names)
+
+
+def release(port, *names):
+    return tuple(Release(n, port) for n in names)
+
+
 def linear(offset: int, count: int, inner_max: int = 2046) -> Pattern:
     """``count`` contiguous elements from ``offset`` as rows of the largest ``inner`` that
     divides ``count`` and fits one DMA dimension (1023 words = 2046 bf16); the outer count is

@@ -27,8 +27,8 @@ from ...operator import Operator, Rule, rule
 from ...operators import (AXPY, GEMM, GEMV, ElementwiseAdd, ElementwiseMul, RMSNorm, SiLU,
                           Softmax, SwiGLU)
 from . import attention, qmatrix
-from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
-                     Pattern, Release, Tile, Transfer, linear)
+from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Tile,
+                     Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes, mmul_shape
 from .resources import NpuResources
 
@@ -93,22 +93,6 @@ def design_for(op: Operator, res: NpuResources) -> Design | None:
     if isinstance(op, GEMM):
         return gemm(op, res)
     return None
-
-
-def shim(c: int) -> Tile:
-    return Tile(c, 0)
-
-
-def consume(*names):
-    return tuple(Acquire(n, "consume") for n in names)
-
-
-def produce(*names):
-    return tuple(Acquire(n, "produce") for n in names)
-
-
-def release(port, *names):
-    return tuple(Release(n, port) for n in names)
 
 
 def elementwise(op, res: NpuResources) -> Design:
