@@ -34,13 +34,6 @@ from .resources import NpuResources
 
 ELEMENTWISE = {AXPY: "axpy_bf16", ElementwiseAdd: "add_bf16", ElementwiseMul: "mul_bf16",
                SiLU: "silu_bf16"}
-DESIGNED = (*ELEMENTWISE, SwiGLU, RMSNorm, Softmax, GEMV, GEMM)
-
-
-def has_design(op: Operator) -> bool:
-    if qmatrix.quantized(op):
-        return qmatrix.designed(op)
-    return isinstance(op, DESIGNED) or attention.has_design(op)
 
 
 def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
