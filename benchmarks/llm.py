@@ -43,7 +43,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-PROMPT_TOKENS, NEW_TOKENS, THREADS = 128, 128, 2
+PROMPT_TOKENS, NEW_TOKENS = 128, 128
+# every engine's threads and the bandwidth probe's: --threads, passed to the children as iron's
+# own $IRON_THREADS
+THREADS = int(os.environ.get("IRON_THREADS", "2"))
 
 
 def prompt_ids(bundle: Path) -> list[int]:
@@ -206,6 +209,7 @@ def streamed_bytes(bundle: Path) -> int:
 
 
 def main() -> None:
+    global THREADS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", help="iron's bundle (default build/llama/cpu; with --gguf, "
                         "the one built from the file)")
@@ -215,9 +219,14 @@ def main() -> None:
                         help="llama.cpp's weight type (Q4_1: the embedded file; F16, BF16, F32)")
     parser.add_argument("--gguf", type=Path, help="compare iron, llama.cpp and OpenVINO GenAI "
                         "on this GGUF file (iron's bundle: --bundle, else built from the file)")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help="threads of every engine and of the bandwidth probe (default 2)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--ids", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    THREADS = args.threads
+    os.environ["IRON_THREADS"] = str(THREADS)
+    os.environ["OMP_THREAD_LIMIT"] = str(THREADS)  # caps a bundle built for more cores
     if args.child:
         engine, what = args.child
         ids = json.loads(Path(args.ids).read_text())
@@ -232,6 +241,8 @@ def main() -> None:
 
     bundles = [Path(args.bundle or "build/llama/cpu"), *map(Path, args.also)]
     names = [f"iron {bundle_weights(b)}" for b in bundles]
+    if len(set(names)) < len(names):  # same weights: tell them apart by folder
+        names = [f"iron {b.name}" for b in bundles]
     ids = prompt_ids(bundles[0])
     ids_file = bundles[0].parent / ".bench-prompt.json"
     ids_file.write_text(json.dumps(ids))
@@ -242,14 +253,15 @@ def main() -> None:
         runs["llama.cpp"].append(run_child("llamacpp", args.dtype, "--ids", str(ids_file)))
         print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
             f"{n} {r[-1]['decode_tok_s']:.1f}" for n, r in runs.items()) + " tok/s", flush=True)
-    bandwidth = streaming_bandwidth(threads=2, mib=1024)  # larger than the L3
+    bandwidth = streaming_bandwidth(threads=THREADS, mib=1024)  # larger than the L3
 
-    print(f"\nSmolLM2-135M, {len(ids)} prompt tokens, {NEW_TOKENS} new tokens, 2 threads, "
+    print(f"\nSmolLM2-135M, {len(ids)} prompt tokens, {NEW_TOKENS} new tokens, {THREADS} threads, "
           f"medians of {args.rounds} rounds; llama.cpp weights {args.dtype}")
-    print(f"{'engine':16s} {'TTFT ms':>8s} {'prefill tok/s':>14s} {'decode tok/s':>13s} "
+    width = max(16, *map(len, runs))
+    print(f"{'engine':{width}s} {'TTFT ms':>8s} {'prefill tok/s':>14s} {'decode tok/s':>13s} "
           f"{'peak RSS MiB':>13s}")
     for name, rs in runs.items():
-        print(f"{name:16s} {median(rs, 'ttft_s') * 1e3:8.1f} "
+        print(f"{name:{width}s} {median(rs, 'ttft_s') * 1e3:8.1f} "
               f"{median(rs, 'prefill_tok_s'):14.1f} "
               f"{median(rs, 'decode_tok_s'):13.1f} {median(rs, 'peak_rss_mib'):13.0f}")
     l = runs["llama.cpp"]
@@ -269,7 +281,7 @@ def main() -> None:
               f"{median(first, 'peak_rss_mib') / median(o, 'peak_rss_mib'):.2f}x")
     same = sum(a == b for a, b in zip(first[0]["token_ids"], l[0]["token_ids"]))
     print(f"greedy tokens of {names[0]} identical to llama.cpp's: {same} of {NEW_TOKENS}")
-    print(f"bandwidth {bandwidth:.1f} GB/s")
+    print(f"bandwidth {bandwidth:.1f} GB/s ({THREADS} threads)")
     for name, b in zip(names, bundles):
         streamed = streamed_bytes(b)
         ceiling = bandwidth * 1e9 / streamed
