@@ -7,9 +7,10 @@ GGUF file itself, the others a GGUF written from its dequantized tensors
 (``benchmarks/llamacpp.py``). ``--also`` adds more iron bundles (e.g. the bf16 bundle built by
 ``doit weights=bf16``). Printed per engine: time to first token, prefill tokens/s, decode
 tokens/s, peak RSS (medians over rounds); then the ratios against llama.cpp, each iron
-bundle's decode as a fraction of its bandwidth ceiling (streaming bandwidth measured in the
-same run / the weight bytes its decode token streams: every GEMV matrix, one embedding row,
-the norms), and where the first bundle's decode token goes: time in kernels per operator
+bundle's decode as a fraction of its bandwidth ceiling (streaming bandwidth / the weight bytes
+its decode token streams: every GEMV matrix, one embedding row, the norms; the bandwidth is
+probed at the start of every round and each round's decode is set against its own round's
+probe, since this figure moves between rounds on a shared host), and where the first bundle's decode token goes: time in kernels per operator
 against time outside kernels.
 
     python benchmarks/llm.py [--bundle build/llama/cpu] [--also build/llama/cpu-bf16]
@@ -184,6 +185,14 @@ def run_child(*args: str) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def ceiling_share(runs: list[dict], probes: list[float], streamed: int) -> str:
+    """Decode as a share of the bandwidth ceiling, each round against the probe taken in that
+    round (this host's bandwidth moves between rounds), and the median of those shares."""
+    shares = [r["decode_tok_s"] * streamed / (gb_s * 1e9) for r, gb_s in zip(runs, probes)]
+    return (f"decode at {statistics.median(shares):.0%} of the ceiling (median of rounds; "
+            f"per round {', '.join(f'{x:.0%}' for x in shares)})")
+
+
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -247,13 +256,15 @@ def main() -> None:
     ids_file = bundles[0].parent / ".bench-prompt.json"
     ids_file.write_text(json.dumps(ids))
     runs = {n: [] for n in [*names, "llama.cpp"]}
+    probes = []
     for round_ in range(args.rounds):
+        probes.append(streaming_bandwidth(threads=THREADS, mib=1024))  # larger than the L3
         for name, b in zip(names, bundles):
             runs[name].append(run_child("iron", str(b), "--ids", str(ids_file)))
         runs["llama.cpp"].append(run_child("llamacpp", args.dtype, "--ids", str(ids_file)))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
+        print(f"round {round_ + 1}/{args.rounds}: bandwidth {probes[-1]:.1f} GB/s, " + ", ".join(
             f"{n} {r[-1]['decode_tok_s']:.1f}" for n, r in runs.items()) + " tok/s", flush=True)
-    bandwidth = streaming_bandwidth(threads=THREADS, mib=1024)  # larger than the L3
+    bandwidth = statistics.median(probes)
 
     print(f"\nSmolLM2-135M, {len(ids)} prompt tokens, {NEW_TOKENS} new tokens, {THREADS} threads, "
           f"medians of {args.rounds} rounds; llama.cpp weights {args.dtype}")
@@ -281,13 +292,12 @@ def main() -> None:
               f"{median(first, 'peak_rss_mib') / median(o, 'peak_rss_mib'):.2f}x")
     same = sum(a == b for a, b in zip(first[0]["token_ids"], l[0]["token_ids"]))
     print(f"greedy tokens of {names[0]} identical to llama.cpp's: {same} of {NEW_TOKENS}")
-    print(f"bandwidth {bandwidth:.1f} GB/s ({THREADS} threads)")
+    print(f"bandwidth {bandwidth:.1f} GB/s ({THREADS} threads; median of one probe per round, "
+          f"{min(probes):.1f}-{max(probes):.1f})")
     for name, b in zip(names, bundles):
         streamed = streamed_bytes(b)
-        ceiling = bandwidth * 1e9 / streamed
         print(f"  {name}: {streamed / 1e6:.1f} MB streamed per decode token, ceiling "
-              f"{ceiling:.1f} tok/s; decode at {median(runs[name], 'decode_tok_s') / ceiling:.0%}"
-              " of it")
+              f"{bandwidth * 1e9 / streamed:.1f} tok/s; " + ceiling_share(runs[name], probes, streamed))
     breakdown = first[-1]["breakdown"]
     kernels = sum(breakdown["kernels"].values())
     wall = breakdown["wall_s"]
@@ -347,14 +357,16 @@ def compare_gguf(args) -> None:
     engines = {"iron": ("iron", str(bundle)), "llama.cpp": ("llamacpp-file", str(path)),
                "OpenVINO GenAI": ("openvino", str(path))}
     runs = {name: [] for name in engines}
+    probes = []
     for round_ in range(args.rounds):
+        probes.append(streaming_bandwidth(threads=THREADS, mib=1024))
         order = list(engines) if round_ % 2 == 0 else list(reversed(engines))
         for name in order:
             runs[name].append(run_child(*engines[name], "--ids", str(ids_file)))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
+        print(f"round {round_ + 1}/{args.rounds}: bandwidth {probes[-1]:.1f} GB/s, " + ", ".join(
             f"{n} {r[-1]['decode_tok_s']:.1f}" for n, r in runs.items()) + " decode tok/s",
             flush=True)
-    bandwidth = streaming_bandwidth(threads=THREADS, mib=1024)
+    bandwidth = statistics.median(probes)
     streamed = streamed_bytes(bundle)
     ceiling = bandwidth * 1e9 / streamed
     lines = [f"{path.name} ({path.stat().st_size / 1e6:.1f} MB), {len(ids)} prompt tokens, "
@@ -373,12 +385,18 @@ def compare_gguf(args) -> None:
         lines.append(f"iron / {name}: decode "
                      f"{median(iron_runs, 'decode_tok_s') / median(o, 'decode_tok_s'):.2f}x, "
                      f"prefill {median(iron_runs, 'prefill_tok_s') / median(o, 'prefill_tok_s'):.2f}x")
-    lines.append(f"bandwidth {bandwidth:.1f} GB/s ({THREADS} threads); iron streams "
-                 f"{streamed / 1e6:.1f} MB per decode token: ceiling {ceiling:.1f} tok/s, "
-                 f"iron at {median(iron_runs, 'decode_tok_s') / ceiling:.0%}, llama.cpp at "
-                 f"{median(runs['llama.cpp'], 'decode_tok_s') / ceiling:.0%}")
+    lines.append(f"bandwidth {bandwidth:.1f} GB/s ({THREADS} threads; median of one probe per "
+                 f"round, {min(probes):.1f}-{max(probes):.1f}); a decode token streams "
+                 f"{streamed / 1e6:.1f} MB of iron's bundle: ceiling {ceiling:.1f} tok/s")
+    for name, rs in runs.items():
+        lines.append(f"- {name}: " + ceiling_share(rs, probes, streamed))
+    breakdown = iron_runs[-1]["breakdown"]
+    lines += ["", f"iron's decode token (last round, per-step clocks): "
+              f"{breakdown['wall_s'] * 1e3:.2f} ms", "", "| operator | ms |", "|---|---|"]
+    lines += [f"| {k} | {t * 1e3:.3f} |" for k, t in breakdown["kernels"].items()]
     print("\n" + "\n".join(lines))
-    write_result(f"llm-{path.stem}", lines, bandwidth, {"runs": runs, "bundle": str(bundle)})
+    write_result(f"llm-{path.stem}", lines, bandwidth,
+                 {"runs": runs, "probes_gb_s": probes, "bundle": str(bundle)})
 
 
 def write_result(name: str, lines: list[str], bandwidth: float, data: dict) -> Path:
