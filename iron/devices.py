@@ -45,17 +45,22 @@ class Device:
         return self.name
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, not the machine's count: under
-    ``taskset -c 0`` or a one-CPU container it is one), lowered by ``$IRON_THREADS``."""
+def affinity_cores() -> int:
+    """Cores this process may run on: its affinity mask, not the machine's count (under
+    ``taskset -c 0`` or a one-CPU container it is one)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return max(len(os.sched_getaffinity(0)), 1)
     except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
+        return os.cpu_count() or 1
+
+
+def usable_cores() -> int:
+    """``affinity_cores``, lowered by ``$IRON_THREADS``."""
+    cores = affinity_cores()
     limit = os.environ.get("IRON_THREADS")
     if limit:
         return min(cores, parse_threads(limit, "$IRON_THREADS"))
-    return max(cores, 1)
+    return cores
 
 
 def parse_threads(value: str | int, where: str) -> int:

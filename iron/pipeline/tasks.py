@@ -55,7 +55,7 @@ from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from ..targets.cpu import host
-from ..devices import DEVICE_NAMES, device as get_device
+from ..devices import DEVICE_NAMES, affinity_cores, device as get_device
 from ..errors import IronError
 from ..paths import PACKAGE_DIR, build_dir, project_root
 from ..remote_cache import from_env as remote_cache_from_env
@@ -345,7 +345,8 @@ class BuildGraph:
     def bundle_name(self) -> str:
         """``cpu`` for the default selection; otherwise what differs (the checkpoint, each
         application variable not at its default, as the application tags it, the -march
-        level), so bundles of different selections do not overwrite one another."""
+        level, fewer threads than the cores: ``-1t``), so bundles of different selections do
+        not overwrite one another (a bundle's thread count is compiled into its kernels)."""
         parts = [self.device.name]
         if self.checkpoint:
             path = Path(self.checkpoint).resolve()
@@ -357,6 +358,8 @@ class BuildGraph:
                 parts.append(_slug(declared.tag.format(value)))
         if self.level != host.DEFAULT_MARCH:
             parts.append(_slug(self.level))
+        if self.device.kind == "cpu" and self.device.columns < affinity_cores():
+            parts.append(f"{self.device.columns}t")
         return "-".join(parts)
 
     def variables_doc(self, task: str) -> str:

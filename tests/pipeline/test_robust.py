@@ -741,7 +741,12 @@ def test_threads_variable_sets_the_cpu_columns(monkeypatch):
     from iron.pipeline.tasks import BuildGraph
 
     monkeypatch.setattr(os, "environ", os.environ.copy())  # BuildGraph sets IRON_THREADS
-    assert BuildGraph(lambda *a: None, {"threads": "1"}).device.columns == 1
+    one = BuildGraph(lambda *a: None, {"threads": "1"})
+    assert one.device.columns == 1
+    if len(os.sched_getaffinity(0)) > 1:  # its kernels are compiled for one thread: own folder
+        assert one.bundle_dir.name == "cpu-1t"
+        monkeypatch.delenv("IRON_THREADS")
+        assert BuildGraph(lambda *a: None, {}).bundle_dir.name == "cpu"
     with pytest.raises(Exception, match="threads='0': must be an integer from 1"):
         BuildGraph(lambda *a: None, {"threads": "0"})
 
