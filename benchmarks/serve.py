@@ -1,7 +1,7 @@
 """Serving throughput: aggregate decode tokens/s with 1, 2, 4 and 8 concurrent streams, iron's
 OpenAI-compatible server next to llama.cpp's server on the same weights, driven the same way.
 
-    python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 128]
+    python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
                                [--rounds 2] [--cycles 3] [--dtype Q4_1] [--no-llamacpp]
                                [--variant VAR=VALUE[,...]]
     python benchmarks/serve.py --steps [--blocks 300] [--context 64]
@@ -635,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, default=REPO / "build" / "llama" / "cpu")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--tokens", type=int, default=128, help="new tokens per stream")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per stream")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cycles", type=int, default=3,
                     help="alternations of the stream counts within a round (each cycle runs "
