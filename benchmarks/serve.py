@@ -2,7 +2,7 @@
 OpenAI-compatible server next to llama.cpp's server on the same weights, driven the same way.
 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
-                               [--rounds 2] [--cycles 3] [--dtype Q4_1] [--no-llamacpp]
+                               [--rounds 2] [--cycles 5] [--dtype Q4_1] [--no-llamacpp]
                                [--variant VAR=VALUE[,...]]
     python benchmarks/serve.py --steps [--blocks 300] [--context 64]
     python benchmarks/serve.py --load [--clients 200] [--seconds 30] [--slots 4] [--queue 16]
@@ -637,9 +637,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per stream")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--cycles", type=int, default=3,
+    ap.add_argument("--cycles", type=int, default=5,
                     help="alternations of the stream counts within a round (each cycle runs "
-                         "every count once, in turns: 1 4 | 4 1 | ...)")
+                         "every count once, in turns: 1 4 | 4 1 | ...); single cycles of 64 "
+                         "tokens ranged 1.7-4.0x at load 1.8, so the median needs many")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     ap.add_argument("--dtype", default="Q4_1", choices=["Q4_1", "F16", "BF16"],
                     help="llama.cpp's weights: Q4_1 (the embedded GGUF, the blocks of iron's "
