@@ -23,6 +23,7 @@ slot at once.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -240,7 +241,7 @@ class Engine:
         self.batch_rows += len(seqs)
         for seq, row in zip(seqs, logits):
             seq.position += 1
-            self._emit(seq, seq.request.sampler(row))
+            self._sample(seq, row)
         return True
 
     def _take_slots(self) -> None:
@@ -254,8 +255,11 @@ class Engine:
                 seq = _Sequence(request, self.free.pop(0), position=0, token=-1,
                                 started=time.perf_counter())
                 request.stats.prompt_tokens = len(request.prompt)
-                request.sampler.start(request.prompt)
                 self.prefilling.append(seq)
+                try:
+                    request.sampler.start(request.prompt)
+                except Exception as e:
+                    self._finish(seq, f"error: sampling: {type(e).__name__}: {e}", locked=True)
 
     def _prefill(self) -> bool:
         """Prefill prompts, oldest first, a chunk at a time, until this step's budget of
@@ -276,9 +280,18 @@ class Engine:
             if logits is not None:
                 self.prefilling.popleft()
                 self.active[seq.slot] = seq
-                self._emit(seq, r.sampler(logits))
+                self._sample(seq, logits)
             self._take_slots()  # a request that came during the chunk joins this step
         return spent > 0
+
+    def _sample(self, seq: _Sequence, logits: np.ndarray) -> None:
+        """Sample ``seq``'s next token and pass it on; a sampler that raises (a grammar's bug,
+        say) fails its own request, not the step's others."""
+        try:
+            token = seq.request.sampler(logits)
+        except Exception as e:
+            return self._finish(seq, f"error: sampling: {type(e).__name__}: {e}")
+        self._emit(seq, token)
 
     def _emit(self, seq: _Sequence, token: int) -> None:
         r, now = seq.request, time.perf_counter()
@@ -301,12 +314,12 @@ class Engine:
         if seq.generated >= r.max_new_tokens or seq.position >= self.model.context:
             return self._finish(seq, "length")
 
-    def _finish(self, seq: _Sequence, reason: str) -> None:
+    def _finish(self, seq: _Sequence, reason: str, locked: bool = False) -> None:
         if self.active.get(seq.slot) is seq:
             del self.active[seq.slot]
         else:
             self.prefilling.remove(seq)
-        with self.lock:
+        with contextlib.nullcontext() if locked else self.lock:
             self.free.append(seq.slot)
             self.free.sort()
         try:
@@ -319,12 +332,12 @@ class Engine:
         while self.step():
             pass
 
-    def stop(self) -> None:
-        """Cancel every request, running or waiting (a server shutting down); on the thread
-        that runs the steps."""
+    def stop(self, reason: str = "cancelled") -> None:
+        """End every request, running or waiting, with ``reason`` (a server shutting down, or
+        a step that failed); on the thread that runs the steps."""
         for seq in [*self.prefilling, *self.active.values()]:
-            self._finish(seq, "cancelled")
+            self._finish(seq, reason)
         with self.lock:
             waiting, self.waiting = list(self.waiting), collections.deque()
         for r in waiting:
-            r.on_finish("cancelled", r.stats)
+            r.on_finish(reason, r.stats)

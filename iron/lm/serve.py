@@ -204,7 +204,10 @@ class LoopDriver:
             if self.server.preparing > 0 and left > 0:
                 self.handle = self.loop.call_later(left, self._run)  # or kicked sooner
                 return
-        e.step()
+        try:
+            e.step()
+        except Exception as error:  # a bug: fail what the engine holds, keep serving
+            e.stop(f"error: {type(error).__name__}: {error}")
         self.handle = self.loop.call_soon(self._run)
 
     def stop(self) -> None:

@@ -301,6 +301,29 @@ def test_bad_chat_and_json_then_still_serving(served, client):
     assert r.choices[0].message.content and r.usage.completion_tokens <= 3
 
 
+def test_a_step_that_raises_fails_its_requests_and_the_server_keeps_serving(served,
+                                                                           monkeypatch):
+    """A bug in a step (here: the engine's step raising once) ends the requests the engine
+    held with a 500 that names it; the loop keeps running steps for the next request."""
+    server, url = served
+    real, calls = server.engine._step, []
+
+    def once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the step")
+        return real()
+
+    monkeypatch.setattr(server.engine, "_step", once)
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, reply = call(url + "/v1/completions", body)
+    assert status == 500 and reply["error"]["code"] == "generation_failed"
+    assert "RuntimeError: a bug in the step" in reply["error"]["message"]
+    status, reply = call(url + "/v1/completions", body)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 4
+    assert not server.engine.active and sorted(server.engine.free) == list(range(SLOTS))
+
+
 def test_a_client_that_disconnects_frees_its_slot(served):
     server, url = served
     body = {"model": server.name, "prompt": "Once upon a time", "max_tokens": 1000,
