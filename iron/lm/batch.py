@@ -23,6 +23,7 @@ slot at once.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -131,10 +132,10 @@ def resize_slots(program, slots: int):
 class Request:
     """One generation: what to generate and where its tokens go.
 
-    ``on_token(token)`` is called from the engine's thread for every token but an end token;
-    returning False ends the sequence (a stop string). ``on_finish(reason, stats)`` is called
-    once, with reason "stop" (end token or stop string), "length", "cancelled" or "error:
-    <message>". ``cancel()`` may be called from any thread.
+    ``on_token(token)`` is called from the thread that runs the steps for every token but an
+    end token; returning False ends the sequence (a stop string). ``on_finish(reason, stats)``
+    is called once, with reason "stop" (end token or stop string), "length", "cancelled" or
+    "error: <message>". ``cancel()`` may be called from any thread.
     """
 
     prompt: list[int]
@@ -165,31 +166,24 @@ class _Sequence:
 class Engine:
     """Runs requests on a ``SlotModel``: at most ``model.slots`` at once, decoded together."""
 
-    def __init__(self, model: SlotModel, after_step: Callable[[], None] | None = None,
-                 gather: Callable[[], None] | None = None):
-        """``after_step()`` is called on the engine's thread after every step, once its tokens
-        and finishes have been passed to the requests' listeners (a server hands them to its
-        event loop there, once per step).
-
-        ``gather()`` is called on the engine's thread when a request comes to an idle engine,
-        before it takes a slot, and returns once the requests that came with it have been
-        submitted too (a server: those it is still reading or tokenizing). So requests sent
-        together are prefilled in one step and decode together from the next, whatever the
-        order their threads ran in; without it, those that reach the queue a moment after the
-        first are prefilled a step or more later, between decode steps of the first."""
+    def __init__(self, model: SlotModel):
         self.model = model
-        self.after_step = after_step
-        self.gather = gather
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[_Sequence] = collections.deque()  # oldest first
         self.active: dict[int, _Sequence] = {}  # slot -> a sequence that decodes
         self.prefill_budget = 2 * model.chunk  # prompt tokens prefilled per step
         self.free = list(range(model.slots))
-        self.wake = threading.Condition()
+        self.lock = threading.Lock()  # the queue and the free slots: submit from any thread
         self.steps = 0  # decode steps run; ``batch_rows`` sums their sequences
         self.batch_rows = 0
-        self._thread: threading.Thread | None = None
-        self._stop = False
+        # where the steps that decoded spent their time, in seconds: the decode kernels
+        # (``decode_rows``), the prompt chunks prefilled in those steps, and all of it
+        # (sampling and the listeners too); a server's own cost per step is
+        # step - decode - prefill, read off the same steps, so the host's drifting speed
+        # moves the kernels and the whole alike
+        self.decode_seconds = 0.0
+        self.prefill_seconds = 0.0
+        self.step_seconds = 0.0
 
     # ---- submitting (any thread) --------------------------------------------------------------
 
@@ -208,32 +202,32 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         self.check(len(request.prompt), request.max_new_tokens)
-        with self.wake:
+        with self.lock:
             self.waiting.append(request)
-            self.wake.notify()
 
-    # ---- running (the engine's thread) --------------------------------------------------------
+    # ---- running (one thread: a server's event loop, or the caller's) ------------------------
 
     def step(self) -> bool:
         """Give waiting requests free slots, prefill up to the budget, then decode one token of
         every active sequence; whether there was anything to do."""
+        start, steps = time.perf_counter(), self.steps
         try:
             return self._step()
         finally:
-            if self.after_step is not None:
-                self.after_step()
+            if self.steps != steps:
+                self.step_seconds += time.perf_counter() - start
 
     def _step(self) -> bool:
-        if self.gather is not None and self.waiting and not (self.active or self.prefilling):
-            self.gather()
         self._take_slots()
         for seq in [*self.prefilling, *self.active.values()]:
             if seq.request.cancelled:
                 self._finish(seq, "cancelled")
+        start = time.perf_counter()
         prefilled = self._prefill()
         if not self.active:
             return prefilled
         seqs = list(self.active.values())
+        prefill, start = time.perf_counter() - start, time.perf_counter()
         try:
             logits = self.model.decode_rows([s.slot for s in seqs], [s.token for s in seqs],
                                             [s.position for s in seqs])
@@ -241,16 +235,18 @@ class Engine:
             for seq in seqs:
                 self._finish(seq, f"error: {e}")
             return True
+        self.decode_seconds += time.perf_counter() - start
+        self.prefill_seconds += prefill
         self.steps += 1
         self.batch_rows += len(seqs)
         for seq, row in zip(seqs, logits):
             seq.position += 1
-            self._emit(seq, seq.request.sampler(row))
+            self._sample(seq, row)
         return True
 
     def _take_slots(self) -> None:
         """Give waiting requests free slots, to be prefilled."""
-        with self.wake:
+        with self.lock:
             while self.waiting and self.free:
                 request = self.waiting.popleft()
                 if request.cancelled:
@@ -259,8 +255,11 @@ class Engine:
                 seq = _Sequence(request, self.free.pop(0), position=0, token=-1,
                                 started=time.perf_counter())
                 request.stats.prompt_tokens = len(request.prompt)
-                request.sampler.start(request.prompt)
                 self.prefilling.append(seq)
+                try:
+                    request.sampler.start(request.prompt)
+                except Exception as e:
+                    self._finish(seq, f"error: sampling: {type(e).__name__}: {e}", locked=True)
 
     def _prefill(self) -> bool:
         """Prefill prompts, oldest first, a chunk at a time, until this step's budget of
@@ -281,9 +280,18 @@ class Engine:
             if logits is not None:
                 self.prefilling.popleft()
                 self.active[seq.slot] = seq
-                self._emit(seq, r.sampler(logits))
+                self._sample(seq, logits)
             self._take_slots()  # a request that came during the chunk joins this step
         return spent > 0
+
+    def _sample(self, seq: _Sequence, logits: np.ndarray) -> None:
+        """Sample ``seq``'s next token and pass it on; a sampler that raises (a grammar's bug,
+        say) fails its own request, not the step's others."""
+        try:
+            token = seq.request.sampler(logits)
+        except Exception as e:
+            return self._finish(seq, f"error: sampling: {type(e).__name__}: {e}")
+        self._emit(seq, token)
 
     def _emit(self, seq: _Sequence, token: int) -> None:
         r, now = seq.request, time.perf_counter()
@@ -306,12 +314,12 @@ class Engine:
         if seq.generated >= r.max_new_tokens or seq.position >= self.model.context:
             return self._finish(seq, "length")
 
-    def _finish(self, seq: _Sequence, reason: str) -> None:
+    def _finish(self, seq: _Sequence, reason: str, locked: bool = False) -> None:
         if self.active.get(seq.slot) is seq:
             del self.active[seq.slot]
         else:
             self.prefilling.remove(seq)
-        with self.wake:
+        with contextlib.nullcontext() if locked else self.lock:
             self.free.append(seq.slot)
             self.free.sort()
         try:
@@ -324,33 +332,12 @@ class Engine:
         while self.step():
             pass
 
-    def start(self) -> None:
-        """Run steps on a thread of its own until ``stop()``; it sleeps when idle."""
-        def loop() -> None:
-            while True:
-                with self.wake:
-                    while not (self._stop or self.waiting or self.prefilling
-                               or self.active):
-                        self.wake.wait()
-                    if self._stop:
-                        break
-                self.step()
-
-        self._stop = False
-        self._thread = threading.Thread(target=loop, name="iron-engine", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self.wake:
-            self._stop = True
-            self.wake.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+    def stop(self, reason: str = "cancelled") -> None:
+        """End every request, running or waiting, with ``reason`` (a server shutting down, or
+        a step that failed); on the thread that runs the steps."""
         for seq in [*self.prefilling, *self.active.values()]:
-            self._finish(seq, "cancelled")
-        while self.waiting:
-            r = self.waiting.popleft()
-            r.on_finish("cancelled", r.stats)
-        if self.after_step is not None:
-            self.after_step()
+            self._finish(seq, reason)
+        with self.lock:
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        for r in waiting:
+            r.on_finish(reason, r.stats)

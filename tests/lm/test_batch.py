@@ -144,3 +144,39 @@ def test_engine_refuses_what_does_not_fit(slot_model, prompts):
         engine.check(ctx, 1)
     with pytest.raises(iron.errors.IronError, match="max_tokens=.* does not fit"):
         engine.check(10, ctx)
+
+
+def test_a_sampler_that_raises_fails_its_own_request_and_not_the_others(smollm2_model,
+                                                                         slot_model, prompts):
+    """One request's sampler raises at its third token (and another's at its start): those two
+    end with an error naming it, and the request decoding beside them gets every token it
+    gets alone; the slots are free again."""
+    class Breaks(Sampler):
+        def __init__(self, at: int):
+            super().__init__()
+            self.at, self.calls = at, 0
+
+        def start(self, prompt):
+            if self.at == 0:
+                raise ValueError("cannot start")
+            super().start(prompt)
+
+        def __call__(self, logits):
+            self.calls += 1
+            if self.calls == self.at:
+                raise RuntimeError("broken at token 3")
+            return super().__call__(logits)
+
+    alone = smollm2_model.generate(prompts[0], 8, Sampler(), stop_at_eos=False)[0]
+    engine = Engine(SlotModel(slot_model.bundle, slots=4, weights=slot_model.weights))
+    got, reasons = {i: [] for i in range(3)}, {}
+    samplers = [Sampler(), Breaks(3), Breaks(0)]
+    for i in range(3):
+        engine.submit(Request(prompts[i], 8, samplers[i], got[i].append,
+                              lambda reason, stats, i=i: reasons.__setitem__(i, reason),
+                              stop_at_eos=False))
+    engine.run_until_idle()
+    assert got[0] == alone and reasons[0] == "length"
+    assert reasons[1] == "error: sampling: RuntimeError: broken at token 3" and len(got[1]) == 2
+    assert reasons[2] == "error: sampling: ValueError: cannot start" and got[2] == []
+    assert sorted(engine.free) == [0, 1, 2, 3] and not engine.active and not engine.prefilling

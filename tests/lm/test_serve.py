@@ -25,8 +25,7 @@ openai = pytest.importorskip("openai")
 from iron.lm.chat import ChatTemplate  # noqa: E402
 from iron.lm.generate import Sampler  # noqa: E402
 from iron.lm.serve import (GATHER_SECONDS, LLAMA_SERVER_SAMPLING, Limits,  # noqa: E402
-                           Outbox, Server, allowed_host, main, sampling_defaults,
-                           uvicorn_config)
+                           Server, allowed_host, main, sampling_defaults, uvicorn_config)
 
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
@@ -88,56 +87,27 @@ def alone(model, ids, n):
     return tok.decode([t for t in out if t not in model.eos])
 
 
-def test_outbox_hands_a_step_over_once_and_waits_until_it_is_taken():
-    """What the engine's thread queued during a step reaches the streams' queues, in order, by
-    the time ``flush`` returns; from the loop's own thread it is delivered at once."""
-    import asyncio
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    outbox, got = Outbox(patience=30), []
-
-    async def setup():
-        outbox.bind(asyncio.get_running_loop())
-        queues = [asyncio.Queue(), asyncio.Queue()]
-
-        async def reader(q):
-            while True:
-                got.append(await q.get())
-        return queues, [asyncio.ensure_future(reader(q)) for q in queues]
-
-    queues, readers = asyncio.run_coroutine_threadsafe(setup(), loop).result(10)
-    for step in range(3):
-        for i, q in enumerate(queues):
-            outbox.put(q, (step, i))
-        outbox.flush()  # no sleep: the readers must have their items already
-        assert got == [(s, i) for s in range(step + 1) for i in range(2)]
-    outbox.flush()  # nothing queued: returns at once
-
-    async def from_the_loop():
-        outbox.put(queues[0], ("loop", 0))
-        outbox.flush()
-        return queues[0].qsize()
-
-    assert asyncio.run_coroutine_threadsafe(from_the_loop(), loop).result(10) == 1
-
-    async def stop():
-        for task in readers:
-            task.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
-
-
 def test_models_and_health(served, client):
     server, url = served
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
     status, health = call(url + "/health")
     assert status == 200 and health["status"] == "ok" and health["slots"] == SLOTS
+
+
+def test_health_reports_the_engines_own_clock(served):
+    """``/health`` counts the decode steps and splits their time: kernels, prompt chunks, and
+    all of it (what a benchmark reads the server's own cost per token off)."""
+    server, url = served
+    before = call(url + "/health")[1]
+    status, reply = call(url + "/v1/completions", {"prompt": "Once upon a time",
+                                                   "max_tokens": 6, "temperature": 0,
+                                                   "ignore_eos": True})
+    after = call(url + "/health")[1]
+    assert status == 200 and reply["usage"]["completion_tokens"] == 6
+    assert after["steps"] - before["steps"] == 5  # the first token comes from the prefill
+    spent = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
+    assert 0 < spent["decode"] < spent["step"], spent
+    assert spent["decode"] + spent["prefill"] <= spent["step"], spent
 
 
 def test_chat_streams_the_template_rendered_answer(served, client, smollm2_model,
@@ -196,7 +166,7 @@ def test_concurrent_streams_each_get_their_tokens_alone(served, client, smollm2_
 
 def test_requests_sent_together_to_an_idle_server_decode_together(served):
     """A request whose body is still coming when another reaches an idle engine: the engine
-    waits for it (``Server.gather``), so both are prefilled in one step and every decode step
+    waits for it (``LoopDriver``), so both are prefilled in one step and every decode step
     holds both; their tokens are still each one's own."""
     server, url = served
     port = int(url.rsplit(":", 1)[1])
@@ -329,6 +299,29 @@ def test_bad_chat_and_json_then_still_serving(served, client):
     r = client.chat.completions.create(model=server.name, max_tokens=3, temperature=0,
                                        messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content and r.usage.completion_tokens <= 3
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_server_keeps_serving(served,
+                                                                           monkeypatch):
+    """A bug in a step (here: the engine's step raising once) ends the requests the engine
+    held with a 500 that names it; the loop keeps running steps for the next request."""
+    server, url = served
+    real, calls = server.engine._step, []
+
+    def once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the step")
+        return real()
+
+    monkeypatch.setattr(server.engine, "_step", once)
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, reply = call(url + "/v1/completions", body)
+    assert status == 500 and reply["error"]["code"] == "generation_failed"
+    assert "RuntimeError: a bug in the step" in reply["error"]["message"]
+    status, reply = call(url + "/v1/completions", body)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 4
+    assert not server.engine.active and sorted(server.engine.free) == list(range(SLOTS))
 
 
 def test_a_client_that_disconnects_frees_its_slot(served):
@@ -681,8 +674,9 @@ def test_200_clients_against_4_slots_get_answers_or_429s(served):
     prompts = ["Hi", "Once upon a time " * 4, "The capital of France is", "1, 2, 3, " * 10]
     before = rss_mb()
 
-    def one(i):
-        body = json.dumps({"prompt": prompts[i % 4], "max_tokens": 3, "temperature": 0})
+    def one(i):  # 16 tokens: each request holds its slot long enough for the queue to fill
+        # (the 200 client threads share this process's GIL with the server's event loop)
+        body = json.dumps({"prompt": prompts[i % 4], "max_tokens": 16, "temperature": 0})
         return post_raw(port, "/v1/completions", body.encode(),
                         {"Content-Type": "application/json"})
 
