@@ -9,6 +9,7 @@ step includes dispatch.
 
     python benchmarks/operators.py [--profile profiles/llama/cpu-avx2-2t.json]
     python benchmarks/operators.py --weights q4_1 [--shapes 1b]   # quantized W, Llama 1B shapes
+    python benchmarks/operators.py --weights q4_k --shapes 1b     # a K-quant (256-value groups)
 
 With ``--weights`` the matrices are random valid blocks of that format in the kernels' tiled
 layout (``iron.quant``): GEMV bytes per second are the quantized bytes, numpy's float32 figure
@@ -42,14 +43,18 @@ GEMM_SHAPES_1B = {"prefill q|k|v": (64, 2048, 3072), "prefill gate|up": (64, 204
 
 
 def weight(rng, m, k, fmt):
-    """A random (m, k) weight: bf16 values, or valid blocks of ``fmt`` in the tiled layout."""
+    """A random (m, k) weight: bf16 values, or valid blocks of ``fmt`` in the tiled layout
+    (groups of the format's first group size: 32, or a K-quant's 256-value super-block)."""
     if fmt == "bf16":
         return rng.standard_normal((m, k)).astype(BF16)
-    return quant.tile(fmt, quant.random_matrix(fmt, m, k, 32, rng), k, 32)
+    group = quant.GROUPS[fmt][0]
+    return quant.tile(fmt, quant.random_matrix(fmt, m, k, group, rng), k, group)
 
 
 def fields(fmt):
-    return {} if fmt == "bf16" else {"weight_format": fmt}
+    if fmt == "bf16":
+        return {}
+    return {"weight_format": fmt, "group_size": quant.GROUPS[fmt][0]}
 
 
 class Repeated(iron.Graph):
@@ -143,7 +148,7 @@ def tunables(op):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="a profile file (default: resolve())")
-    parser.add_argument("--weights", default="bf16", choices=quant.FORMATS[:4],
+    parser.add_argument("--weights", default="bf16", choices=quant.FORMATS[:4] + ("q4_k", "q6_k"),
                         help="the GEMV and GEMM weights' format")
     parser.add_argument("--shapes", default="smollm2", choices=("smollm2", "1b"))
     args = parser.parse_args()

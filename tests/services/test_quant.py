@@ -1,6 +1,7 @@
 """Quantized weight formats: the layout against gguf's own blocks, the uint4 quantizer, the
 int8 rounding of x, the operators' format checks, and the kernels' AVX2 build (the fallback for
-cpus without AVX512-VNNI), compiled with -march=znver3 and run here against the reference."""
+cpus without AVX512-VNNI), compiled with -march=znver3 and run here against the reference and,
+on an AVX512-VNNI host, against the VNNI build's bits."""
 
 import ctypes
 import shutil
@@ -18,6 +19,7 @@ from iron.errors import ResolveError, ShapeError
 from iron.operators import GEMV
 from iron.resolution import legal_settings
 from iron.targets import cpu
+from iron.targets.cpu import host
 
 from opcases import OneStep, assert_close, case_inputs
 
@@ -168,32 +170,74 @@ AVX2_CASES = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-@pytest.mark.parametrize("name,shape", AVX2_CASES,
-                         ids=[f"{n}-{s['weight_format']}" for n, s in AVX2_CASES])
-def test_avx2_build_matches_reference(name, shape, tmp_path):
-    """The same kernel compiled for Zen 3 (AVX2, no AVX-512) runs here and agrees."""
-    rng = np.random.default_rng(3)
+def run_built(name, shape, march, tmp_path, rng):
+    """The kernel of a one-step program compiled with -march=``march`` and run here on random
+    inputs: its output, the reference's, and the library's disassembly (or None)."""
     cls, fields, inputs = case_inputs(name, shape, rng)
-    graph = OneStep(cls, fields)
-    program = graph.record_like(inputs)
+    program = OneStep(cls, fields).record_like(inputs)
     op = program.ops[0]
     recipe = cpu.recipe_for(op)
-    lib = tmp_path / "kernel.so"
-    flags = cpu.flags("znver3")
-    cmd = [cpu.compiler()[0], *flags, f"-I{cpu.SOURCE_DIR}",
+    lib = tmp_path / f"kernel-{march}.so"
+    cmd = [cpu.compiler()[0], *cpu.flags(march), f"-I{cpu.SOURCE_DIR}",
            *(f"-D{m}={v}" for m, v in recipe.macros), str(cpu.kernel_source(op)),
            "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True)
-    if shutil.which("objdump"):  # really the AVX2 code: no 512-bit register anywhere
-        assert b"zmm" not in subprocess.run(["objdump", "-d", str(lib)],
-                                            capture_output=True).stdout
+    code = (subprocess.run(["objdump", "-d", str(lib)], capture_output=True).stdout
+            if shutil.which("objdump") else None)
     (shape_, dtype), = op.signature(*(program.tensors[i] for i in program.steps[0].inputs))
     out = np.zeros(shape_, dtype)
     arrays = [np.ascontiguousarray(a) for a in inputs] + [out]
     args = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
     ctypes.CDLL(str(lib)).iron_kernel(args)
-    assert_close(name, out, program.reference(inputs)[0])
+    return out, program.reference(inputs)[0], code
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+@pytest.mark.parametrize("name,shape", AVX2_CASES,
+                         ids=[f"{n}-{s['weight_format']}" for n, s in AVX2_CASES])
+def test_avx2_build_matches_reference(name, shape, tmp_path):
+    """The same kernel compiled for Zen 3 (AVX2, no AVX-512) runs here and agrees."""
+    out, reference, code = run_built(name, shape, "znver3", tmp_path, np.random.default_rng(3))
+    if code is not None:  # really the AVX2 code: no 512-bit register anywhere
+        assert b"zmm" not in code
+    assert_close(name, out, reference)
+
+
+#: Every format through both tile kernels; the K-quants also where the VNNI kernel takes 4
+#: vectors per pass and a rest (5: 4 + 1; 7: 4 + 3), and as the GEMM of a prefill chunk.
+VNNI_CASES = [
+    ("GEMV", {"M": 32, "K": 512, "batches": 1, "weight_format": "q4_k", "group_size": 256}),
+    ("GEMV", {"M": 48, "K": 768, "batches": 5, "weight_format": "q4_k", "group_size": 256}),
+    ("GEMV", {"M": 32, "K": 512, "batches": 1, "weight_format": "q6_k", "group_size": 256}),
+    ("GEMV", {"M": 48, "K": 768, "batches": 7, "weight_format": "q6_k", "group_size": 256}),
+    ("GEMM", {"M": 9, "K": 512, "N": 48, "weight_format": "q4_k", "group_size": 256}),
+    ("GEMM", {"M": 6, "K": 512, "N": 32, "weight_format": "q6_k", "group_size": 256}),
+    ("GEMV", {"M": 16, "K": 256, "batches": 5, "weight_format": "q4_0"}),
+    ("GEMV", {"M": 16, "K": 576, "batches": 2, "weight_format": "q4_1"}),
+    ("GEMV", {"M": 32, "K": 96, "batches": 3, "weight_format": "q8_0"}),
+    ("GEMV", {"M": 16, "K": 256, "batches": 1, "weight_format": "uint4", "group_size": 128}),
+]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+@pytest.mark.skipif(not {"avx512_vnni", "avx512bw"} <= host.features(),
+                    reason="runs an AVX512-VNNI build: needs a host that has it")
+@pytest.mark.parametrize("march", ["native", "icelake-server"])  # this host; VNNI without BF16
+@pytest.mark.parametrize("name,shape", VNNI_CASES,
+                         ids=[f"{n}-{s['weight_format']}-{s.get('batches', s['M'])}"
+                              for n, s in VNNI_CASES])
+def test_avx512_vnni_build_gives_the_avx2_builds_bits(name, shape, march, tmp_path):
+    """The AVX512-VNNI tile kernel (vpdpbusd on 16 rows) and the AVX2 one (vpmaddubsw +
+    vpmaddwd on two halves of 8) sum the same integers and take the same float steps, so a
+    bundle gives the same bits whichever the host compiles; both agree with the reference.
+    The outputs are bf16: any difference in the integer sums, the lanes or the scales shows,
+    a float step taken in another order only where it moves a bf16 rounding."""
+    vnni, reference, code = run_built(name, shape, march, tmp_path, np.random.default_rng(4))
+    avx2, _, _ = run_built(name, shape, "znver3", tmp_path, np.random.default_rng(4))
+    if code is not None:  # really the VNNI kernel
+        assert b"vpdpbusd" in code
+    assert np.array_equal(vnni.view(np.uint16), avx2.view(np.uint16))
+    assert_close(name, vnni, reference)
 
 
 def test_kernel_format_numbers_match_iron_quant():

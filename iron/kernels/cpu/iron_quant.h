@@ -179,5 +179,30 @@ static inline __m256 q6_k_scale8(const uint8_t *tile, const long g, const int bl
 }
 #endif
 
+
+/* the same for the 16 rows of a tile, one lane per row (the AVX512-VNNI kernel): the same
+ * products, so each lane holds the bits its half's q4_k_params8 / q6_k_scale8 gives */
+#if defined(__AVX512F__)
+#if QFMT == IRON_FMT_Q4_K
+static inline void q4_k_params16(const uint8_t *tile, const long g, __m512 *d, __m512 *bias) {
+    const uint8_t *sub = q_group(tile, g) + Q_CODE_BYTES, *tail = q_super_tail(tile, g);
+    const __m512 sc = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sub)));
+    const __m512 mn = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sub + Q_TILE))));
+    *d = _mm512_mul_ps(q_load16_params(tail), sc);
+    *bias = _mm512_sub_ps(_mm512_setzero_ps(),
+                          _mm512_mul_ps(q_load16_params(tail + 2 * Q_TILE), mn));
+}
+#elif QFMT == IRON_FMT_Q6_K
+static inline __m512 q6_k_scale16(const uint8_t *tile, const long g, const int blk) {
+    const uint8_t *sub = q_group(tile, g) + Q_CODE_BYTES + Q_TILE * blk;
+    const __m512 sc = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sub)));
+    return _mm512_mul_ps(q_load16_params(q_super_tail(tile, g)), sc);
+}
+#endif
+#endif
+
 #endif /* QFMT != IRON_FMT_BF16 */
 #endif /* IRON_QUANT_H */

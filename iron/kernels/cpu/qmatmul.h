@@ -35,9 +35,8 @@ _Static_assert(Q_K % 32 == 0 && Q_K % Q_SUPER_VALUES == 0 && Q_ITEM_ROWS % Q_TIL
 #define NG (Q_K / QG) /* groups per row */
 #define NC (Q_K / 32) /* 32-value chunks per row */
 #define XB (Q_K / 16) /* blocks of 16 values of x per row, each with its own scale */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !Q_KQUANT
-/* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2; the K-quants' kernel on
- * every host, the same bits) */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2, the same bits) */
 #define VNNI 1
 #define VECTORS 4
 #else

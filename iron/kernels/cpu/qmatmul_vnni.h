@@ -20,10 +20,15 @@ static inline __attribute__((always_inline)) void dp_codes(__m512i *acc, const _
 
 /* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, one float32 lane per row.
  * Per plane of 16 words, one mask (and one shift) make each row's 8 codes into two words of 4
- * bytes, and one vpdpbusd per vector and word multiplies them by 4 codes of x: a chunk's sums
+ * bytes (with two code sets, both sets' nibbles into the same bytes), and one vpdpbusd per
+ * vector and word multiplies them by 4 codes of x: a chunk's sums
  * are integers, exact, so a row's result does not depend on how many vectors share the pass.
  * Per block of 16 values they are scaled by x's scale, per group by the rows' d (16 in one
- * load), and the bias is added. */
+ * load), and the bias is added. The K-quants take the AVX2 kernel's float steps lane for lane,
+ * so both give the same bits: q4_k is q4_1 with the group's d and bias made from the
+ * super-block's d, dmin and the group's 6-bit scales; q6_k's scale changes every 16 values, so
+ * each block's integer sum less 32 times x's codes' sum (exact) is scaled by x's scale and
+ * added at once times the block's d sc. */
 static inline __attribute__((always_inline)) void tile_dot(const int nb, const uint8_t *tile,
                                                            const vectors_t v, const long b0,
                                                            __m512 *acc) {
@@ -37,34 +42,61 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
             const long chunk = g * Q_CHUNKS + c;
             for (int line = 0; line < Q_CHUNK_BYTES; line += 64)
                 _mm_prefetch((const char *)cp + PREFETCH + line, _MM_HINT_T0);
-            __m512i part[BB][Q_NIBBLES][2]; /* per vector and code set: x's two blocks */
-            for (int b = 0; b < nb; b++)
-                for (int h = 0; h < Q_NIBBLES; h++)
-                    part[b][h][0] = part[b][h][1] = _mm512_setzero_si512();
-            _Pragma("GCC unroll 2") for (int h = 0; h < Q_NIBBLES; h++)
-                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                    const __m512i w = _mm512_loadu_si512(cp + 256 * h + 64 * j);
-                    const __m512i lo = _mm512_and_si512(w, nibbles);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), nibbles);
-                    for (int b = 0; b < nb; b++) {
-                        const uint32_t *x4 = v.x8 + ((b0 + b) * NC + chunk) * 8 + 2 * j;
-                        dp_codes(&part[b][h][j / 2], lo, x4);
-                        dp_codes(&part[b][h][j / 2], hi, x4 + 1);
-                    }
+            __m512i part[BB][2]; /* per vector: x's two blocks */
+            for (int b = 0; b < nb; b++) part[b][0] = part[b][1] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                const __m512i w = _mm512_loadu_si512(cp + 64 * j);
+#if Q_NIBBLES == 2
+                /* q8_0, q6_k: the high set's nibbles go into bits 4-7 of the low set's code
+                 * bytes, u = low + 16 high (at most 255) in one byte, so that one vpdpbusd per
+                 * word takes both sets (the same integer sums as two, in half the dot
+                 * products); ternary logic 0xca: nibbles ? first : second */
+                const __m512i w1 = _mm512_loadu_si512(cp + 256 + 64 * j);
+                const __m512i lo =
+                    _mm512_ternarylogic_epi32(nibbles, w, _mm512_slli_epi32(w1, 4), 0xca);
+                const __m512i hi =
+                    _mm512_ternarylogic_epi32(nibbles, _mm512_srli_epi32(w, 4), w1, 0xca);
+#else
+                const __m512i lo = _mm512_and_si512(w, nibbles);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), nibbles);
+#endif
+                for (int b = 0; b < nb; b++) {
+                    const uint32_t *x4 = v.x8 + ((b0 + b) * NC + chunk) * 8 + 2 * j;
+                    dp_codes(&part[b][j / 2], lo, x4);
+                    dp_codes(&part[b][j / 2], hi, x4 + 1);
                 }
+            }
+#if QFMT == IRON_FMT_Q6_K
+            const __m512 block_d[2] = {q6_k_scale16(tile, g, 2 * c),
+                                       q6_k_scale16(tile, g, 2 * c + 1)};
+#endif
             for (int b = 0; b < nb; b++) {
                 const float *dx = v.dx + (b0 + b) * XB + 2 * chunk;
                 for (int half = 0; half < 2; half++) {
-                    __m512i s = part[b][0][half];
-                    if (Q_NIBBLES == 2) /* q8_0: u = low + 16 high */
-                        s = _mm512_add_epi32(s, _mm512_slli_epi32(part[b][Q_NIBBLES - 1][half], 4));
+                    __m512i s = part[b][half];
+#if QFMT == IRON_FMT_Q6_K
+                    const int32_t xi = v.xi[(b0 + b) * XB + 2 * chunk + half];
+                    s = _mm512_sub_epi32(s, _mm512_set1_epi32(Q_ZERO * xi));
+                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s),
+                                                   _mm512_set1_ps(dx[half]));
+                    acc[b] = _mm512_fmadd_ps(f, block_d[half], acc[b]);
+#else
                     const __m512 f = _mm512_cvtepi32_ps(s), scale = _mm512_set1_ps(dx[half]);
                     sum[b] = c == 0 && half == 0 ? _mm512_mul_ps(f, scale)
                                                  : _mm512_fmadd_ps(f, scale, sum[b]);
+#endif
                 }
             }
         }
+#if QFMT == IRON_FMT_Q6_K
+        (void)sum; /* its blocks were added as they came */
+#else
         const uint8_t *ds = gp + Q_CHUNKS * Q_CHUNK_BYTES;
+#if QFMT == IRON_FMT_Q4_K
+        __m512 d, bias;
+        q4_k_params16(tile, g, &d, &bias);
+        (void)ds;
+#else
         const __m512 d = q_load16_params(ds);
 #if Q_HAS_MIN
         const __m512 bias = _mm512_fnmadd_ps(_mm512_set1_ps(BIAS_D), d,
@@ -72,10 +104,12 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
 #else
         const __m512 bias = _mm512_mul_ps(_mm512_set1_ps(-BIAS_D), d);
 #endif
+#endif
         for (int b = 0; b < nb; b++) {
             acc[b] = _mm512_fmadd_ps(sum[b], d, acc[b]);
             acc[b] = _mm512_fmadd_ps(bias, _mm512_set1_ps(v.xs[(b0 + b) * NG + g]), acc[b]);
         }
+#endif
     }
 }
 
