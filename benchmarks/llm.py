@@ -10,8 +10,8 @@ tokens/s, peak RSS (medians over rounds); then the ratios against llama.cpp, eac
 bundle's decode as a fraction of its bandwidth ceiling (streaming bandwidth / the weight bytes
 its decode token streams: every GEMV matrix, one embedding row, the norms; the bandwidth is
 probed at the start of every round and each round's decode is set against its own round's
-probe, since this figure moves between rounds on a shared host), and where the first bundle's decode token goes: time in kernels per operator
-against time outside kernels.
+probe, since this figure moves between rounds on a shared host), and where the first bundle's
+decode token goes: time in kernels per operator against time outside kernels.
 
     python benchmarks/llm.py [--bundle build/llama/cpu] [--also build/llama/cpu-bf16]
                              [--rounds 3] [--dtype Q4_1]
@@ -297,7 +297,8 @@ def main() -> None:
     for name, b in zip(names, bundles):
         streamed = streamed_bytes(b)
         print(f"  {name}: {streamed / 1e6:.1f} MB streamed per decode token, ceiling "
-              f"{bandwidth * 1e9 / streamed:.1f} tok/s; " + ceiling_share(runs[name], probes, streamed))
+              f"{bandwidth * 1e9 / streamed:.1f} tok/s; "
+              + ceiling_share(runs[name], probes, streamed))
     breakdown = first[-1]["breakdown"]
     kernels = sum(breakdown["kernels"].values())
     wall = breakdown["wall_s"]
