@@ -242,6 +242,8 @@ class Cluster:
         future = self.client.submit(_compare, self.token, self.bench, instance, new, old,
                                     resources={self.resource: 1}, key=self._key("compare"))
         self._wait([future], None)
+        while future.status == "lost":  # its worker died after it finished: computed again
+            self._wait([future], None)
         if future.status == "finished":
             return self._fetch(future, future.result)
         if future.status != "error":
@@ -264,7 +266,11 @@ class Cluster:
                     elif f.status == "error":  # the task failed: its worker died too often
                         error = self._fetch(f, f.exception)
                         yield f, f"{type(error).__name__} on the cluster: {error}"
-                    else:  # cancelled or lost by the cluster: not the candidate's doing
+                    elif f.status == "lost":
+                        # its result lived on a worker that died (another task's crash) after
+                        # it finished: the scheduler computes it again, since we still hold it
+                        pending.add(f)
+                    else:  # cancelled by the cluster: not the candidate's doing
                         raise self._lost(f"a task was {f.status} by the Dask scheduler at "
                                          f"{self.address}")
         finally:
