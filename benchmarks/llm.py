@@ -249,9 +249,8 @@ def main() -> None:
     from bandwidth import streaming_bandwidth
 
     bundles = [Path(args.bundle or "build/llama/cpu"), *map(Path, args.also)]
-    names = [f"iron {bundle_weights(b)}" for b in bundles]
-    if len(set(names)) < len(names):  # same weights: tell them apart by folder
-        names = [f"iron {b.name}" for b in bundles]
+    # a bundle by its folder (cpu, cpu-x86-64-v3-1t, ...) and its weight mode
+    names = [f"iron {b.resolve().name} {bundle_weights(b)}" for b in bundles]
     ids = prompt_ids(bundles[0])
     ids_file = bundles[0].parent / ".bench-prompt.json"
     ids_file.write_text(json.dumps(ids))
