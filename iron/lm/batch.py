@@ -127,14 +127,15 @@ def greedy_token(logits: np.ndarray) -> int | None:
 
     The sampler widens the row to float32 and takes its argmax: per row, 96 KB of logits that
     the head's two threads have just written on both cores read and 192 KB written, about a
-    quarter of the engine's own time per step at 4 rows (0.21 against 0.16 ms, in process). As
-    int16, positive bf16 values order as their
-    values and every negative one (its sign bit set) lies below them, and equal positive values
-    have equal bits; so where the largest int16 is a positive number that is not NaN (0 < bits
-    <= 0x7f80, +inf included) and no NaN of either sign is in the row (np.argmax would take the
-    first NaN: as uint16, a negative NaN lies above -inf's 0xff80, a positive one above
-    0x7f80), its first index is the float argmax's. A row whose maximum is +-0 or negative, or
-    that holds a NaN, is left to the sampler."""
+    quarter of the engine's own time per step at 4 rows (0.21 against 0.16 ms, in process).
+
+    As int16, positive bf16 values order as their values and every negative one (its sign bit
+    set) lies below them, and equal positive values have equal bits; so where the largest int16
+    is a positive number that is not NaN (0 < bits <= 0x7f80, +inf included) and no NaN of
+    either sign is in the row (np.argmax would take the first NaN: as uint16, a negative NaN
+    lies above -inf's 0xff80, a positive one above 0x7f80), its first index is the float
+    argmax's. A row whose maximum is +-0 or negative, or that holds a NaN, is left to the
+    sampler."""
     if logits.dtype != bfloat16:
         return None
     bits = logits.reshape(-1).view(np.int16)
