@@ -35,6 +35,7 @@ import numpy as np
 
 from ..pipeline.bundle import Bundle
 from ..errors import IronError
+from ..tensor import bfloat16
 from .generate import LlamaModel, Sampler, Stats
 from .layout import decode_slots
 
@@ -118,6 +119,30 @@ class SlotModel(LlamaModel):
         tok[n:], pos[n:], slot[n:] = 0, -1, 0  # padding rows: position -1 touches no cache row
         (logits,) = self.batched[rows].run([tok, pos, slot], copy=False)
         return logits[:n]
+
+
+def greedy_token(logits: np.ndarray) -> int | None:
+    """The token a greedy, unpenalised ``Sampler`` picks from one row of bf16 logits, read off
+    the bits, or None where the bits alone cannot tell (then the sampler decides).
+
+    The sampler widens the row to float32 and takes its argmax: per row, 96 KB of logits that
+    the head's two threads have just written on both cores read and 192 KB written, about a
+    quarter of the engine's own time per step at 4 rows (0.21 against 0.16 ms, in process).
+
+    As int16, positive bf16 values order as their values and every negative one (its sign bit
+    set) lies below them, and equal positive values have equal bits; so where the largest int16
+    is a positive number that is not NaN (0 < bits <= 0x7f80, +inf included) and no NaN of
+    either sign is in the row (np.argmax would take the first NaN: as uint16, a negative NaN
+    lies above -inf's 0xff80, a positive one above 0x7f80), its first index is the float
+    argmax's. A row whose maximum is +-0 or negative, or that holds a NaN, is left to the
+    sampler."""
+    if logits.dtype != bfloat16:
+        return None
+    bits = logits.reshape(-1).view(np.int16)
+    i = int(bits.argmax())
+    if not 0 < int(bits[i]) <= 0x7F80 or int(bits.view(np.uint16).max()) > 0xFF80:
+        return None
+    return i
 
 
 def resize_slots(program, slots: int):
@@ -287,8 +312,15 @@ class Engine:
     def _sample(self, seq: _Sequence, logits: np.ndarray) -> None:
         """Sample ``seq``'s next token and pass it on; a sampler that raises (a grammar's bug,
         say) fails its own request, not the step's others."""
+        sampler = seq.request.sampler
+        token = None
+        if type(sampler) is Sampler and sampler.temperature <= 0 and not sampler.penalised:
+            # greedy: the same token as sampler(logits), without widening the row (its
+            # bookkeeping of the tokens seen only feeds the penalties, which it has none of)
+            token = greedy_token(logits)
         try:
-            token = seq.request.sampler(logits)
+            if token is None:
+                token = sampler(logits)
         except Exception as e:
             return self._finish(seq, f"error: sampling: {type(e).__name__}: {e}")
         self._emit(seq, token)

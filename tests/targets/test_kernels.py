@@ -114,3 +114,27 @@ def test_temps_share_memory_only_when_never_live_at_once(tmp_path):
     blocks = {id(b.base): b.base.nbytes for b in buffers.values()}  # the allocations
     assert sum(blocks.values()) < sum(b.nbytes for b in buffers.values()) / 2
     assert len(blocks) < len(temps) / 3
+
+
+def test_swiglu_16_lane_path_gives_the_8_lane_paths_bits():
+    """SwiGLU runs 16 columns at a time where AVX-512 is there and 8 at a time in a tile's rest:
+    a row's bits must not depend on which path its columns took (a batched decode step and a
+    one-row step must agree). Every bf16 gate value, NaNs and infinities included, through a
+    tile of 16 (the wide path, on such a host) and tiles of 8 (the narrow one)."""
+    from ml_dtypes import bfloat16
+
+    from iron.operator import Operator
+
+    rng = np.random.default_rng(3)
+    gate = np.arange(1 << 16, dtype=np.uint16).view(bfloat16).reshape(-1, 16)
+    up = rng.normal(0, 2, gate.shape).astype(bfloat16)
+    x = np.concatenate([gate, up], axis=1)
+    outs = {}
+    for tile in (16, 8):
+        graph = OneStep(Operator.registry["SwiGLU"], {"tile_size": tile, "num_aie_columns": 1})
+        outs[tile] = np.asarray(graph(x)).view(np.uint16)
+    differ = np.flatnonzero(outs[16] != outs[8])
+    assert differ.size == 0, (
+        f"SwiGLU: {differ.size} of {outs[8].size} outputs differ between the 16- and 8-column "
+        f"paths; first at gate bits {gate.reshape(-1).view(np.uint16)[differ[0]]:#06x}: "
+        f"{outs[16].reshape(-1)[differ[0]]:#06x} against {outs[8].reshape(-1)[differ[0]]:#06x}")
