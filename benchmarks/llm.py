@@ -256,11 +256,15 @@ def main() -> None:
     ids_file.write_text(json.dumps(ids))
     runs = {n: [] for n in [*names, "llama.cpp"]}
     probes = []
+    engines = {**{name: ("iron", str(b)) for name, b in zip(names, bundles)},
+               "llama.cpp": ("llamacpp", args.dtype)}
     for round_ in range(args.rounds):
         probes.append(streaming_bandwidth(threads=THREADS, mib=1024))  # larger than the L3
-        for name, b in zip(names, bundles):
-            runs[name].append(run_child("iron", str(b), "--ids", str(ids_file)))
-        runs["llama.cpp"].append(run_child("llamacpp", args.dtype, "--ids", str(ids_file)))
+        # the engines take turns at running first, right after the probe's gigabyte: in a
+        # fixed order one engine would take whatever that place costs or gains in every round
+        turn = round_ % len(engines)
+        for name in [*engines][turn:] + [*engines][:turn]:
+            runs[name].append(run_child(*engines[name], "--ids", str(ids_file)))
         print(f"round {round_ + 1}/{args.rounds}: bandwidth {probes[-1]:.1f} GB/s, " + ", ".join(
             f"{n} {r[-1]['decode_tok_s']:.1f}" for n, r in runs.items()) + " tok/s", flush=True)
     bandwidth = statistics.median(probes)
