@@ -750,31 +750,30 @@ def create_app(server: Server, host: str = "127.0.0.1"):
             gen = await asyncio.get_running_loop().run_in_executor(
                 server.workers, server.prepare, raw, chat)
             job, queue = server.start(gen)
+            watcher = asyncio.create_task(cancel_on_disconnect(request, job))
         finally:
             server.end_preparing()
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         head = {"id": ident, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": server.name}
         if gen.stream:
-            return StreamingResponse(stream(head, job, queue, gen, chat),
+            return StreamingResponse(stream(head, job, queue, gen, chat, watcher),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         pieces = []
         try:
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return JSONResponse({}, status_code=499)
-                    continue
+                item = await queue.get()
                 if item[0] == "text":
                     pieces.append(item[1])
                     continue
                 _, reason, stats = item
                 break
         finally:
+            watcher.cancel()
             job.cancel()  # a no-op once finished; frees the slot of an abandoned request
+        if watcher.done() and not watcher.cancelled():
+            return JSONResponse({}, status_code=499)  # nobody is listening
         if reason.startswith("error"):
             raise server_error(reason)
         text = "".join(pieces)
@@ -783,8 +782,18 @@ def create_app(server: Server, host: str = "127.0.0.1"):
         choice["finish_reason"] = reason
         return {**head, "choices": [choice], "usage": usage(stats)}
 
+    async def cancel_on_disconnect(request: HTTPRequest, job: Request) -> None:
+        """Cancel ``job`` when its client goes away, so that the engine ends it at its next
+        step and frees its slot. Cancelling the response's task is not enough: anyio delivers
+        a cancellation only to a task whose wait is still pending, and the step that runs on
+        this loop completes the stream's wait (its next token) in every turn, just before
+        anyio looks again, so a stream would run to its last token."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel()
+
     async def stream(head: dict, job: Request, queue: asyncio.Queue, gen: Generation,
-                     chat: bool) -> AsyncIterator[bytes]:
+                     chat: bool, watcher: asyncio.Task) -> AsyncIterator[bytes]:
         head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
 
         def event(choice: dict | None, **extra) -> bytes:
@@ -816,6 +825,7 @@ def create_app(server: Server, host: str = "127.0.0.1"):
                 yield b"data: [DONE]\n\n"
                 return
         finally:
+            watcher.cancel()
             job.cancel()  # the client went away (or we are done): free the slot
 
     app.add_middleware(Guard, host_ok=allowed_host(host, limits.allow_hosts),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,11 @@ def set_profile(project, entries):
 def run_bundle(bundle, env=None):
     return subprocess.run([sys.executable, "-m", "apps.demo", str(bundle)], capture_output=True,
                           text=True, env=env, timeout=120)
+
+
+def terminal_interrupt() -> None:
+    """Give the child a terminal's SIGINT. A shell without job control starts background
+    commands with SIGINT ignored, their children inherit that, and Python then installs no
+    KeyboardInterrupt handler: as any Unix program, the child would (rightly) ignore Ctrl-C,
+    and a test of its interrupt would see it run to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

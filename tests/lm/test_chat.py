@@ -12,6 +12,7 @@ import pytest
 
 from iron.lm.chat import ChatError, ChatTemplate
 from iron.lm.generate import SamplingError, Sampler, StopText
+from buildtools import terminal_interrupt
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi!"}],
@@ -156,7 +157,8 @@ def test_interactive_chat_command(smollm2_bundle):
 def test_ctrl_c_ends_cleanly_with_statistics(smollm2_bundle):
     process = subprocess.Popen([sys.executable, "-m", "iron.lm.run", str(smollm2_bundle),
                                 "--prompt", "1, 2, 3, 4, 5,", "--max-new-tokens", "1500"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=terminal_interrupt)
     try:
         process.stdout.read(40)  # the prompt and some generated text
         process.send_signal(signal.SIGINT)

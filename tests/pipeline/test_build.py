@@ -12,7 +12,8 @@ import pytest
 
 from iron.targets.cpu.host import class_name
 from conftest import copy_project
-from buildtools import ROOT, doit, executed, compile_tasks, set_profile, run_bundle  # noqa: F401
+from buildtools import (ROOT, doit, executed, compile_tasks, set_profile, run_bundle,  # noqa: F401
+                        terminal_interrupt)
 
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
@@ -240,7 +241,8 @@ def test_ctrl_c_during_a_build_is_one_line_and_keeps_the_previous_bundle(project
     set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
     env = {**os.environ, "PYTHONPATH": str(project)}
     process = subprocess.Popen([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=terminal_interrupt)
     assert process.stdout.readline().startswith("building ")  # a compile has started
     time.sleep(0.2)
     process.send_signal(signal.SIGINT)
