@@ -137,11 +137,10 @@ static inline void q_lane_f32(const uint8_t *tile, const long k, const int lane,
 /* 16 scales or minimums of a group (fp16, bf16 for uint4) -> float32, one lane per row */
 #if defined(__AVX512F__)
 static inline __m512 q_load16_params(const uint8_t *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
 #if QFMT == IRON_FMT_UINT4
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return iron_load16_bf16((const uint16_t *)p);
 #else
-    return _mm512_cvtph_ps(h);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #endif
 }
 #endif
