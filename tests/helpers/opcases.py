@@ -3,8 +3,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+
 import iron
 from iron.operator import Operator
+from iron.targets import cpu
 from iron.tuning.check import assert_close  # noqa: F401  (the tests' comparison)
 
 
@@ -49,3 +56,25 @@ SMALL = [
     ("GEMV", {"M": 64, "K": 32, "batches": 1}), ("GEMV", {"M": 32, "K": 48, "batches": 3}),
     ("GEMM", {"M": 32, "K": 64, "N": 64}),
 ]
+
+
+def run_built(name, shape, march, tmp_path, rng):
+    """The kernel of a one-step program compiled with -march=``march`` and run here on random
+    inputs: its output, the reference's, and the library's disassembly (or None)."""
+    cls, fields, inputs = case_inputs(name, shape, rng)
+    program = OneStep(cls, fields).record_like(inputs)
+    op = program.ops[0]
+    recipe = cpu.recipe_for(op)
+    lib = tmp_path / f"kernel-{march}.so"
+    cmd = [cpu.compiler()[0], *cpu.flags(march), f"-I{cpu.SOURCE_DIR}",
+           *(f"-D{m}={v}" for m, v in recipe.macros), str(cpu.kernel_source(op)),
+           "-o", str(lib)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    code = (subprocess.run(["objdump", "-d", str(lib)], capture_output=True).stdout
+            if shutil.which("objdump") else None)
+    (shape_, dtype), = op.signature(*(program.tensors[i] for i in program.steps[0].inputs))
+    out = np.zeros(shape_, dtype)
+    arrays = [np.ascontiguousarray(a) for a in inputs] + [out]
+    args = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
+    ctypes.CDLL(str(lib)).iron_kernel(args)
+    return out, program.reference(inputs)[0], code

@@ -21,7 +21,7 @@ from iron.resolution import legal_settings
 from iron.targets import cpu
 from iron.targets.cpu import host
 
-from opcases import OneStep, assert_close, case_inputs
+from opcases import OneStep, assert_close, case_inputs, run_built
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
@@ -168,28 +168,6 @@ AVX2_CASES = [
     ("GEMV", {"M": 16, "K": 512, "batches": 3, "weight_format": "q4_k", "group_size": 256}),
     ("GEMV", {"M": 32, "K": 256, "batches": 2, "weight_format": "q6_k", "group_size": 256}),
 ]
-
-
-def run_built(name, shape, march, tmp_path, rng):
-    """The kernel of a one-step program compiled with -march=``march`` and run here on random
-    inputs: its output, the reference's, and the library's disassembly (or None)."""
-    cls, fields, inputs = case_inputs(name, shape, rng)
-    program = OneStep(cls, fields).record_like(inputs)
-    op = program.ops[0]
-    recipe = cpu.recipe_for(op)
-    lib = tmp_path / f"kernel-{march}.so"
-    cmd = [cpu.compiler()[0], *cpu.flags(march), f"-I{cpu.SOURCE_DIR}",
-           *(f"-D{m}={v}" for m, v in recipe.macros), str(cpu.kernel_source(op)),
-           "-o", str(lib)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    code = (subprocess.run(["objdump", "-d", str(lib)], capture_output=True).stdout
-            if shutil.which("objdump") else None)
-    (shape_, dtype), = op.signature(*(program.tensors[i] for i in program.steps[0].inputs))
-    out = np.zeros(shape_, dtype)
-    arrays = [np.ascontiguousarray(a) for a in inputs] + [out]
-    args = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
-    ctypes.CDLL(str(lib)).iron_kernel(args)
-    return out, program.reference(inputs)[0], code
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")

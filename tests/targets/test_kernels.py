@@ -3,11 +3,12 @@ sizes included) and, for one shape per operator, every legal tunable setting."""
 
 import numpy as np
 import pytest
-from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs
+from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs, run_built
 
 from iron.memplan import temp_buffers
 from iron.resolution import legal_settings
 from iron.targets import cpu
+from iron.targets.cpu import host
 
 
 def run_case(name, shape, tunables=None, seed=0):
@@ -138,3 +139,33 @@ def test_swiglu_16_lane_path_gives_the_8_lane_paths_bits():
         f"SwiGLU: {differ.size} of {outs[8].size} outputs differ between the 16- and 8-column "
         f"paths; first at gate bits {gate.reshape(-1).view(np.uint16)[differ[0]]:#06x}: "
         f"{outs[16].reshape(-1)[differ[0]]:#06x} against {outs[8].reshape(-1)[differ[0]]:#06x}")
+
+
+#: Attention as a bundle runs it: a prompt's rows, decode at a full cache with a tail of keys
+#: that is not a whole vector, the slotted form of a batched step; head dims 64, 16 and 24.
+ATTENTION_CASES = [
+    ("Attention", {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300,
+                   "pos": 299}),
+    ("Attention", {"rows": 5, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 3}),
+    ("Attention", {"rows": 3, "heads": 8, "kv_heads": 2, "head_dim": 24, "ctx": 50, "pos": 20}),
+    ("SlotAttention", {"rows": 4, "slots": 5, "heads": 9, "kv_heads": 3, "head_dim": 64,
+                       "ctx": 300}),
+]
+
+
+@pytest.mark.skipif("avx512f" not in host.features(),
+                    reason="runs an AVX-512 build: needs a host that has it")
+@pytest.mark.parametrize("name,shape", ATTENTION_CASES,
+                         ids=[f"{n}-{s['head_dim']}" for n, s in ATTENTION_CASES])
+def test_attention_avx512_build_gives_the_avx2_builds_bits(name, shape, tmp_path):
+    """Attention gives the same bits built for an AVX-512 host and for AVX2 alone: its dot
+    products and sums keep their order, and what the compiler vectorizes wider is elementwise.
+    So a model's tokens do not depend on the -march its bundle was built for."""
+    wide, reference, code = run_built(name, shape, "native", tmp_path, np.random.default_rng(5))
+    narrow, _, _ = run_built(name, shape, "x86-64-v3", tmp_path, np.random.default_rng(5))
+    if code is not None:  # really the AVX-512 code
+        assert b"zmm" in code
+    differ = np.flatnonzero(wide.view(np.uint16) != narrow.view(np.uint16))
+    assert differ.size == 0, (f"{name}: {differ.size} of {wide.size} outputs differ between "
+                              "the builds")
+    assert_close(name, wide, reference)
