@@ -772,8 +772,8 @@ def create_app(server: Server, host: str = "127.0.0.1"):
         finally:
             watcher.cancel()
             job.cancel()  # a no-op once finished; frees the slot of an abandoned request
-        if watcher.done() and not watcher.cancelled():
-            return JSONResponse({}, status_code=499)  # nobody is listening
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            return JSONResponse({}, status_code=499)  # the client went away: nobody listens
         if reason.startswith("error"):
             raise server_error(reason)
         text = "".join(pieces)
