@@ -21,7 +21,7 @@ from iron.resolution import legal_settings
 from iron.targets import cpu
 from iron.targets.cpu import host
 
-from opcases import OneStep, assert_close, case_inputs, run_built
+from opcases import OneStep, assert_builds_agree, assert_close, case_inputs, run_built
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
@@ -210,12 +210,7 @@ def test_avx512_vnni_build_gives_the_avx2_builds_bits(name, shape, march, tmp_pa
     bundle gives the same bits whichever the host compiles; both agree with the reference.
     The outputs are bf16: any difference in the integer sums, the lanes or the scales shows,
     a float step taken in another order only where it moves a bf16 rounding."""
-    vnni, reference, code = run_built(name, shape, march, tmp_path, np.random.default_rng(4))
-    avx2, _, _ = run_built(name, shape, "znver3", tmp_path, np.random.default_rng(4))
-    if code is not None:  # really the VNNI kernel
-        assert b"vpdpbusd" in code
-    assert np.array_equal(vnni.view(np.uint16), avx2.view(np.uint16))
-    assert_close(name, vnni, reference)
+    assert_builds_agree(name, shape, march, "znver3", b"vpdpbusd", tmp_path, seed=4)
 
 
 def test_kernel_format_numbers_match_iron_quant():

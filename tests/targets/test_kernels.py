@@ -3,7 +3,8 @@ sizes included) and, for one shape per operator, every legal tunable setting."""
 
 import numpy as np
 import pytest
-from opcases import SHAPES, SWEEP, OneStep, assert_close, case_inputs, run_built
+from opcases import (SHAPES, SWEEP, OneStep, assert_builds_agree, assert_close,
+                     case_inputs)
 
 from iron.memplan import temp_buffers
 from iron.resolution import legal_settings
@@ -161,11 +162,4 @@ def test_attention_avx512_build_gives_the_avx2_builds_bits(name, shape, tmp_path
     """Attention gives the same bits built for an AVX-512 host and for AVX2 alone: its dot
     products and sums keep their order, and what the compiler vectorizes wider is elementwise.
     So a model's tokens do not depend on the -march its bundle was built for."""
-    wide, reference, code = run_built(name, shape, "native", tmp_path, np.random.default_rng(5))
-    narrow, _, _ = run_built(name, shape, "x86-64-v3", tmp_path, np.random.default_rng(5))
-    if code is not None:  # really the AVX-512 code
-        assert b"zmm" in code
-    differ = np.flatnonzero(wide.view(np.uint16) != narrow.view(np.uint16))
-    assert differ.size == 0, (f"{name}: {differ.size} of {wide.size} outputs differ between "
-                              "the builds")
-    assert_close(name, wide, reference)
+    assert_builds_agree(name, shape, "native", "x86-64-v3", b"zmm", tmp_path, seed=5)
