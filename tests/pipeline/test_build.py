@@ -239,12 +239,17 @@ def test_ctrl_c_during_a_build_is_one_line_and_keeps_the_previous_bundle(project
     bundle = project / "build/demo/cpu"
     before = (bundle / "manifest.json").read_bytes()
     set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
-    env = {**os.environ, "PYTHONPATH": str(project)}
+    # a compiler that takes a second, so that the build is still compiling when the signal
+    # comes, however fast the host (a small kernel compiles in under 0.2 s on some)
+    slow_cc = project / "slow-cc"
+    slow_cc.write_text(f"#!/bin/sh\nsleep 1\nexec {shutil.which('cc')} \"$@\"\n")
+    slow_cc.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(project), "CC": str(slow_cc)}
     process = subprocess.Popen([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=terminal_interrupt)
     assert process.stdout.readline().startswith("building ")  # a compile has started
-    time.sleep(0.2)
+    time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, (out, err)
