@@ -19,7 +19,7 @@
  *   IRON_HEAD_DIM         head dimension
  *   IRON_CTX              cache length (positions)
  *   IRON_TILE_SIZE        keys per online-softmax block
- *   IRON_NUM_AIE_COLUMNS  worker threads over the (row, KV head) pairs
+ *   IRON_NUM_AIE_COLUMNS  worker threads over the (row, KV head) pairs (or their parts, below)
  */
 #include "iron_cpu.h"
 
@@ -35,37 +35,40 @@ _Static_assert(IRON_HEADS % IRON_KV_HEADS == 0, "heads % kv_heads == 0");
 #define GROUP (IRON_HEADS / IRON_KV_HEADS)
 #define BLOCK8 ((IRON_TILE_SIZE + 7) / 8 * 8) /* a key block rounded up to whole vectors */
 
-/* The 8 scores of keys k[0..7] (rows of HEAD_DIM) against each of the GROUP query heads qf,
- * into score[g][0..7]. Each head's 8 dot products are computed exactly as
+/* The 8 scores of keys k[0..7] (rows of HEAD_DIM) against each of the ng <= GROUP query heads
+ * qf, into score[g][0..7]. Each head's 8 dot products are computed exactly as
  * iron_dot8_bf16_f32 computes them (the same FMAs in the same order, then iron_hsum8x8); a
  * key is widened from bf16 once for all the heads that read it. */
-static inline void dot8_group(const uint16_t *k, const float (*qf)[IRON_HEAD_DIM],
-                              float (*score)[BLOCK8], long j) {
+static inline __attribute__((always_inline)) void dot8_group(
+    const int ng, const uint16_t *k, const float (*qf)[IRON_HEAD_DIM], float (*score)[BLOCK8],
+    long j) {
     __m256 acc[GROUP][8];
-    for (int g = 0; g < GROUP; g++)
+    for (int g = 0; g < ng; g++)
         for (int jj = 0; jj < 8; jj++) acc[g][jj] = _mm256_setzero_ps();
     for (int i = 0; i < IRON_HEAD_DIM; i += 8) {
         __m256 qv[GROUP];
-        for (int g = 0; g < GROUP; g++) qv[g] = _mm256_loadu_ps(qf[g] + i);
+        for (int g = 0; g < ng; g++) qv[g] = _mm256_loadu_ps(qf[g] + i);
         for (int jj = 0; jj < 8; jj++) {
             const __m256 kv = iron_load8_bf16(k + jj * IRON_HEAD_DIM + i);
-            for (int g = 0; g < GROUP; g++) acc[g][jj] = _mm256_fmadd_ps(kv, qv[g], acc[g][jj]);
+            for (int g = 0; g < ng; g++) acc[g][jj] = _mm256_fmadd_ps(kv, qv[g], acc[g][jj]);
         }
     }
-    for (int g = 0; g < GROUP; g++) _mm256_storeu_ps(score[g] + j, iron_hsum8x8(acc[g]));
+    for (int g = 0; g < ng; g++) _mm256_storeu_ps(score[g] + j, iron_hsum8x8(acc[g]));
 }
 
-/* The GROUP query heads q[0 .. GROUP * HEAD_DIM) that read one KV head, over its keys
- * 0 .. len-1: the keys and values are read once for the group, not once per head (they are
+/* The ng (<= GROUP) query heads q[0 .. ng * HEAD_DIM) that read one KV head, over its keys
+ * 0 .. len-1: the keys and values are read once for the heads, not once per head (they are
  * what decode attention streams from memory). Each head's arithmetic is that of one head
  * alone: scores 8 keys at a time by dot8_group, online softmax per head over blocks of
- * TILE_SIZE keys, then acc += p * v in key order, with the same FMAs as iron_axpy_bf16. */
-static void attend_group(const uint16_t *q, const uint16_t *k, const uint16_t *v, long len,
-                         uint16_t *out) {
+ * TILE_SIZE keys, then acc += p * v in key order, with the same FMAs as iron_axpy_bf16. So a
+ * head's result does not depend on which heads share the call (called with constant ng). */
+static inline __attribute__((always_inline)) void attend_group(
+    const int ng, const uint16_t *q, const uint16_t *k, const uint16_t *v, long len,
+    uint16_t *out) {
     float qf[GROUP][IRON_HEAD_DIM], acc[GROUP][IRON_HEAD_DIM], score[GROUP][BLOCK8];
     float m[GROUP], l[GROUP];
     const float scale = 1.0f / sqrtf((float)IRON_HEAD_DIM);
-    for (int g = 0; g < GROUP; g++) {
+    for (int g = 0; g < ng; g++) {
         for (int d = 0; d < IRON_HEAD_DIM; d++) {
             qf[g][d] = iron_bf16_to_f32(q[g * IRON_HEAD_DIM + d]) * scale;
             acc[g][d] = 0.0f;
@@ -79,13 +82,13 @@ static void attend_group(const uint16_t *q, const uint16_t *k, const uint16_t *v
         /* scores q.k, 8 keys at a time when HEAD_DIM allows; padding up to BLOCK8 is -inf */
         long j = 0;
         if (IRON_HEAD_DIM % 8 == 0)
-            for (; j + 8 <= n; j += 8) dot8_group(kb + j * IRON_HEAD_DIM, qf, score, j);
+            for (; j + 8 <= n; j += 8) dot8_group(ng, kb + j * IRON_HEAD_DIM, qf, score, j);
         for (; j < n; j++)
-            for (int g = 0; g < GROUP; g++)
+            for (int g = 0; g < ng; g++)
                 score[g][j] = iron_dot_bf16_f32(kb + j * IRON_HEAD_DIM, qf[g], IRON_HEAD_DIM);
         for (; j % 8; j++)
-            for (int g = 0; g < GROUP; g++) score[g][j] = -INFINITY;
-        for (int g = 0; g < GROUP; g++) {
+            for (int g = 0; g < ng; g++) score[g][j] = -INFINITY;
+        for (int g = 0; g < ng; g++) {
             /* new running max; p = exp(score - max) (exp(-inf) = 0); the block's sum of p */
             __m256 vmax = _mm256_set1_ps(-INFINITY);
             for (j = 0; j < n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(score[g] + j));
@@ -108,28 +111,28 @@ static void attend_group(const uint16_t *q, const uint16_t *k, const uint16_t *v
             /* the accumulators stay in registers over the block (GROUP * HEAD_DIM / 8 of
              * them: 24 for SmolLM2's 3 x 64, within AVX-512's 32) */
             __m256 va[GROUP][IRON_HEAD_DIM / 8];
-            for (int g = 0; g < GROUP; g++)
+            for (int g = 0; g < ng; g++)
                 for (int i = 0; i < IRON_HEAD_DIM / 8; i++)
                     va[g][i] = _mm256_loadu_ps(acc[g] + 8 * i);
             for (j = 0; j < n; j++) {
                 const uint16_t *vr = vb + j * IRON_HEAD_DIM;
                 __m256 p[GROUP];
-                for (int g = 0; g < GROUP; g++) p[g] = _mm256_set1_ps(score[g][j]);
+                for (int g = 0; g < ng; g++) p[g] = _mm256_set1_ps(score[g][j]);
                 for (int i = 0; i < IRON_HEAD_DIM / 8; i++) {
                     const __m256 vv = iron_load8_bf16(vr + 8 * i);
-                    for (int g = 0; g < GROUP; g++) va[g][i] = _mm256_fmadd_ps(p[g], vv, va[g][i]);
+                    for (int g = 0; g < ng; g++) va[g][i] = _mm256_fmadd_ps(p[g], vv, va[g][i]);
                 }
             }
-            for (int g = 0; g < GROUP; g++)
+            for (int g = 0; g < ng; g++)
                 for (int i = 0; i < IRON_HEAD_DIM / 8; i++)
                     _mm256_storeu_ps(acc[g] + 8 * i, va[g][i]);
         } else {
             for (j = 0; j < n; j++)
-                for (int g = 0; g < GROUP; g++)
+                for (int g = 0; g < ng; g++)
                     iron_axpy_bf16(acc[g], score[g][j], vb + j * IRON_HEAD_DIM, IRON_HEAD_DIM);
         }
     }
-    for (int g = 0; g < GROUP; g++) {
+    for (int g = 0; g < ng; g++) {
         const float inv = len > 0 ? 1.0f / l[g] : 0.0f;
         for (int d = 0; d < IRON_HEAD_DIM; d++)
             out[g * IRON_HEAD_DIM + d] = iron_f32_to_bf16(acc[g][d] * inv);
@@ -171,6 +174,14 @@ static inline void prefetch_pair(const uint16_t *k, const uint16_t *v, long len,
     }
 }
 
+/* Work items: (row, KV head) pairs, each split in two (its first FIRST_PART heads, then the
+ * rest) when the pairs do not share out evenly over the threads: one decode row of SmolLM2
+ * has 3 KV heads of 3 query heads, which 2 threads would take 2:1 whole, and 5:4 in parts.
+ * A part reads its pair's keys and values again (from cache, the second time); each head's
+ * result is the same whichever part computes it (attend_group). */
+#define PARTS ((IRON_ROWS * IRON_KV_HEADS) % IRON_NUM_AIE_COLUMNS != 0 && GROUP > 1 ? 2 : 1)
+#define FIRST_PART ((GROUP + 1) / 2)
+
 void iron_kernel(void *const *args) {
     const uint16_t *q = args[0];
     const uint16_t *k_cache = args[1];
@@ -188,15 +199,22 @@ void iron_kernel(void *const *args) {
 #if IRON_NUM_AIE_COLUMNS > 1  /* even a team of one costs a GOMP_parallel call */
     #pragma omp parallel for num_threads(IRON_NUM_AIE_COLUMNS) schedule(static)
 #endif
-    for (long rk = 0; rk < pairs; rk++) {
+    for (long item = 0; item < pairs * PARTS; item++) {
+        const long rk = item / PARTS;
+        const int part = (int)(item % PARTS);
         const uint16_t *k, *v, *next_k, *next_v;
         const long len = pair(pos, slot, rk, k_cache, v_cache, &k, &v);
         prefetch_pair(k, v, len, _MM_HINT_T0);
-        if (rk + 1 < pairs)
+        if (part == PARTS - 1 && rk + 1 < pairs)
             prefetch_pair(next_k, next_v, pair(pos, slot, rk + 1, k_cache, v_cache, &next_k,
                                                &next_v), _MM_HINT_T1);
-        const long off = (rk / IRON_KV_HEADS * IRON_HEADS + rk % IRON_KV_HEADS * GROUP)
-                         * IRON_HEAD_DIM;
-        attend_group(q + off, k, v, len, out + off);
+        const long off = (rk / IRON_KV_HEADS * IRON_HEADS + rk % IRON_KV_HEADS * GROUP
+                          + (part ? FIRST_PART : 0)) * IRON_HEAD_DIM;
+        if (PARTS == 1)
+            attend_group(GROUP, q + off, k, v, len, out + off);
+        else if (part == 0)
+            attend_group(FIRST_PART, q + off, k, v, len, out + off);
+        else
+            attend_group(GROUP - FIRST_PART, q + off, k, v, len, out + off);
     }
 }
