@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from iron.targets.cpu.build import compiler
 from iron.targets.cpu.host import class_name
 from conftest import copy_project
 from buildtools import (ROOT, doit, executed, compile_tasks, set_profile, run_bundle,  # noqa: F401
@@ -239,10 +240,11 @@ def test_ctrl_c_during_a_build_is_one_line_and_keeps_the_previous_bundle(project
     bundle = project / "build/demo/cpu"
     before = (bundle / "manifest.json").read_bytes()
     set_profile(project, [{"operator": "GEMV", "M": 512, "K": 256, "tile_size_output": 32}])
-    # a compiler that takes a second, so that the build is still compiling when the signal
-    # comes, however fast the host (a small kernel compiles in under 0.2 s on some)
+    # the build's own compiler, made to take a second, so that the build is still compiling
+    # when the signal comes, however fast the host (a small kernel compiles in under 0.2 s on
+    # some)
     slow_cc = project / "slow-cc"
-    slow_cc.write_text(f"#!/bin/sh\nsleep 1\nexec {shutil.which('cc')} \"$@\"\n")
+    slow_cc.write_text(f"#!/bin/sh\nsleep 1\nexec {compiler()[0]} \"$@\"\n")
     slow_cc.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(project), "CC": str(slow_cc)}
     process = subprocess.Popen([sys.executable, "-m", "doit", "app=demo"], cwd=project, env=env,
