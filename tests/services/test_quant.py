@@ -297,18 +297,19 @@ def test_quantized_gemv_matches_the_reference_on_blocks_at_the_edges_of_int8():
                                          ("q6_k", 256, 512)])
 def test_quantized_gemm_rows_are_bit_identical_to_the_gemv(fmt, group, k):
     """A prefill chunk's GEMM multiplies each row as the decode GEMV multiplies x (the same
-    int8 rounding, integer sums and float steps), whatever the row blocking and threads: so a
-    prompt row gives the same bits through either kernel."""
+    int8 rounding, integer sums and float steps), whatever the row blocking (passes of up to
+    8 vectors and a rest of 2, 6 or 7) and threads: so a prompt row gives the same bits through
+    either kernel."""
     from iron.operators import GEMM
 
     rng = np.random.default_rng(12)
     w = quant.tile(fmt, quant.random_matrix(fmt, 48, k, group, rng), k, group)
-    a = rng.standard_normal((6, k)).astype(iron.bfloat16)
+    a = rng.standard_normal((30, k)).astype(iron.bfloat16)
     fmt_fields = {"weight_format": fmt, "group_size": group}
     gemv = cpu.load(OneStep(GEMV, {**fmt_fields, "tile_size_output": 16,
                                    "num_aie_columns": 1}).record_like([w, a[0]]))
     rows = np.stack([gemv.run([w, row])[0] for row in a])
-    for tile_m, tile_n in ((6, 16), (2, 48), (3, 16)):
+    for tile_m, tile_n in ((30, 16), (15, 48), (10, 16), (6, 16), (3, 16)):
         program = OneStep(GEMM, {**fmt_fields, "tile_m": tile_m, "tile_n": tile_n,
                                  "tile_k": k, "num_aie_columns": 2}).record_like([a, w])
         out = cpu.load(program).run([a, w])[0]
