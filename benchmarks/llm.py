@@ -20,7 +20,9 @@ decode token goes: time in kernels per operator against time outside kernels.
 ``benchmarks/make_gguf.py``): iron (a bundle built from the file: ``python -m
 iron.lm.gguf_import`` then ``doit checkpoint=DIR``, unless ``--bundle`` names one), llama.cpp
 and OpenVINO GenAI (``openvino-genai``, which loads GGUF files directly), in interleaved
-rounds, each engine in a fresh process; the same figures per engine, plus the bandwidth probe
+rounds, each engine in a fresh process (per round, time to first token and prefill are the
+median of the timed generation and three prefills of the prompt rotated, whose rate alone
+varies by up to 10% between runs); the same figures per engine, plus the bandwidth probe
 and the ceiling of iron's decode, written to ``benchmarks/results/`` with the date, the host's
 CPU, ISA flags and bandwidth, and the command:
 
@@ -45,6 +47,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
 PROMPT_TOKENS, NEW_TOKENS = 128, 128
+# one timed prefill varies by up to 10% between runs: each child also times this many prefills
+# of the prompt rotated (the same tokens, no prefix shared with the others, so no engine's
+# prefix cache serves them) and reports the medians of time to first token and prefill rate
+PREFILL_SAMPLES = 3
 # every engine's threads and the bandwidth probe's: --threads, passed to the children as iron's
 # own $IRON_THREADS
 THREADS = int(os.environ.get("IRON_THREADS", "2"))
@@ -61,6 +67,20 @@ def prompt_ids(bundle: Path) -> list[int]:
     return ids[:PROMPT_TOKENS]
 
 
+def rotations(ids: list[int]) -> list[list[int]]:
+    """The prompts of the extra prefill samples: ``ids`` rotated by 1, 2, ... tokens."""
+    return [ids[i:] + ids[:i] for i in range(1, PREFILL_SAMPLES + 1)]
+
+
+def with_prefill_samples(result: dict, samples: list[tuple[float, int]]) -> dict:
+    """``result`` (one timed generation) with ``ttft_s`` and ``prefill_tok_s`` replaced by the
+    medians over it and ``samples`` (time to first token, prompt tokens)."""
+    ttfts = [result["ttft_s"]] + [t for t, _ in samples]
+    rates = [result["prefill_tok_s"]] + [n / t for t, n in samples]
+    return {**result, "ttft_s": statistics.median(ttfts),
+            "prefill_tok_s": statistics.median(rates)}
+
+
 def child_iron(bundle: str, ids: list[int]) -> dict:
     from iron.lm.generate import LlamaModel
 
@@ -72,10 +92,12 @@ def measure_iron(model, ids: list[int]) -> dict:
     import numpy as np
 
     model.generate(ids, 16, stop_at_eos=False)  # warm-up: page in weights, start threads
+    samples = [(model.generate(p, 1)[1].time_to_first_token, len(p)) for p in rotations(ids)]
     tokens, stats = model.generate(ids, NEW_TOKENS, stop_at_eos=False)
-    result = {"ttft_s": stats.time_to_first_token,
-              "prefill_tok_s": stats.prefill_tokens_per_second,
-              "decode_tok_s": stats.decode_tokens_per_second, "token_ids": tokens}
+    result = with_prefill_samples({"ttft_s": stats.time_to_first_token,
+                                   "prefill_tok_s": stats.prefill_tokens_per_second,
+                                   "decode_tok_s": stats.decode_tokens_per_second,
+                                   "token_ids": tokens}, samples)
     # where a decode token goes: each step's kernel time, summed by operator, against the wall
     exe, head = model.decode_exe, model.head_exe
     seconds, head_seconds = np.zeros(len(exe.program.steps)), np.zeros(1)
@@ -138,12 +160,14 @@ def child_llamacpp_file(path: str, ids: list[int]) -> dict:
 
     with LlamaCpp(path, n_threads=THREADS, n_ctx=len(ids) + NEW_TOKENS + 16) as llm:
         llm.generate(ids, 16, return_ids=False)
+        samples = [(llm.generate(p, 1, return_ids=False)["ttft_s"], len(p))
+                   for p in rotations(ids)]
         r = llm.generate(ids, NEW_TOKENS)
     if "decode_tok_s" not in r:
         raise SystemExit(f"llama.cpp streamed {r['n_streamed']} tokens of {NEW_TOKENS} from {path}")
-    return {"ttft_s": r["ttft_s"], "prefill_tok_s": r["prefill_tok_s"],
-            "decode_tok_s": r["decode_tok_s"], "token_ids": r["token_ids"],
-            "peak_rss_mib": peak_rss_mib()}
+    return with_prefill_samples({"ttft_s": r["ttft_s"], "prefill_tok_s": r["prefill_tok_s"],
+                                 "decode_tok_s": r["decode_tok_s"], "token_ids": r["token_ids"],
+                                 "peak_rss_mib": peak_rss_mib()}, samples)
 
 
 def child_openvino(path: str, ids: list[int]) -> dict:
@@ -164,13 +188,17 @@ def child_openvino(path: str, ids: list[int]) -> dict:
     # the warm-up prompt shares no prefix with the timed one: the pipeline caches prefixes
     config.max_new_tokens = 16
     pipe.generate(inputs(ids[::-1]), config)
+    config.max_new_tokens = 1
+    samples = [(pipe.generate(inputs(p), config).perf_metrics.get_ttft().mean / 1e3, len(p))
+               for p in rotations(ids)]
     config.max_new_tokens = NEW_TOKENS
     r = pipe.generate(inputs(ids), config)
     m = r.perf_metrics
     ttft = m.get_ttft().mean / 1e3
-    return {"ttft_s": ttft, "prefill_tok_s": len(ids) / ttft,
-            "decode_tok_s": 1e3 / m.get_tpot().mean, "token_ids": [int(t) for t in r.tokens[0]],
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return with_prefill_samples(
+        {"ttft_s": ttft, "prefill_tok_s": len(ids) / ttft,
+         "decode_tok_s": 1e3 / m.get_tpot().mean, "token_ids": [int(t) for t in r.tokens[0]],
+         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, samples)
 
 
 CHILDREN = {"iron": lambda what, ids: child_iron(what, ids), "llamacpp": child_llamacpp,
@@ -375,7 +403,8 @@ def compare_gguf(args) -> None:
     ceiling = bandwidth * 1e9 / streamed
     lines = [f"{path.name} ({path.stat().st_size / 1e6:.1f} MB), {len(ids)} prompt tokens, "
              f"{NEW_TOKENS} new, greedy, {THREADS} threads, medians of {args.rounds} "
-             "interleaved rounds, each engine in its own process", "",
+             f"interleaved rounds, each engine in its own process (TTFT and prefill: per round "
+             f"the median of {PREFILL_SAMPLES + 1} prompts, the prompt rotated)", "",
              "| engine | TTFT ms | prefill tok/s | decode tok/s | peak RSS MiB |",
              "|---|---|---|---|---|"]
     for name, rs in runs.items():
