@@ -163,6 +163,11 @@ class Target:
     def cost(self, op: Operator) -> Estimate | None:
         return None
 
+    def ignored_tunables(self, op: Operator) -> frozenset[str]:
+        """Tunables of ``op`` that this target's kernel does not read: settings differing only
+        in them run the same code, so a pruned sweep measures one of them."""
+        return frozenset()
+
     def cost_version(self) -> str:
         """What identifies the cost model: a changed model must not reuse logged estimates."""
         return "1"

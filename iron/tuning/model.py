@@ -52,12 +52,19 @@ def estimable(target: Target, ops: Sequence[Operator]) -> bool:
 
 def prune(target: Target, ops: Sequence[Operator], current: Operator, k: int
           ) -> list[Operator]:
-    """The model's ``k`` fastest of ``ops``, plus ``current`` if it is not among them, in the
-    order given; all of them when ``k`` is 0 or at least their number, or when the model has
-    no estimate for them."""
+    """The model's ``k`` fastest of ``ops`` that run different code (of settings that differ
+    only in tunables the target's kernel ignores, the first ranked), plus ``current`` if it is
+    not among them, in the order given; all of them when ``k`` is 0 or at least their number,
+    or when the model has no estimate for them."""
     if k <= 0 or len(ops) <= k or not estimable(target, ops):
         return list(ops)
-    keep = {op for op, _ in ranked(target, ops)[:k]} | {current}
+    keep, seen = {current}, set()
+    for op, _ in ranked(target, ops):
+        ignored = target.ignored_tunables(op)
+        code = tuple((name, getattr(op, name)) for name in op.tunables() if name not in ignored)
+        if code not in seen and len(seen) < k:
+            seen.add(code)
+            keep.add(op)
     return [op for op in ops if op in keep]
 
 

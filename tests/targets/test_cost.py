@@ -190,6 +190,22 @@ def test_prune_keeps_the_models_fastest_and_the_setting_in_use_in_their_order(fi
     assert prune(target, ops, slowest, 0) == ops
 
 
+def test_prune_spends_its_candidates_on_settings_that_run_different_code(fixed_host):
+    """A quantized GEMM's cpu kernel ignores tile_k: the model prices its tile_k variants
+    alike, and pruning keeps one of them, so its k candidates differ in tile_m, tile_n or
+    threads. A bf16 GEMM's kernel blocks by tile_k, which keeps distinguishing them there."""
+    target = iron.targets.target_for(iron.device("cpu"))
+    quantized = candidates(GEMM(M=64, K=2048, N=2048, weight_format="q4_0"), "cpu")
+    slowest = ranked(target, quantized)[-1][0]
+    kept = prune(target, quantized, slowest, 4)
+    code = {(op.tile_m, op.tile_n, op.num_aie_columns) for op in kept if op != slowest}
+    assert len(kept) == 5 and len(code) == 4
+    assert len({op.tile_k for op in quantized}) > 1  # there were tile_k variants to skip
+    plain = candidates(GEMM(M=64, K=2048, N=2048), "cpu")
+    assert target.ignored_tunables(plain[0]) == frozenset()
+    assert target.ignored_tunables(quantized[0]) == {"tile_k"}
+
+
 def test_pruned_tune_measures_only_the_models_top_k_plus_the_setting_in_use(tmp_path,
                                                                          fixed_host):
     bench = FakeBench()

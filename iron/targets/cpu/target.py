@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...operator import Operator
+from ...operators import GEMM
 from ...program import Program
 from ...store import Entry, Store
 from ..base import Recipe, Target
@@ -57,6 +58,14 @@ class CpuTarget(Target):
         from .cost import cost
 
         return cost(op)
+
+
+    def ignored_tunables(self, op: Operator) -> frozenset[str]:
+        """A GEMM with quantized B multiplies each row of A as the GEMV does, a whole row of
+        B's codes at a time (qmatmul.h): its ``tile_k`` changes nothing."""
+        if isinstance(op, GEMM) and op.weight_format != "bf16":
+            return frozenset({"tile_k"})
+        return frozenset()
 
 
 TARGET = CpuTarget()
