@@ -43,6 +43,8 @@ from ..util import atomic_write_bytes, read_bounded, sha256_file, umask
 from ..store import Store, locked_temp_folder
 
 FORMAT = 2
+#: The module that lays out quantized weights for the kernels (read, not imported: it needs numpy)
+QUANT_SOURCE = Path(__file__).resolve().parent.parent / "quant.py"
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 KERNEL_PATH = re.compile(r"kernels/[0-9a-f]{32}\.[a-z]{1,8}")
@@ -118,7 +120,8 @@ WEIGHTS_POOL = "weights"
 def shared_weights(app, dest: Path, write) -> str:
     """Put the application's weights at ``dest`` and return their xxh3: a hard link to the pool's
     file when one was written for the same ``app.weights_key()`` (what the weights depend on)
-    and is still as written (size and time), else ``write()`` then link the new file into the
+    and the same ``iron/quant.py`` (the layout of quantized weights), and is still as written
+    (size and time), else ``write()`` then link the new file into the
     pool.  Without a key, or where hard links cannot be made (another file system), the file
     is written and not shared."""
     from ..paths import build_dir
@@ -127,7 +130,9 @@ def shared_weights(app, dest: Path, write) -> str:
     if key_of is None:
         write()
         return xxh3_file(dest)
-    key = hashlib.sha256(json.dumps([app.name, key_of()], sort_keys=True).encode()
+    # the bytes of quantized weights are iron.quant's tiled layout: a change there is new weights
+    layout = hashlib.sha256(QUANT_SOURCE.read_bytes()).hexdigest()
+    key = hashlib.sha256(json.dumps([app.name, key_of(), layout], sort_keys=True).encode()
                          ).hexdigest()[:32]
     pool = build_dir() / WEIGHTS_POOL
     shared, index = pool / f"{key}.safetensors", pool / f"{key}.json"

@@ -494,12 +494,13 @@ class BuildGraph:
 
     def task_bundle(self) -> dict:
         from ..store import MANIFEST as ENTRY_MANIFEST
-        from .bundle import MANIFEST
+        from .bundle import MANIFEST, QUANT_SOURCE
 
         record = self.record
         deps = [str(self.store.path(i["key"]) / ENTRY_MANIFEST)
                 for i in record["instances"].values()]
         deps += record["sources"]
+        deps.append(str(QUANT_SOURCE))  # it lays out the bundle's quantized weights
         if self.profile_file.exists():
             deps.append(str(self.profile_file))
         deps += record["runtime_sources"]
