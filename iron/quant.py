@@ -47,12 +47,13 @@ GGUF blocks themselves, byte for byte::
                                                                w = (d sc) (q - 32) per 16
 
 Their tiled layout splits a super-block into its 8 groups of 32 values (the kernels' groups),
-each the group's codes in the planes above (q6_k: two sets, the low 4 bits and the high 2 bits
-of the unsigned q, as for q8_0) followed by its 16 rows' sub-block scales as bytes (q4_k: sc,
-then mn, 6-bit values unpacked to a byte each; q6_k: the two int8 scales of its sub-blocks of
-16, 16 rows each), then the super-block's 16 d (and 16 dmin) fp16. Unpacking the 6-bit fields
-to bytes (148 bytes per row and super-block for 144) and q6_k's codes to 8 bits (274 for 210)
-is lossless: ``untile`` packs them back into the file's bytes.
+each the group's codes in the planes above (q6_k: the low 4 bits of the unsigned q as one set,
+then its high 2 bits as a set of 2 planes, word i of plane j holding plane j's 2-bit nibbles of
+row i in bits 0-1 of each nibble and plane j + 2's in bits 2-3) followed by its 16 rows'
+sub-block scales as bytes (q4_k: sc, then mn, 6-bit values unpacked to a byte each; q6_k: the
+two int8 scales of its sub-blocks of 16, 16 rows each), then the super-block's 16 d (and 16
+dmin) fp16. Unpacking the 6-bit fields to bytes (148 bytes per row and super-block for 144;
+q6_k stays at 210) is lossless: ``untile`` packs them back into the file's bytes.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ GROUPS = {"bf16": (32,), "q4_0": (32,), "q4_1": (32,), "q8_0": (32,), "uint4": (
 GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}
 #: The K-quants: bytes of a super-block of 256 values, in the file and per row of a tile.
 K_BLOCK = {"q4_k": 144, "q6_k": 210}
-K_TILED = {"q4_k": 148, "q6_k": 274}
+K_TILED = {"q4_k": 148, "q6_k": 210}
+#: q6_k's high 2 bits: one 4-bit plane's nibbles hold two planes' 2-bit values
+HIGH_2BIT = 0x33333333
 QK_K = 256
 #: Rows per tile of the tiled layout (the lanes of a 512-bit register of 32-bit words).
 TILE = 16
@@ -439,6 +442,11 @@ def _k_tile(fmt: str, w: np.ndarray, k: int) -> np.ndarray:
     t = rows // TILE
     nibbles = 1 if fmt == "q4_k" else 2
     planes = _code_planes(_k_codes(fmt, b).reshape(rows, k), 32, nibbles)  # (t, 8n, bytes)
+    if fmt == "q6_k":  # the high set's planes j and j + 2 share a word (HIGH_2BIT)
+        words = planes.view("<u4").reshape(t, 8 * n, 2, 4, TILE)
+        high = words[:, :, 1, :2] | (words[:, :, 1, 2:] << 2)
+        planes = np.concatenate([words[:, :, 0], high], axis=2).reshape(t, 8 * n, -1).view(
+            np.uint8)
     if fmt == "q4_k":
         sc, mn = _q4_k_scales(b[..., 4:16])
         scales = np.stack([sc, mn], axis=3)  # (rows, n, group, 2)
@@ -458,12 +466,18 @@ def _k_untile(fmt: str, w: np.ndarray, k: int) -> np.ndarray:
     _tile_axes(fmt, rows, k, 32)
     t = rows // TILE
     nibbles = 1 if fmt == "q4_k" else 2
-    code = 16 * nibbles * TILE
+    code = (16 if fmt == "q4_k" else 24) * TILE  # q6_k: 4 planes of low bits, 2 of high
     tail = 32 * (2 if fmt == "q4_k" else 1)
     s = b.reshape(t, TILE * n * K_TILED[fmt])
     s = s.reshape(t, n, -1)
     groups = s[:, :, :-tail].reshape(t, 8 * n, code + 2 * TILE)
-    u = _plane_codes(groups[:, :, :code], rows, k, 32, nibbles).reshape(rows, n, QK_K)
+    planes = groups[:, :, :code]
+    if fmt == "q6_k":
+        words = np.ascontiguousarray(planes).view("<u4").reshape(t, 8 * n, 6, TILE)
+        high = words[:, :, 4:]
+        planes = np.concatenate([words[:, :, :4], high & HIGH_2BIT, (high >> 2) & HIGH_2BIT],
+                                axis=2).astype("<u4").reshape(t, 8 * n, -1).view(np.uint8)
+    u = _plane_codes(planes, rows, k, 32, nibbles).reshape(rows, n, QK_K)
     scales = _untile_rows(groups[:, :, code:], 2, 1).reshape(rows, n, 8, 2)
     fields = _untile_rows(s[:, :, -tail:], tail // 32, 2)  # (rows, n, fields, 2)
     codes = _k_pack_codes(fmt, u)

@@ -12,7 +12,9 @@
  *
  * The K-quants (q4_k, q6_k) come in super-blocks of 256 values (IRON_GROUP_SIZE), Q_SUPER = 8
  * of the kernels' groups of QG = 32: a super-block of a tile is its 8 groups, each its codes
- * (q6_k: two sets, the low 4 and the high 2 bits of q) then 32 bytes of its 16 rows' sub-block
+ * (q6_k: two sets, the low 4 and the high 2 bits of q; the high set in 2 planes, plane j's 2-bit
+ * values in bits 0-1 of each nibble and plane j + 2's in bits 2-3: the file's 210 bytes per row
+ * and super-block, not 274 for a full second set) then 32 bytes of its 16 rows' sub-block
  * scales (q4_k: 16 6-bit scales sc, 16 6-bit minimums mn, a byte each; q6_k: the int8 scales
  * of its two blocks of 16 values), then the super-block's 16 fp16 d (q4_k: and 16 dmin).
  * Value = (d sc) u - (dmin mn) (q4_k, per group) or (d sc) (u - 32) (q6_k, per 16 values):
@@ -47,7 +49,9 @@
 #define Q_HAS_MIN (QFMT == IRON_FMT_Q4_1 || QFMT == IRON_FMT_UINT4) /* a stored fp16 minimum */
 #define Q_CHUNKS (QG / 32)                                 /* chunks per group */
 #define Q_NIBBLES (QFMT == IRON_FMT_Q8_0 || QFMT == IRON_FMT_Q6_K ? 2 : 1) /* 4-bit code sets */
-#define Q_CHUNK_BYTES (Q_NIBBLES * 16 * Q_TILE)             /* a chunk's codes in a tile */
+#define Q_HIGH_PACKED (QFMT == IRON_FMT_Q6_K) /* the high set's planes j, j + 2 share words */
+#define Q_HIGH_2BIT 0x33333333                /* ... bits 0-1 of each nibble: plane j's */
+#define Q_CHUNK_BYTES ((Q_HIGH_PACKED ? 24 : Q_NIBBLES * 16) * Q_TILE) /* a chunk's codes */
 #define Q_CODE_BYTES (Q_CHUNKS * Q_CHUNK_BYTES)             /* a group's codes in a tile */
 #define Q_ZERO (QFMT == IRON_FMT_Q8_0 ? 128 : QFMT == IRON_FMT_Q4_0 ? 8 \
                 : QFMT == IRON_FMT_Q6_K ? 32 : 0)
@@ -79,12 +83,20 @@ static inline const uint8_t *q_super_tail(const uint8_t *tile, const long g) {
     return tile + g / Q_SUPER * Q_SUPER_BYTES + Q_SUPER * Q_GROUP_BYTES;
 }
 
+/* byte offset in a chunk of plane j of code set h (the words of its 16 rows) and the right
+ * shift that brings the plane's values to bits 0-3 of each nibble (q6_k's packed high set;
+ * then masked with Q_HIGH_2BIT) */
+#define Q_PLANE_AT(h, j) ((h) == 0 ? 64 * (j) : Q_HIGH_PACKED ? 256 + 64 * ((j) % 2) : 256 + 64 * (j))
+#define Q_PLANE_SHIFT(h, j) ((h) == 1 && Q_HIGH_PACKED ? 2 * ((j) / 2) : 0)
+
 /* the unsigned code u of value v (0..31) of a chunk, row lane */
 static inline int q_code(const uint8_t *chunk, const int lane, const int v) {
     int u = 0;
     for (int h = 0; h < Q_NIBBLES; h++) {
         uint32_t word;
-        memcpy(&word, chunk + 4 * ((16 * h + v / 8 * 4) * 4 + lane), sizeof word);
+        memcpy(&word, chunk + Q_PLANE_AT(h, v / 8) + 4 * lane, sizeof word);
+        word >>= Q_PLANE_SHIFT(h, v / 8);
+        if (h == 1 && Q_HIGH_PACKED) word &= Q_HIGH_2BIT;
         u |= ((int)(word >> (4 * (v % 8 / 2) + 16 * (v % 2))) & 0xf) << 4 * h;
     }
     return u;

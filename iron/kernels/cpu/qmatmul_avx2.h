@@ -46,8 +46,11 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
                         const int j = 2 * blk + p;
                         __m256i lo[2], hi[2];
                         for (int half = 0; half < 2; half++) {
-                            const __m256i w = _mm256_loadu_si256(
-                                (const __m256i *)(cp + 256 * h + 64 * j + 32 * half));
+                            __m256i w = _mm256_loadu_si256(
+                                (const __m256i *)(cp + Q_PLANE_AT(h, j) + 32 * half));
+                            if (h == 1 && Q_HIGH_PACKED) /* q6_k: planes j, j + 2 share */
+                                w = _mm256_and_si256(_mm256_srli_epi32(w, Q_PLANE_SHIFT(h, j)),
+                                                     _mm256_set1_epi32(Q_HIGH_2BIT));
                             lo[half] = _mm256_and_si256(w, nibbles);
                             hi[half] = _mm256_and_si256(_mm256_srli_epi32(w, 4), nibbles);
                         }

@@ -51,7 +51,10 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
                  * bytes, u = low + 16 high (at most 255) in one byte, so that one vpdpbusd per
                  * word takes both sets (the same integer sums as two, in half the dot
                  * products); ternary logic 0xca: nibbles ? first : second */
-                const __m512i w1 = _mm512_loadu_si512(cp + 256 + 64 * j);
+                __m512i w1 = _mm512_loadu_si512(cp + Q_PLANE_AT(1, j));
+                if (Q_HIGH_PACKED) /* q6_k: planes j, j + 2 share a word */
+                    w1 = _mm512_and_si512(_mm512_srli_epi32(w1, Q_PLANE_SHIFT(1, j)),
+                                          _mm512_set1_epi32(Q_HIGH_2BIT));
                 const __m512i lo =
                     _mm512_ternarylogic_epi32(nibbles, w, _mm512_slli_epi32(w1, 4), 0xca);
                 const __m512i hi =

@@ -145,8 +145,8 @@ def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
     16-row tiles times ``vectors`` x, counted for AVX512-VNNI (a 512-bit op counted as two
     8-lane ones; AVX2's vpmaddubsw + vpmaddwd on two 8-row halves come to about as many): per
     32-value chunk of a tile and 4-bit code set, 4 loads, 4 shifts and 8
-    masks make the codes into bytes (once per pass of up to 4 vectors; two sets, q8_0's and
-    q6_k's, are merged into one byte per code by those masks), and each vector takes 8
+    masks make the codes into bytes (once per pass of up to 8 vectors, 4 for q6_k; two sets,
+    q8_0's and q6_k's, are merged into one byte per code by those masks), and each vector takes 8
     vpdpbusd; per chunk and vector 4 ops scale the integer sums of x's two blocks by their
     scales, per group and vector 2 FMAs apply the rows' scales and bias. x is rounded to int8
     once per call."""
@@ -154,7 +154,7 @@ def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
 
     sets = 2 if fmt in ("q8_0", "q6_k") else 1
     tiles, chunks, groups = rows // 16, k // 32, k // min(group, 32 if fmt in K_BLOCK else group)
-    passes = math.ceil(vectors / 4)
+    passes = math.ceil(vectors / (4 if fmt == "q6_k" else 8))
     per_chunk = sets * 2 * 16 * passes + 2 * 8 * vectors + 2 * 4 * vectors
     ops = tiles * (chunks * per_chunk + groups * (4 + 4 * vectors)) + vectors * k * 2
     return Work(rows * row_bytes(fmt, k, group, tiled=True), vectors * (k + rows) * 2, ops, items,
