@@ -86,7 +86,8 @@ static inline const uint8_t *q_super_tail(const uint8_t *tile, const long g) {
 /* byte offset in a chunk of plane j of code set h (the words of its 16 rows) and the right
  * shift that brings the plane's values to bits 0-3 of each nibble (q6_k's packed high set;
  * then masked with Q_HIGH_2BIT) */
-#define Q_PLANE_AT(h, j) ((h) == 0 ? 64 * (j) : Q_HIGH_PACKED ? 256 + 64 * ((j) % 2) : 256 + 64 * (j))
+#define Q_PLANE_AT(h, j) \
+    ((h) == 0 ? 64 * (j) : Q_HIGH_PACKED ? 256 + 64 * ((j) % 2) : 256 + 64 * (j))
 #define Q_PLANE_SHIFT(h, j) ((h) == 1 && Q_HIGH_PACKED ? 2 * ((j) / 2) : 0)
 
 /* the unsigned code u of value v (0..31) of a chunk, row lane */
