@@ -272,6 +272,27 @@ def test_x_is_rounded_to_int8_codes_per_block():
     assert not out[2:].any()
 
 
+def test_the_activation_scale_benchmark_rounds_blocks_of_16_as_the_kernels_do():
+    """benchmarks/activation_scale.py measures coarser scale blocks by rounding in torch; at 16
+    values it must give activation_values' bits, edge cases included."""
+    torch = pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from activation_scale import round_blocks
+
+    x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32) * 3
+    x[0, :16] = np.linspace(-1, 1, 16) ** 3
+    x[1, :2] = 127.0, 2.5
+    x[2, :16] = 0.0
+    x[2, 16:18] = 2e-38, -1e-38
+    ours = round_blocks(torch.from_numpy(x), 16).numpy()
+    assert np.array_equal(ours, quant.activation_values(x))
+    row = round_blocks(torch.from_numpy(x), None).numpy()  # one scale for the whole row
+    assert np.array_equal(np.abs(row).max(axis=1), np.abs(x).max(axis=1))
+
+
 def test_quantized_gemv_matches_the_reference_on_blocks_at_the_edges_of_int8():
     """x blocks of zeros, of values too small to scale, with one outlier, and of half-way
     values: the kernel rounds x as activation_values does, so it stays within the GEMV
