@@ -48,7 +48,11 @@ _Static_assert(Q_K % 32 == 0 && Q_K % Q_SUPER_VALUES == 0 && Q_ITEM_ROWS % Q_TIL
 #define VECTORS 2
 #endif
 #define BB (Q_VECTOR_BLOCK < VECTORS ? Q_VECTOR_BLOCK : VECTORS)
-#define PREFETCH 4096 /* software prefetch distance in bytes of W (see gemv.c's bf16 kernel) */
+#ifdef IRON_PREFETCH /* the GEMV's tunable software prefetch distance, bytes of W */
+#define PREFETCH IRON_PREFETCH
+#else /* the GEMM: a tile of W is reused by every vector of the chunk */
+#define PREFETCH 4096
+#endif
 
 /* x as the tile kernels read it, per vector (see quantize_group) */
 typedef struct {

@@ -17,12 +17,16 @@ from ...operator import Rule, rule
 from ...operators import (GEMM, GEMV, Attention, CacheWrite, Concat, Elementwise, Embedding,
                           QKVRoPE, RowWise, SwiGLU)
 from ..base import own_rules_only
+from ...operators.matrix import PREFETCH_BYTES
 from .resources import resources
 
 
 def gemv(op: GEMV, dev: Device) -> Iterator[Rule]:
     yield rule(op.M % (op.tile_size_output * op.num_aie_columns) == 0,
                "tile_size_output num_aie_columns", "M % (tile_size_output * num_aie_columns) == 0")
+    yield rule(op.prefetch == PREFETCH_BYTES[0], "prefetch",
+               f"prefetch == {PREFETCH_BYTES[0]} (the designs stream W by DMA: a cpu kernel's "
+               "prefetch distance does not apply)")
 
 
 def gemm(op: GEMM, dev: Device) -> Iterator[Rule]:
