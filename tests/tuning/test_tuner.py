@@ -632,3 +632,30 @@ def test_real_program_head_to_head_of_a_setting_with_itself_is_exactly_even(tmp_
         bench.context(inst))
     tokens = program_inputs(programs["decode"], np.random.default_rng(0))[2]
     assert tokens.dtype == np.int32 and 0 <= tokens.min() and tokens.max() < 10
+
+
+def test_near_misses_in_a_program_are_proposed_together_for_the_whole_model_to_judge():
+    """A winner ahead in its program's head-to-head but within the spread is proposed (the
+    whole-model A/B then decides); a clear loss, a kernel-alone comparison, an undecided one
+    and an instance that already moved are left as they were."""
+    import io
+    from types import SimpleNamespace
+
+    from iron.tuning.tuner import Outcome, propose_near_misses
+
+    old, new = GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16, num_aie_columns=1), \
+        GEMV(M=64, K=64, tile_size_input=4, tile_size_output=32, num_aie_columns=1)
+    inst = SimpleNamespace(current=old)
+
+    def outcome(**kw):
+        fields = dict(instance=inst, total=2, measured=2, rejected=0, best=new, best_time=1.0,
+                      old_time=1.1, chosen=old, gain=1.02, program="decode")
+        return Outcome(**{**fields, **kw})
+
+    near = outcome()
+    kept = [outcome(gain=0.98), outcome(program=""), outcome(decided=False),
+            outcome(chosen=new, gain=1.2)]
+    out = io.StringIO()
+    result = propose_near_misses([near, *kept], out)
+    assert result[0].chosen == new and result[1:] == kept
+    assert "1 instances were ahead head-to-head within the spread" in out.getvalue()
