@@ -321,7 +321,7 @@ def near_miss(o: Outcome) -> bool:
 def propose_near_misses(outcomes: list[Outcome], out: TextIO) -> list[Outcome]:
     """Propose the near misses' winners too, for the whole-model A/B to judge together: several
     instances' 1-3% each is lost in one head-to-head's noise but not in the program's sum (on
-    a Xeon, five GEMVs' prefetch distances: 1.000-1.033x each, 1.08x together)."""
+    a Xeon, four GEMVs' prefetch distances: 1.001-1.033x each, decode 1.055x together)."""
     near = [o for o in outcomes if near_miss(o)]
     if near:
         print(f"{len(near)} instances were ahead head-to-head within the spread: their winners "

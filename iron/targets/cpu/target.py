@@ -59,7 +59,6 @@ class CpuTarget(Target):
 
         return cost(op)
 
-
     def ignored_tunables(self, op: Operator) -> frozenset[str]:
         """A GEMM with quantized B multiplies each row of A as the GEMV does, a whole row of
         B's codes at a time (qmatmul.h): its ``tile_k`` changes nothing."""

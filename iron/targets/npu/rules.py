@@ -16,8 +16,8 @@ from ...devices import Device
 from ...operator import Rule, rule
 from ...operators import (GEMM, GEMV, Attention, CacheWrite, Concat, Elementwise, Embedding,
                           QKVRoPE, RowWise, SwiGLU)
-from ..base import own_rules_only
 from ...operators.matrix import PREFETCH_BYTES
+from ..base import own_rules_only
 from .resources import resources
 
 
