@@ -250,7 +250,8 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     if runner is not None:
         from .program import InProgram
 
-        bench = InProgram(bench, runner, tuned_programs(app, dev, previous))
+        bench = InProgram(bench, runner, tuned_programs(app, dev, previous),
+                          phases=app.phases() if hasattr(app, "phases") else None)
     pool = None
     try:
         if scheduler is not None:

@@ -4,7 +4,8 @@ Every entry a tune proposes won its head-to-head in its program, one instance at
 profile as a whole still has to make the model faster.  Before writing, the tuner times every
 program of the application in three versions — the new profile, the previous one, and no
 profile (every tunable from ``resolve()``) — in interleaved rounds on the same runner
-(``ProgramRunner.rounds``), and keeps, program by program:
+(``ProgramRunner.rounds``, after the rest of the program's phase where the model's step evicts
+its weights: ``ProgramRunner.evictors``), and keeps, program by program:
 
 - the new entries, when the program runs faster with them than with the defaults beyond the
   measured spread (``Spread.beyond``: faster in the middle half of the rounds) and is not
@@ -143,7 +144,11 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
     empty = Profile(device=device)
     versions = {NEW: record(candidate), OLD: record(previous), DEFAULTS: record(empty)}
     names = list(versions[NEW])
-    times = {name: runner.rounds({v: versions[v][name] for v in versions}, rounds, SECONDS)
+    def after(name: str) -> list[Program]:  # what the model runs between two runs of it
+        return [versions[NEW][n] for n in runner.evictors(name, versions[NEW], phases)]
+
+    times = {name: runner.rounds({v: versions[v][name] for v in versions}, rounds, SECONDS,
+                                 after(name))
              for name in names}
     kept = decide(times)
     target = runner.target
@@ -169,7 +174,8 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
                       if signature(versions[v][name], target) == sig), None)
         if match is None:
             again = runner.rounds({"final": programs[name], OLD: versions[OLD][name],
-                                   DEFAULTS: versions[DEFAULTS][name]}, rounds, SECONDS)
+                                   DEFAULTS: versions[DEFAULTS][name]}, rounds, SECONDS,
+                                  after(name))
             times[name] = {**times[name], "final": again["final"], OLD: again[OLD],
                            DEFAULTS: again[DEFAULTS]}
         else:

@@ -538,7 +538,10 @@ class FakeRunner:
         self.target = cpu.TARGET
         self.factor, self.load, self.calls = factor, 0.0, []
 
-    def rounds(self, versions, rounds=10, seconds=None):
+    def evictors(self, name, programs, phases):
+        return []  # fake times have no cache
+
+    def rounds(self, versions, rounds=10, seconds=None, between=()):
         from iron.tuning.program import signature
 
         self.calls.append(sorted(versions))
@@ -578,8 +581,8 @@ def test_a_program_the_new_entries_make_slower_gets_no_entries(tmp_path):
     """Each move won its own head-to-head, but together (the whole-model A/B, which times the
     programs in three versions) every program runs 10% slower than with the defaults."""
     class Together(FakeRunner):
-        def rounds(self, versions, rounds=10, seconds=None):
-            out = super().rounds(versions, rounds, seconds)
+        def rounds(self, versions, rounds=10, seconds=None, between=()):
+            out = super().rounds(versions, rounds, seconds, between)
             if len(versions) == 3:  # the A/B: every program, new entries together
                 out["new"] = [t * 1.1 * out["defaults"][0] / out["new"][0] for t in out["new"]]
             return out
@@ -659,3 +662,59 @@ def test_near_misses_in_a_program_are_proposed_together_for_the_whole_model_to_j
     result = propose_near_misses([near, *kept], out)
     assert result[0].chosen == new and result[1:] == kept
     assert "1 instances were ahead head-to-head within the spread" in out.getvalue()
+
+
+class LayersThenHead(iron.Graph):
+    """A step's two programs: ``decode`` reads a 32 KiB weight, ``head`` an 8 KiB one."""
+
+    def __init__(self, dev, profile, weight, rows):
+        super().__init__(dev, profile)
+        self.weight_name, self.rows = weight, rows
+
+    def body(self, x):
+        return GEMV.step(self.weight(self.weight_name, (self.rows, 64)), x)
+
+
+def layers_then_head(cache):
+    from iron.tuning.program import ProgramRunner
+
+    dev = iron.device("cpu")
+    programs = {name: LayersThenHead(dev, iron.Profile(), name, rows).record((64,))
+                for name, rows in (("decode", 256), ("head", 64))}
+    weights = {name: np.full((p.named("weight")[name].shape), 0.01, iron.bfloat16)
+               for name, p in programs.items()}
+    return programs, ProgramRunner(dev, weights, quiet=None, cache=cache)
+
+
+def test_a_program_that_fits_the_cache_is_timed_after_what_evicts_it_in_the_model():
+    """The head (8 KiB) fits a 16 KiB cache and the decode step's weights (40 KiB) do not: the
+    model never finds the head's weights in the cache, so its rounds run decode first; decode
+    (32 KiB) evicts itself; with a cache that holds both, or outside a phase, nothing runs
+    between."""
+    phases = {"decode": (("decode", "head"), 1)}
+    programs, runner = layers_then_head(cache=16 << 10)
+    assert runner.evictors("head", programs, phases) == ["decode"]
+    assert runner.evictors("decode", programs, phases) == []
+    assert runner.evictors("head", programs, None) == []
+    assert runner.evictors("head", programs, {"head": (("head",), 1)}) == []
+    programs, roomy = layers_then_head(cache=1 << 20)
+    assert roomy.evictors("head", programs, phases) == []
+
+
+def test_rounds_run_the_evictors_before_every_timed_run(monkeypatch):
+    from iron.tuning.program import ProgramRunner
+
+    programs, runner = layers_then_head(cache=16 << 10)
+    names = {id(runner.executable(p)): n for n, p in programs.items()}
+    ran = []
+    timed = ProgramRunner.run_once
+
+    def run_once(exe, inputs):
+        ran.append(names[id(exe)])
+        return timed(exe, inputs)
+
+    monkeypatch.setattr(ProgramRunner, "run_once", staticmethod(run_once))
+    times = runner.rounds({"a": programs["head"]}, rounds=2, seconds=None,
+                          between=[programs["decode"]])
+    assert len(times["a"]) == 2 and ran.count("head") > 2
+    assert all(ran[i - 1] == "decode" for i, n in enumerate(ran) if n == "head")
