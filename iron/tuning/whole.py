@@ -144,6 +144,7 @@ def validate(record: Callable[[Profile], Mapping[str, Program]], previous: Profi
     empty = Profile(device=device)
     versions = {NEW: record(candidate), OLD: record(previous), DEFAULTS: record(empty)}
     names = list(versions[NEW])
+
     def after(name: str) -> list[Program]:  # what the model runs between two runs of it
         return [versions[NEW][n] for n in runner.evictors(name, versions[NEW], phases)]
 
