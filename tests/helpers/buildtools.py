@@ -47,6 +47,16 @@ def run_bundle(bundle, env=None):
                           text=True, env=env, timeout=120)
 
 
+def demo_error(stdout: str) -> float:
+    """The demo's printed ``max |out - reference|``, as a number: the bundle's block against
+    the reference maths on the same bundle's weights, which the cpu kernels match exactly."""
+    import re
+
+    found = re.findall(r"max \|out - reference\| = (\S+)$", stdout, re.MULTILINE)
+    assert len(found) == 1, f"the demo printed no single error figure: {stdout!r}"
+    return float(found[0])
+
+
 def terminal_interrupt() -> None:
     """Give the child a terminal's SIGINT. A shell without job control starts background
     commands with SIGINT ignored, their children inherit that, and Python then installs no

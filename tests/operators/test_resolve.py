@@ -32,8 +32,8 @@ def test_resolve_fills_every_tunable_legally(dev, op):
     assert all(getattr(r, n) is not None for n in r.tunables())
     setting = {n: getattr(r, n) for n in r.tunables()}
     assert setting in legal_settings(r, dev)
-    assert op.tile_size if hasattr(op, "tile_size") and op.tile_size else True
-    assert getattr(op, op.tunables()[0]) is None  # resolve returns a copy
+    assert all(getattr(r, n) == getattr(op, n) for n in op.params())  # what it computes kept
+    assert all(getattr(op, n) is None for n in op.tunables())  # resolve returns a copy
 
 
 def test_npu_defaults_follow_the_column_count():

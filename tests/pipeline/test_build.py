@@ -13,8 +13,8 @@ import pytest
 from iron.targets.cpu.build import compiler
 from iron.targets.cpu.host import class_name
 from conftest import copy_project
-from buildtools import (ROOT, doit, executed, compile_tasks, set_profile, run_bundle,  # noqa: F401
-                        terminal_interrupt)
+from buildtools import (ROOT, demo_error, doit, executed, compile_tasks, set_profile,  # noqa: F401
+                        run_bundle, terminal_interrupt)
 
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
@@ -74,7 +74,7 @@ def test_bundle_runs_elsewhere_without_a_compiler(project, tmp_path):
     env = {"PATH": str(tmp_path / "no-bin"), "PYTHONPATH": str(project), "HOME": str(tmp_path)}
     result = run_bundle(moved, env)
     assert result.returncode == 0, result.stderr
-    assert "max |out - reference| = 0" in result.stdout
+    assert demo_error(result.stdout) == 0
 
 
 def test_parallel_build_makes_the_same_bundle(project, tmp_path):
@@ -154,7 +154,9 @@ def test_npu_build_writes_designs_and_no_cpu_library(project):
     emulated = subprocess.run([sys.executable, "-m", "apps.demo", str(bundle), "--emulate"],
                               capture_output=True, text=True, env=env, timeout=120)
     assert emulated.returncode == 0, emulated.stderr
-    assert "max |out - reference| = 0" in emulated.stdout
+    # the npu kernels sum in another order than the reference: at most one bf16 ulp of the
+    # block's outputs, which stay below 4 in magnitude (the cpu build's error is exactly 0)
+    assert demo_error(emulated.stdout) <= 2.0 ** -6
     refused = run_bundle(bundle, env)
     assert refused.returncode == 2
     assert refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1

@@ -199,7 +199,7 @@ VNNI_CASES = [
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 @pytest.mark.skipif(not {"avx512_vnni", "avx512bw"} <= host.features(),
-                    reason="runs an AVX512-VNNI build: needs a host that has it")
+                    reason="host: runs an AVX512-VNNI build: needs a host that has it")
 @pytest.mark.parametrize("march", ["native", "icelake-server"])  # this host; VNNI without BF16
 @pytest.mark.parametrize("name,shape", VNNI_CASES,
                          ids=[f"{n}-{s['weight_format']}-{s.get('batches', s['M'])}"
@@ -357,7 +357,7 @@ def test_batched_quantized_gemv_rows_are_bit_identical_to_one_row(fmt, group, k)
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 def test_k_quant_blocks_of_llama_cpps_quantizer_dequantize_like_gguf_and_llama_cpp(fmt):
     """Blocks made by llama.cpp's own quantizer (quantize_row_q4_K_ref / q6_K_ref, in the
-    llama.cpp library of the bench extra's xllamacpp wheel) from float rows of very different
+    llama.cpp library of the test extra's xllamacpp wheel) from float rows of very different
     magnitudes: our dequantization equals gguf's and llama.cpp's dequantize_row_* bit for bit,
     and the GEMV on them agrees with the reference."""
     import importlib.util
@@ -365,7 +365,7 @@ def test_k_quant_blocks_of_llama_cpps_quantizer_dequantize_like_gguf_and_llama_c
     spec = importlib.util.find_spec("xllamacpp.xllamacpp") if importlib.util.find_spec(
         "xllamacpp") else None
     if spec is None:
-        pytest.skip("needs the bench extra's xllamacpp (llama.cpp's library)")
+        pytest.skip("needs the test extra's xllamacpp (llama.cpp's library)")
     lib = ctypes.CDLL(spec.origin)
     name = fmt[:-1] + "K"
     rng = np.random.default_rng(14)

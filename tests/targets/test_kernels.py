@@ -155,7 +155,7 @@ ATTENTION_CASES = [
 
 
 @pytest.mark.skipif("avx512f" not in host.features(),
-                    reason="runs an AVX-512 build: needs a host that has it")
+                    reason="host: runs an AVX-512 build: needs a host that has it")
 @pytest.mark.parametrize("name,shape", ATTENTION_CASES,
                          ids=[f"{n}-{s['head_dim']}" for n, s in ATTENTION_CASES])
 def test_attention_avx512_build_gives_the_avx2_builds_bits(name, shape, tmp_path):

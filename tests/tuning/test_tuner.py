@@ -276,11 +276,11 @@ def test_real_head_to_head_finds_a_setting_even_with_itself_and_a_slow_one_slowe
         times = {op: bench.measure(inst, op, None).median for op in candidates(inst.op, "cpu")}
         best, worst = min(times, key=times.get), max(times, key=times.get)
         if times[worst] < 1.5 * times[best]:
-            pytest.skip(f"no setting is clearly slower on this host: the sweep spans "
+            pytest.skip(f"host: no setting is clearly slower on this host: the sweep spans "
                         f"{times[worst] / times[best]:.2f}x")
         gain = bench.compare(inst, best, worst)
     except iron.IronError as e:
-        pytest.skip(f"no quiet minute on this shared machine: {e}")
+        pytest.skip(f"host: no quiet minute on this shared machine: {e}")
     assert gain.low <= gain.gain <= gain.high and gain.gain > 1.0, (gain, times)
 
 
