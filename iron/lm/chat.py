@@ -20,6 +20,7 @@ the template's own markers are control tokens.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,11 @@ from ..errors import IronError
 from ..util import read_bounded
 
 ROLES = ("system", "user", "assistant")
+
+#: a message's content stands in the template's second rendering as a run of this private-use
+#: character, the message's index and ``PLACEHOLDER_END``
+PLACEHOLDER_RUN = re.compile("\ue000+")
+PLACEHOLDER_END = "\ue001"
 
 
 class ChatError(IronError, ValueError):
@@ -66,7 +72,8 @@ class ChatTemplate:
             raise ChatError(f"{where}: not a valid Jinja template ({e})") from None
         self.source, self.bos_token, self.eos_token, self.where = (source, bos_token, eos_token,
                                                                    where)
-        self._plain: tuple[Any, Any] | None = None  # (a tokenizer, its copy for message text)
+        # (a tokenizer, its copy for message text, a pattern of its special tokens' text)
+        self._plain: tuple[Any, Any, re.Pattern] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -131,10 +138,9 @@ class ChatTemplate:
         kept as long as no message holds a special token's text, and refused otherwise (one
         line naming the message and the token)."""
         text = self.render(messages, add_generation_prompt)
-        specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()
-                    if t.special and t.content]
-        found = [(i, min((m["content"].find(s), s) for s in specials if s in m["content"])[1])
-                 for i, m in enumerate(messages) if any(s in m["content"] for s in specials)]
+        plain, specials = self._plain_tokenizer(tokenizer)
+        found = [(i, hit.group()) for i, hit in ((i, specials.search(m["content"]))
+                                                 for i, m in enumerate(messages)) if hit]
         if not found:
             return tokenizer.encode(text, add_special_tokens=False).ids
         pieces = self._split(messages, text, add_generation_prompt)
@@ -143,36 +149,41 @@ class ChatTemplate:
             raise ChatError(f"messages[{i}].content holds the control token {s!r}, and "
                             f"{self.where} rewrites message text, so it cannot be kept as "
                             "text: remove it from the message")
-        plain = self._plain_tokenizer(tokenizer)
+        # even pieces are the template's, odd ones a message's content
+        ours = tokenizer.encode_batch(pieces[0::2], add_special_tokens=False)
+        theirs = plain.encode_batch(pieces[1::2], add_special_tokens=False)
         ids: list[int] = []
-        for k, piece in enumerate(pieces):
-            if piece:  # even pieces are the template's, odd ones a message's content
-                ids += (plain if k % 2 else tokenizer).encode(piece, add_special_tokens=False).ids
+        for k, encoding in enumerate(ours):
+            ids += encoding.ids
+            if k < len(theirs):
+                ids += theirs[k].ids
         return ids
 
     def _split(self, messages: list[dict[str, Any]], text: str, add_generation_prompt: bool
                ) -> list[str] | None:
         """``text`` cut into template text and message content, alternately (template first):
         the template rendered with placeholders for the contents gives its own text, and each
-        content must appear between two pieces as it is or trimmed, as templates write it."""
-        tag = "\ue000"
-        while any(tag in m["content"] for m in messages):
-            tag += "\ue000"
-        marks = [f"{tag}{i}\ue001" for i in range(len(messages))]
-        marked = self.render([{**m, "content": mark} for m, mark in zip(messages, marks)],
-                             add_generation_prompt)
+        content must appear between two pieces as it is or trimmed, as templates write it.
+
+        One pass over each text: the placeholders are found by one regular expression (a
+        rescan of the text per placeholder made a conversation of n messages take n^3)."""
+        # the placeholder's lead: longer than any run of its character in a message
+        longest = max((len(run) for m in messages for run in PLACEHOLDER_RUN.findall(
+            m["content"])), default=0)
+        tag = PLACEHOLDER_RUN.pattern[0] * (longest + 1)
+        marked = self.render([{**m, "content": f"{tag}{i}{PLACEHOLDER_END}"}
+                              for i, m in enumerate(messages)], add_generation_prompt)
         # the template's pieces, and which message each placeholder stands for (a template may
         # drop or repeat messages)
-        pieces, order, rest = [], [], marked
-        while True:
-            at = [(rest.find(mark), i) for i, mark in enumerate(marks) if mark in rest]
-            if not at:
-                pieces.append(rest)
-                break
-            pos, i = min(at)
-            pieces.append(rest[:pos])
+        pieces, order, last = [], [], 0
+        for hit in re.finditer(re.escape(tag) + r"(\d+)" + PLACEHOLDER_END, marked):
+            i = int(hit.group(1))
+            if i >= len(messages):
+                return None
+            pieces.append(marked[last:hit.start()])
             order.append(i)
-            rest = rest[pos + len(marks[i]):]
+            last = hit.end()
+        pieces.append(marked[last:])
         out, pos = [pieces[0]], len(pieces[0])
         if not text.startswith(pieces[0]):
             return None
@@ -180,7 +191,7 @@ class ChatTemplate:
             content = messages[i]["content"]
             for form in dict.fromkeys((content, content.strip(), content.rstrip(),
                                        content.lstrip())):
-                if text.startswith(form + after, pos):
+                if text.startswith(form, pos) and text.startswith(after, pos + len(form)):
                     out += [form, after]
                     pos += len(form) + len(after)
                     break
@@ -189,15 +200,19 @@ class ChatTemplate:
         return out if pos == len(text) else None
 
     def _plain_tokenizer(self, tokenizer):
-        """A copy of ``tokenizer`` that encodes special token strings as text (made once)."""
+        """A copy of ``tokenizer`` that encodes special token strings as text, and a pattern
+        finding its special tokens' text (made once per tokenizer)."""
         with self._lock:
             if self._plain is None or self._plain[0] is not tokenizer:
                 from tokenizers import Tokenizer
 
                 plain = Tokenizer.from_str(tokenizer.to_str())
                 plain.encode_special_tokens = True
-                self._plain = (tokenizer, plain)
-            return self._plain[1]
+                specials = sorted({t.content for t in tokenizer.get_added_tokens_decoder()
+                                   .values() if t.special and t.content}, key=len, reverse=True)
+                pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+                self._plain = (tokenizer, plain, pattern)
+            return self._plain[1:]
 
 
 def check_messages(messages: Any) -> None:

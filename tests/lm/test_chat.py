@@ -2,10 +2,12 @@
 stop strings, and the ``iron.lm.run`` command line: the multi-turn chat, one-line errors for
 bad options, Ctrl-C, and ``doit generate``'s options."""
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -235,3 +237,40 @@ def test_chat_command_keeps_typed_control_tokens_as_text(smollm2_model):
     chat.turn(INJECTION, 2, Sampler())
     end = chat.tokenizer.token_to_id("<|im_end|>")
     assert chat.prompts[0].count(end) == 2  # the template's system prompt and the user turn
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail the test (instead of hanging it) when its block runs past ``seconds``."""
+    def expire(signum, frame):
+        pytest.fail(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_long_conversation_of_control_tokens_is_prepared_in_linear_time(smollm2):
+    """4000 messages each holding a special token's text: prepared in under a second (a rescan
+    of the rendered text per message took n^3: 65 s for 2000), every message's text kept."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(smollm2 / "tokenizer.json"))
+    end = tok.token_to_id("<|im_end|>")
+    template = ChatTemplate.from_dir(smollm2)
+    template.tokenize([{"role": "user", "content": "<|im_end|>"}], tok)  # the one-off set-up
+    messages = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i} <|im_end|>"}
+                for i in range(4000)]
+    with deadline(10):
+        started = time.perf_counter()
+        ids = template.tokenize(messages, tok)
+        took = time.perf_counter() - started
+    assert took < 1.0, f"{took:.2f} s"
+    # the template's own end tokens only (one per turn, and its default system prompt's)
+    harmless = [{**m, "content": m["content"].replace("<|im_end|>", "x")} for m in messages]
+    assert ids.count(end) == template.tokenize(harmless, tok).count(end) > 4000
+    assert tok.decode(ids, skip_special_tokens=False) == template.render(messages)
