@@ -11,8 +11,12 @@ unknown op, a missing or misspelled property, a property of the wrong kind (a de
 a string, an ``i64`` where ODS says ``AIEI32Attr``, a dense array where it says
 ``I64ArrayAttr``), a value outside its enum or confinement, wrong operand counts or types, a
 missing terminator, or a ``func.call`` whose callee is not declared in the device, are each
-an error.  The text is checked as written: xDSL takes op names with dots, a type and an op of
-the same name, and properties (``<{...}>``), so no rewrite precedes the check.  The custom form
+an error.  Then every ``aie.device`` is checked against what mlir-aie's verifiers and passes
+require before they run (``preconditions``: tile coordinates and kinds from the target
+model, links, descriptors and memory per tile as the object FIFO lowering allocates them,
+every issued token waited on), each problem ending with the rule's name in brackets.  The
+text is checked as written: xDSL takes op names with dots, a type and an op of the same name,
+and properties (``<{...}>``), so no rewrite precedes the check.  The custom form
 (``design.mlir``) is not checked: its parsers are mlir-aie's C++ (``custom<...>`` directives).
 
 Exit status 0 when every file verifies; otherwise 1, and the first problem on stderr as
@@ -65,6 +69,8 @@ def check_text(text: str, name: str = "<text>") -> None:
     from xdsl.parser import Parser
     from xdsl.utils.exceptions import ParseError, VerifyException
 
+    from .preconditions import RULES, devices
+
     try:
         module = Parser(context(), text, name).parse_module()
     except ParseError as e:
@@ -77,6 +83,15 @@ def check_text(text: str, name: str = "<text>") -> None:
             message = str(e).splitlines()[0]
             raise Problem(f"{name}:{_line_of(text, op, module)}: '{op.name}': {message}"
                           ) from None
+    try:
+        found = list(devices(module))
+    except ValueError as e:
+        raise Problem(f"{name}: {e}") from None
+    for device in found:
+        for rule in RULES:
+            for v in rule(device):
+                raise Problem(f"{name}:{_line_of(text, v.op, module)}: '{v.op.name}': "
+                              f"{v.message} [{rule.__name__}]")
 
 
 def module_text(path: Path) -> str | None:
