@@ -5,16 +5,20 @@ figures against the per-step cost model."""
 
 import dataclasses
 import re
+import shutil
+import subprocess
 from collections import Counter
 
 import numpy as np
 import pytest
 
 import iron
+from iron.errors import BundleError
 from iron.lm.checkpoint import LlamaConfig
 from iron.operators import ElementwiseAdd, Embedding, RMSNorm, SiLU
 from iron.targets import target_for
-from iron.targets.npu.fold import ALIGN, BUFFERS, Fold, plan, render
+from iron.targets.npu.fold import ALIGN, Fold, plan, render
+from iron.targets.npu.mlir import render as render_design
 from iron.targets.npu.report import markdown, program_report
 from iron.targets.npu.resources import DISPATCH_SECONDS
 from iron.targets.npu.runner import Emulated
@@ -141,7 +145,7 @@ def layout_ok(fold: Fold) -> None:
     spans = sorted({(s.buffer, s.offset, s.offset + s.nbytes) for _, s in fold.slots})
     for (b0, _, end), (b1, start, _) in zip(spans, spans[1:]):
         assert b0 != b1 or end <= start
-    assert all(s.offset % ALIGN == 0 and s.offset + s.nbytes <= fold.sizes[s.buffer]
+    assert all(s.offset % ALIGN == 0 and s.offset + s.nbytes <= fold.buffers[s.buffer].nbytes
                for _, s in fold.slots)
 
 
@@ -166,16 +170,19 @@ def test_intermediates_stay_in_the_fold_and_the_host_gets_back_only_what_it_read
     x, y, table, tokens = program.inputs
     norm, add1, add2, silu, embed, norm2, add3 = program.steps
     w = norm.inputs[1]
-    io, weights, scratch = (BUFFERS.index(n) for n in ("io", "weights", "scratch"))
+
+    def role(fold, t):
+        return fold.buffers[fold.slot(t).buffer].role
+
     # [norm, add, add, silu]: x, w, y in; only silu's output (the second fold reads it) out
     assert set(first.reads) == {x, w, y} and first.writes == (silu.outputs[0],)
-    assert {first.slot(t).buffer for t in (norm.outputs[0], add1.outputs[0],
-                                           add2.outputs[0])} == {scratch}
-    assert first.slot(w).buffer == weights and first.slot(silu.outputs[0]).buffer == io
+    assert {role(first, t) for t in (norm.outputs[0], add1.outputs[0],
+                                     add2.outputs[0])} == {"scratch"}
+    assert role(first, w) == "weights" and role(first, silu.outputs[0]) == "io"
     # [norm, add] after the host's Embedding: its output, w and silu's output in, the result out
     assert set(second.reads) == {embed.outputs[0], w, silu.outputs[0]}
     assert second.writes == tuple(program.outputs)
-    assert second.slot(norm2.outputs[0]).buffer == scratch
+    assert role(second, norm2.outputs[0]) == "scratch"
     for f in (first, second):
         layout_ok(f)
 
@@ -266,3 +273,145 @@ def test_an_output_written_in_place_shares_its_inputs_place(monkeypatch):
     layout_ok(first)
     np.testing.assert_allclose(exe.run(inputs)[0].astype(np.float32),
                                graph.reference(*inputs).astype(np.float32), rtol=3e-2, atol=3e-2)
+
+
+# ---- views as upstream builds them, and the lowering's trace of them -------------------------
+
+MLIR_OPT = shutil.which("mlir-opt-22")
+needs_mlir_opt = pytest.mark.skipif(
+    MLIR_OPT is None, reason="mlir-opt-22 not found: install Debian's mlir-22-tools "
+    "(apt-get install mlir-22-tools); .ci/run does")
+
+
+def first_fold(slotted: bool = False) -> Fold:
+    """The tiny decoder's first fold; ``slotted``: its first design's first argument of
+    dynamic size, as the slotted designs declare their caches."""
+    _, program, _ = tiny_decoder()
+    designs = list(loaded(program, None, True).designs)
+    if slotted:
+        i = next(i for i, d in enumerate(designs) if d is not None)
+        d = designs[i]
+        designs = [dataclasses.replace(d, args=(dataclasses.replace(d.args[0], numel=0),
+                                                *d.args[1:])) if x is d else x for x in designs]
+    return next(s for s in plan(program, designs) if isinstance(s, Fold))
+
+
+def main_sequence_views(text: str) -> str:
+    """The memref ops of a fold's main sequence as a function of its host buffers: standard
+    MLIR that mlir-opt verifies with its own memref verifiers."""
+    main = text[text.index("@main" if "aie.device(" in text else 'sym_name = "main"'):]
+    params = re.search(r"(?:@sequence\(|\^bb0\()(.*?)\)(?: \{|:$)", main, re.M).group(1)
+    ops = [x for x in main.splitlines() if re.match(r'\s*%\w+ = "?memref\.', x)]
+    return f"func.func @views({params}) {{\n" + "\n".join(ops) + "\n  return\n}\n"
+
+
+def test_a_fold_hands_each_tensor_over_as_a_subview_cast_to_the_callees_static_type():
+    fold = first_fold()
+    for text in (render(fold), render(fold, generic=True)):
+        assert "memref.view" not in text and "?x" not in text
+        runs = len(fold.runs)
+        args = sum(len(fold.designs[r.design].args) for r in fold.runs)
+        assert text.count("memref.subview") == text.count("memref.reinterpret_cast") == args
+        assert text.count("aiex.run") == runs
+    # one host buffer per role and element type, each tensor inside its own buffer
+    assert len({(b.role, b.dtype) for b in fold.buffers}) == len(fold.buffers)
+    for t, s in fold.slots:
+        b = fold.buffers[s.buffer]
+        assert s.offset % b.itemsize == 0 and s.offset + s.nbytes <= b.nbytes
+
+
+@needs_mlir_opt
+@pytest.mark.parametrize("slotted", [False, True])
+def test_upstream_mlir_verifies_the_views_and_both_forms_print_the_same(slotted):
+    """mlir-opt's memref verifiers (the subview's result layout, the cast's compatibility) on
+    the views of both forms, and both forms read back to the same ops."""
+    fold = first_fold(slotted)
+    printed = []
+    for generic in (False, True):
+        text = main_sequence_views(render(fold, generic))
+        assert ("memref.cast" in text) == slotted
+        result = subprocess.run([MLIR_OPT, "-"], input=text, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr[:2000]
+        printed.append(result.stdout)
+    assert printed[0] == printed[1]
+    wrong = main_sequence_views(render(fold)).replace("offset: 0>>", "offset: 8>>", 1)
+    result = subprocess.run([MLIR_OPT, "-"], input=wrong, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0 and "subview" in result.stderr
+
+
+def traced_problems(text: str) -> list[str]:
+    from xdsl.parser import Parser
+
+    from iron.targets.npu.traced import check_module
+    from iron.targets.npu.verify import context
+
+    return [p for _, p in check_module(Parser(context(), text, "fold").parse_module())]
+
+
+def as_memref_view(text: str) -> str:
+    """The first view a memref.view of a byte buffer, as iron's folds were written before."""
+    line = next(x for x in text.splitlines() if '"memref.reinterpret_cast"(' in x)
+    name, ty = re.match(r"\s*(%\w+) = .* -> (memref<[^>]*>)$", line).groups()
+    nbytes = int(re.match(r"memref<(\d+)x", ty).group(1)) * 8
+    return text.replace(line, (
+        f'        %raw = "memref.alloc"() <{{operandSegmentSizes = array<i32: 0, 0>}}> : () -> '
+        f"memref<{nbytes}xi8>\n"
+        f'        %at = "arith.constant"() <{{value = 0 : index}}> : () -> index\n'
+        f'        {name} = "memref.view"(%raw, %at) : (memref<{nbytes}xi8>, index) -> {ty}'), 1)
+
+
+def with_dynamic_size(text: str) -> str:
+    """The first subview's size a runtime value."""
+    line = next(x for x in text.splitlines() if '"memref.subview"(' in x)
+    name, source, size = re.match(r"\s*(%\w+) = \"memref.subview\"\((%\w+)\).*static_sizes = "
+                                  r"array<i64: (\d+)>", line).groups()
+    changed = (line.replace(f"({source})", f"({source}, %dyn)")
+               .replace("array<i32: 1, 0, 0, 0>", "array<i32: 1, 0, 1, 0>")
+               .replace(f"static_sizes = array<i64: {size}>",
+                        "static_sizes = array<i64: -9223372036854775808>")
+               .replace(f"-> memref<{size}x", "-> memref<?x")
+               .replace(") -> memref<?x", ", index) -> memref<?x"))
+    changed = (f'        %dyn = "arith.constant"() <{{value = {size} : index}}> : () -> index\n'
+               + changed)
+    use = next(x for x in text.splitlines() if f'"memref.reinterpret_cast"({name})' in x)
+    return text.replace(line, changed, 1).replace(
+        use, use.replace(f": (memref<{size}x", ": (memref<?x"), 1)
+
+
+@pytest.mark.parametrize("change,message", [
+    (as_memref_view, "comes from a memref.view, which mlir-aie traceSubviewToBlockArgument"),
+    (with_dynamic_size, "memref.subview with dynamic static_sizes"),
+])
+def test_the_trace_rule_passes_every_fold_and_design_and_rejects_a_view_or_a_dynamic_size(
+        change, message):
+    fold = first_fold()
+    text = render(fold, generic=True)
+    assert traced_problems(text) == []
+    for design in fold.designs:  # a design's transfers take its sequence's arguments directly
+        assert traced_problems(render_design(design, generic=True)) == []
+    broken = change(text)
+    assert broken != text
+    check_text(broken, "fold")  # the op definitions alone accept it ...
+    problems = traced_problems(broken)  # ... the lowering's trace does not
+    assert len(problems) == 1 and message in problems[0], problems
+
+
+def test_npu1_has_no_folds_each_npu_step_is_its_own_dispatch():
+    """Phoenix has no full-ELF flow: every NPU step its own xclbin, one dispatch each, even
+    where npu2 folds; the one-step units run but are never rendered as a module."""
+    rng = np.random.default_rng(3)
+    _, inputs = chain_case(rng)
+    graph = Chain("npu1")
+    graph.weights = {"w": (1 + 0.1 * rng.standard_normal(256)).astype(iron.bfloat16)}
+    program = graph.record_like(inputs)
+    exe = loaded(program, graph.weights, True)
+    units = [s.fold for s in exe.segments if not isinstance(s, int)]
+    assert [len(u.runs) for u in units] == [1] * 6
+    got = exe.run(inputs)[0]
+    np.testing.assert_allclose(got.astype(np.float32),
+                               graph.reference(*inputs).astype(np.float32), rtol=3e-2, atol=3e-2)
+    assert exe.dispatches() == 6
+    with pytest.raises(BundleError, match="npu1 has no full-ELF flow, so no folds"):
+        render(units[0])

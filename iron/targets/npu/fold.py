@@ -9,8 +9,9 @@ sequence runs them in order with ``aiex.configure @dev { aiex.run @sequence(...)
 (configure: load that device's configuration, program memories and stream switches;
 run: inline its runtime sequence with the given buffers; lowered since PR #2775).  That is
 how upstream IRON runs its Llama decoder (amd/IRON PR #71, ``iron/common/compilation/
-fusion.py``): the operators of a layer in one fused runtime sequence, its buffers carved out of
-three byte buffers with ``memref.view``, consecutive runs of one operator under one configure.
+fusion.py``): the operators of a layer in one fused runtime sequence, its tensors carved out of
+three host buffers by ``memref.subview`` + ``memref.reinterpret_cast``, consecutive runs of one
+operator under one configure.
 ``Fold`` is that module as data, drawn from designs iron already has, so a new design folds
 with nothing of its own:
 
@@ -23,17 +24,33 @@ with nothing of its own:
   design whose last phase waits on nothing ends its fold.  Each run's sequence keeps its own
   buffer-descriptor ids (``bds``): every id is free again after the run's last wait;
 - the host buffers: XRT binds a handful of buffer objects to an NPU kernel run, so, as upstream,
-  every tensor the fold touches lies in one of three byte buffers (``BUFFERS``: the weights,
-  the tensors the host reads or writes, and the fold's own intermediates), each at a 64-byte
-  aligned offset, and reaches its design as a ``memref.view`` of it.  The intermediates never
-  travel to the host: a step's output is the next step's input in device memory.  An output
-  an operator writes in place of an input (its class's ``inplace``: output position -> input
-  position, a KV cache) shares that input's place.
+  every tensor the fold touches lies in a few host buffers, one per role (``ROLES``: the
+  weights, the tensors the host reads or writes, the fold's own intermediates) and element
+  type (``HostBuffer``), each tensor at a 64-byte aligned offset.  A tensor reaches its design
+  as upstream IRON's fusion builds it: a ``memref.subview`` of its buffer (static offset, size
+  and unit stride) and a ``memref.reinterpret_cast`` to the callee's static type, which
+  ``aiex.run`` requires exactly.  mlir-aie's DMA-to-NPU lowering finds a transfer's host
+  buffer and byte offset by ``traceSubviewToBlockArgument`` (``lib/Dialect/AIEX/Utils/
+  AIEUtils.cpp``), which follows only ``memref.subview``, ``memref.cast`` and
+  ``memref.reinterpret_cast`` with static offsets, sizes and strides: a ``memref.view`` (the
+  only op that turns bytes into another element type) is not followed, hence a buffer per
+  element type.  A callee argument of dynamic size gets a ``memref.cast`` of the static view
+  to its type (a cast is followed too).  The intermediates never travel to the host: a step's
+  output is the next step's input in device memory.  An output an operator writes in place of
+  an input (its class's ``inplace``: output position -> input position, a KV cache) shares
+  that input's place;
+- the devices that have folds: a multi-device module compiles only to a full ELF (aiecc's
+  ``--generate-full-elf``, ``aiecc``), which npu2 (AIE2P) has and npu1 (Phoenix, AIE2) does
+  not (amd/Triton-XDNA #53: "full ELF is not supported for Phoenix"; mlir-air restricts its
+  ELF output to npu2 because it needs ``aiebu-asm aie2_config``).  On npu1 every NPU step is
+  its own xclbin and instruction stream, dispatched alone, as upstream IRON runs Phoenix
+  (``FULL_ELF_DEVICES``, ``plan``).
 
-``plan`` cuts a program into host steps and folds (maximal runs of consecutive NPU steps);
+``plan`` cuts a program into host steps and folds (maximal runs of consecutive NPU steps; on
+npu1 one step each);
 ``render`` writes a fold's module in custom and generic form (``verify`` checks the generic
 one against the transcription of mlir-aie's ODS, ``aiex.configure`` / ``aiex.run`` included);
-``Configured`` runs a fold in the emulator: the tensors laid out in the three byte buffers,
+``Configured`` runs a fold in the emulator: the tensors laid out in its host buffers,
 every configure a load of its design on the array (``Array``: none when that design is the
 one loaded already, as the firmware skips reloading the same PDI), every run a dispatch of its
 design's runtime sequence on views of those buffers.
@@ -51,8 +68,11 @@ from ...errors import BundleError
 from ...program import Program
 from .design import DTYPE_BYTES, Design
 
-#: The host buffers of a folded configuration, in the main runtime sequence's argument order.
-BUFFERS = ("weights", "io", "scratch")
+#: The roles of a folded configuration's host buffers, in the main runtime sequence's argument
+#: order (each role has a buffer per element type it holds).
+ROLES = ("weights", "io", "scratch")
+#: The devices whose folds compile: those with a full-ELF flow (see the module docstring).
+FULL_ELF_DEVICES = ("npu2",)
 #: Byte alignment of every tensor inside its buffer (the shim DMA needs whole 32-bit words; a
 #: 64-byte line keeps every tensor on its own line).
 ALIGN = 64
@@ -61,8 +81,30 @@ MAIN, SEQUENCE = "main", "sequence"
 
 
 @dataclass(frozen=True)
+class HostBuffer:
+    """One argument of a fold's main runtime sequence: a role's tensors of one element type
+    (a design argument's dtype), ``nbytes`` long."""
+
+    role: str
+    dtype: str
+    nbytes: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}_{self.dtype}"
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def numel(self) -> int:
+        return self.nbytes // self.itemsize
+
+
+@dataclass(frozen=True)
 class Slot:
-    """Where a tensor lies: ``buffer`` (index into ``BUFFERS``), byte ``offset``, size."""
+    """Where a tensor lies: ``buffer`` (index into ``Fold.buffers``), byte ``offset``, size."""
 
     buffer: int
     offset: int
@@ -88,7 +130,7 @@ class Fold:
     designs: tuple[Design, ...]
     runs: tuple[Run, ...]
     slots: tuple[tuple[int, Slot], ...]  # program tensor -> its place
-    sizes: tuple[int, ...]  # bytes of each of BUFFERS
+    buffers: tuple[HostBuffer, ...]
     reads: tuple[int, ...]  # tensors the fold takes from the host (weights included)
     writes: tuple[int, ...]  # tensors the host reads after it
 
@@ -115,10 +157,17 @@ def ends_with_wait(design: Design) -> bool:
     return bool(design.sequence) and any(t.direction == "out" for t in design.sequence[-1])
 
 
+def folds_on(device: str) -> bool:
+    """Whether ``device`` runs folds (several designs behind one dispatch): only with a
+    full-ELF flow; elsewhere each NPU step is its own xclbin, dispatched alone."""
+    return device in FULL_ELF_DEVICES
+
+
 def plan(program: Program, designs: Sequence[Design | None], fold: bool = True
          ) -> list[int | Fold]:
-    """The program as host steps (their index) and folds, in order.  ``fold=False``: one fold
-    per NPU step, each its own dispatch (how the steps ran before folding)."""
+    """The program as host steps (their index) and folds, in order.  ``fold=False``, and on a
+    device without folds (``folds_on``): one fold per NPU step, each its own dispatch (a fold
+    of one step is only how the emulator runs a lone dispatch; on npu1 it is never rendered)."""
     segments: list[int | Fold] = []
     current: list[int] = []
 
@@ -133,7 +182,8 @@ def plan(program: Program, designs: Sequence[Design | None], fold: bool = True
             close()
             segments.append(i)
             continue
-        if current and (not fold or designs[current[-1]].device != design.device):
+        alone = not (fold and folds_on(design.device))
+        if current and (alone or designs[current[-1]].device != design.device):
             close()
         current.append(i)
         if not ends_with_wait(design):
@@ -164,16 +214,17 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
     written: set[int] = set()
     reads: list[int] = []
     writes: list[int] = []
-    kinds: dict[int, int] = {}
+    kinds: dict[int, int] = {}  # tensor -> its role (index into ROLES)
+    elements: dict[int, str] = {}  # tensor -> the dtype its designs take it as
     alias: dict[int, int] = {}  # an output written in place -> the input whose place it takes
     for run in runs:
         d = distinct[run.design]
         step = program.steps[run.step]
         n_in = len(step.inputs)
-        for k, j in type(step.op).inplace.items():
+        for out, j in type(step.op).inplace.items():
             source = step.inputs[j]
-            if step.outputs[k] != source:  # a state is often its own output: one tensor
-                alias[step.outputs[k]] = alias.get(source, source)
+            if step.outputs[out] != source:  # a state is often its own output: one tensor
+                alias[step.outputs[out]] = alias.get(source, source)
         for pos, t in enumerate(run.tensors):
             tensor = program.tensors[t]
             if tensor.kind == "weight":
@@ -187,6 +238,10 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
                 raise BundleError(f"step {run.step}: design argument {arg.name} has dtype "
                                   f"{arg.dtype!r}, which iron.targets.npu.design.DTYPE_BYTES "
                                   "does not size")
+            if elements.setdefault(t, arg.dtype) != arg.dtype:
+                raise BundleError(f"step {run.step}: design argument {arg.name} takes tensor {t} "
+                                  f"({tensor.name or 'temp'}) as {arg.dtype}, an earlier step as "
+                                  f"{elements[t]}: a fold's tensor has one element type")
             want = arg.numel * DTYPE_BYTES[arg.dtype]
             have = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
             if arg.numel and want != have:  # numel 0: sized by the caller (the tensor)
@@ -202,18 +257,29 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
     for t, source in alias.items():  # one place for both: the host's if either is the host's
         if kinds.pop(t) == 1:
             kinds[source] = 1
-    sizes = [0] * len(BUFFERS)
+        if elements.pop(t) != elements[source]:
+            raise BundleError(f"tensor {t} is written in place of tensor {source} with another "
+                              "element type")
+    return Fold(f"fold{k}", distinct[0].device, tuple(distinct), tuple(runs),
+                *layout(program, kinds, elements, alias), tuple(reads), tuple(writes))
+
+
+def layout(program: Program, kinds: dict[int, int], elements: dict[int, str],
+           alias: dict[int, int]) -> tuple[tuple[tuple[int, Slot], ...], tuple[HostBuffer, ...]]:
+    """Every tensor's place: a host buffer per (role, element type), in ``ROLES`` order, each
+    tensor at the next ``ALIGN``-ed offset of its buffer; an in-place output at its input's."""
+    keys = sorted({(kinds[t], elements[t]) for t in kinds})
+    sizes = dict.fromkeys(keys, 0)
     placed: dict[int, Slot] = {}
     for t in sorted(kinds, key=lambda t: (kinds[t], t)):
-        b = kinds[t]
+        key = (kinds[t], elements[t])
         tensor = program.tensors[t]
         nbytes = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
-        placed[t] = Slot(b, sizes[b], nbytes)
-        sizes[b] += -(-nbytes // ALIGN) * ALIGN
+        placed[t] = Slot(keys.index(key), sizes[key], nbytes)
+        sizes[key] += -(-nbytes // ALIGN) * ALIGN
     slots = [(t, placed[t]) for t in placed] + [(t, placed[s]) for t, s in alias.items()]
-    device = distinct[0].device
-    return Fold(f"fold{k}", device, tuple(distinct), tuple(runs), tuple(slots), tuple(sizes),
-                tuple(reads), tuple(writes))
+    buffers = tuple(HostBuffer(ROLES[role], dtype, sizes[(role, dtype)]) for role, dtype in keys)
+    return tuple(slots), buffers
 
 
 # ---- the module -------------------------------------------------------------------------------
@@ -221,26 +287,27 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
 
 def render(fold: Fold, generic: bool = False) -> str:
     """The fold's MLIR-AIE module: every design's device under its symbol, then the main
-    device whose runtime sequence configures and runs them (custom form unless ``generic``)."""
-    from .mlir import Writer, device_close, device_open, memref
+    device whose runtime sequence configures and runs them (custom form unless ``generic``).
+    Only a device with folds has one (``folds_on``)."""
+    from .mlir import ELEM, Writer, device_close, device_open
 
+    if not folds_on(fold.device):
+        raise BundleError(f"{fold.name}: {fold.device} has no full-ELF flow, so no folds: each "
+                          "of its NPU steps is its own xclbin (iron.targets.npu.fold)")
     custom = not generic
     lines = ["module {" if custom else '"builtin.module"() ({']
     for k, design in enumerate(fold.designs):
         w = Writer(design, custom, fold.symbol(k))
         w.device()
         lines += w.lines
-    used = [b for b in range(len(BUFFERS)) if fold.sizes[b]]
-    buf_type = {b: f"memref<{fold.sizes[b]}xi8>" for b in used}
-    arg = {b: f"%{BUFFERS[b]}" for b in used}
-    params = ", ".join(f"{arg[b]}: {buf_type[b]}" for b in used)
+    params = ", ".join(f"%{b.name}: memref<{b.numel}x{ELEM[b.dtype]}>" for b in fold.buffers)
     lines.append("  " + device_open(fold.device, MAIN, custom))
     if custom:
         lines.append(f"    aie.runtime_sequence @{SEQUENCE}({params}) {{")
     else:
         lines.append(f'    "aie.runtime_sequence"() <{{sym_name = "{SEQUENCE}"}}> ({{')
         lines.append(f"    ^bb0({params}):")
-    n = 0
+    names = iter(range(1, 1 << 62))
     for k, runs in fold.configures():
         design = fold.designs[k]
         lines.append(f"      aiex.configure @{fold.symbol(k)} {{" if custom else
@@ -248,24 +315,8 @@ def render(fold: Fold, generic: bool = False) -> str:
         for run in runs:
             values, types = [], []
             for t, a in zip(run.tensors, design.args):
-                s = fold.slot(t)
-                n += 1
-                c, v, size = f"%c{n}", f"%v{n}", f"%n{n}"
-                ty = memref((a.numel or "?",), a.dtype)  # ?: the tensor gives the size
-                sizes = [] if a.numel else [(size, s.nbytes // DTYPE_BYTES[a.dtype])]
-                for name, value in [(c, s.offset), *sizes]:
-                    lines.append(f"        {name} = arith.constant {value} : index" if custom
-                                 else f'        {name} = "arith.constant"() <{{value = '
-                                 f"{value} : index}}> : () -> index")
-                dyn = ", ".join(name for name, _ in sizes)
-                if custom:
-                    lines.append(f"        {v} = memref.view {arg[s.buffer]}[{c}][{dyn}] : "
-                                 f"{buf_type[s.buffer]} to {ty}")
-                else:
-                    operands = ", ".join([arg[s.buffer], c, *(x for x, _ in sizes)])
-                    kinds = ", ".join([buf_type[s.buffer], "index", *("index" for _ in sizes)])
-                    lines.append(f'        {v} = "memref.view"({operands}) : ({kinds}) -> {ty}')
-                values.append(v)
+                value, ty = view(lines, fold, fold.slot(t), a.numel, next(names), custom)
+                values.append(value)
                 types.append(ty)
             if custom:
                 lines.append(f"        aiex.run @{SEQUENCE}({', '.join(values)}) : "
@@ -278,6 +329,44 @@ def render(fold: Fold, generic: bool = False) -> str:
     lines += device_close(custom)
     lines.append("}" if custom else "}) : () -> ()")
     return "\n".join(lines) + "\n"
+
+
+def view(lines: list[str], fold: Fold, slot: Slot, numel: int, n: int, custom: bool
+         ) -> tuple[str, str]:
+    """Append the ops that hand a callee its tensor, as upstream IRON's fusion does: a
+    ``memref.subview`` of the host buffer (static offset and size, unit stride), then a
+    ``memref.reinterpret_cast`` to the callee's static type (``memref<numel x element>``);
+    for a callee argument of dynamic size (``numel`` 0), the tensor's static type and a
+    ``memref.cast`` to the callee's.  Returns the value and its type."""
+    from .mlir import ELEM
+
+    buffer = fold.buffers[slot.buffer]
+    element = ELEM[buffer.dtype]
+    size, offset = slot.nbytes // buffer.itemsize, slot.offset // buffer.itemsize
+    whole = f"memref<{buffer.numel}x{element}>"
+    window = f"memref<{size}x{element}, strided<[1], offset: {offset}>>"
+    static = f"memref<{size}x{element}>"
+    callee = f"memref<{numel or '?'}x{element}>"
+    static_view = f"%v{n}" if numel else f"%r{n}"
+    ops = [("memref.subview", f"%s{n}", f"%{buffer.name}", offset, whole, window),
+           ("memref.reinterpret_cast", static_view, f"%s{n}", 0, window, static)]
+    if not numel:
+        ops.append(("memref.cast", f"%v{n}", static_view, None, static, callee))
+    for op, result, source, at, source_type, result_type in ops:
+        if not custom:
+            segments = "" if at is None else (
+                f" <{{operandSegmentSizes = array<i32: 1, 0, 0, 0>, static_offsets = array<i64: "
+                f"{at}>, static_sizes = array<i64: {size}>, static_strides = array<i64: 1>}}>")
+            text = f'"{op}"({source}){segments} : ({source_type}) -> {result_type}'
+        elif op == "memref.subview":
+            text = f"{op} {source}[{at}] [{size}] [1] : {source_type} to {result_type}"
+        elif op == "memref.reinterpret_cast":
+            text = (f"{op} {source} to offset: [{at}], sizes: [{size}], strides: [1] : "
+                    f"{source_type} to {result_type}")
+        else:
+            text = f"{op} {source} : {source_type} to {result_type}"
+        lines.append(f"        {result} = {text}")
+    return f"%v{n}", callee
 
 
 # ---- running it -------------------------------------------------------------------------------
@@ -304,13 +393,13 @@ class Array:
 
 
 class Configured:
-    """A fold in the emulator: its three byte buffers, and one ``dispatch`` per call."""
+    """A fold in the emulator: its host buffers (as bytes), and one ``dispatch`` per call."""
 
     def __init__(self, fold: Fold, array: Array):
         from .emulator import NP_DTYPE
 
         self.fold, self.array = fold, array
-        self.buffers = [np.zeros(max(n, 1), np.uint8) for n in fold.sizes]
+        self.buffers = [np.zeros(max(b.nbytes, 1), np.uint8) for b in fold.buffers]
         self.np_dtype = NP_DTYPE
         self.dispatches = 0
         self.bound: dict[int, np.ndarray] = {}  # weight tensor -> the array put in place
@@ -323,7 +412,7 @@ class Configured:
         """Write a tensor the host holds into its place (before the dispatch); a weight once,
         while the host binds the same array (weights are bound once, not changed)."""
         s = self.fold.slot(tensor)
-        if s.buffer == 0:
+        if self.fold.buffers[s.buffer].role == "weights":
             if self.bound.get(tensor) is value:
                 return
             self.bound[tensor] = value

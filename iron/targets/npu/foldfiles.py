@@ -13,19 +13,20 @@ from pathlib import Path
 from ...errors import IronError
 from ...pipeline.bundle import Bundle
 from ...util import atomic_write_bytes
-from .fold import Fold, plan, render
+from .fold import Fold, folds_on, plan, render
 from .runner import step_design
 
 
 def bundle_folds(path: Path):
     """(program name, fold) for every fold of every program of the npu bundle at ``path``, as
-    its executables fold them."""
+    its executables fold them; none on a device without folds (npu1: each NPU step is its own
+    xclbin, ``fold.folds_on``)."""
 
     bundle = Bundle.open(path)
     for name, doc in bundle.manifest["programs"].items():
         designs = [step_design(str(bundle.path / k)) for k in doc["kernels"]]
         for segment in plan(bundle.program(name), designs):
-            if isinstance(segment, Fold):
+            if isinstance(segment, Fold) and folds_on(segment.device):
                 yield name, segment
 
 
