@@ -4,9 +4,11 @@ transcription of mlir-aie's ODS (aiex.configure / aiex.run included), and the re
 figures against the per-step cost model."""
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -415,3 +417,46 @@ def test_npu1_has_no_folds_each_npu_step_is_its_own_dispatch():
     assert exe.dispatches() == 6
     with pytest.raises(BundleError, match="npu1 has no full-ELF flow, so no folds"):
         render(units[0])
+
+
+#: Stand-ins for aiecc.py and Peano's clang++: each records its arguments and writes the file
+#: its command line names as output (aiecc's ``--full-elf-name``, clang's ``-o``).
+RECORDING_TOOL = """#!{python}
+import pathlib, sys
+args = sys.argv[1:]
+pathlib.Path("{name}-args.txt").write_text("\\n".join(args))
+out = [a.split("=", 1)[1] for a in args if a.startswith("--full-elf-name=")]
+out += [args[i + 1] for i, a in enumerate(args) if a == "-o"]
+pathlib.Path(out[0]).write_bytes(b"elf")
+"""
+
+
+def test_a_fold_compiles_with_aiecc_full_elf_option_where_aiecc_is_installed(tmp_path,
+                                                                            monkeypatch):
+    from iron.targets.npu import SOURCE_DIR
+    from iron.targets.npu.aiecc import run_full_elf
+
+    fold, out = first_fold(), tmp_path / "fold0"  # designs compiled before aiecc is on PATH
+    bin_dir, peano = tmp_path / "bin", tmp_path / "peano"
+    (peano / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    for path, name in ((bin_dir / "aiecc.py", "aiecc"), (peano / "bin" / "clang++", "clang")):
+        path.write_text(RECORDING_TOOL.format(python=sys.executable, name=name))
+        path.chmod(0o755)
+    include = tmp_path / "mlir-aie" / "include"
+    (include / "aie_api").mkdir(parents=True)
+    (include / "aie_api" / "aie.hpp").write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PEANO_INSTALL_DIR", str(peano))
+    monkeypatch.setenv("MLIR_AIE_INCLUDE_DIR", str(include))
+    run_full_elf(out, fold, SOURCE_DIR)
+    assert (out / "fold.mlir").read_text() == render(fold)
+    assert (out / "aiecc-args.txt").read_text().split("\n") == [
+        "--no-xchesscc", "--no-xbridge", "--peano", str(peano), "--no-compile-host",
+        "--generate-full-elf", "--full-elf-name=fold.elf", "fold.mlir"]
+    assert (out / "fold.elf").is_file()
+    for source in {d.kernel_source for d in fold.designs}:  # every kernel a device links with
+        assert (out / source.replace(".cc", ".o")).is_file(), source
+        assert f'link_with = "{source.replace(".cc", ".o")}"' in render(fold)
+    clang = (out / "clang-args.txt").read_text().split("\n")
+    assert "--target=aie2p-none-unknown-elf" in clang and f"-I{include}" in clang

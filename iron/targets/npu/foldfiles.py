@@ -7,12 +7,15 @@ It reads bundles, so it sits above the pipeline layer (``scripts/import_cycles.p
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 from ...errors import IronError
+from ...paths import KERNELS_DIR
 from ...pipeline.bundle import Bundle
 from ...util import atomic_write_bytes
+from .aiecc import run_full_elf
 from .fold import Fold, folds_on, plan, render
 from .runner import step_design
 
@@ -32,8 +35,10 @@ def bundle_folds(path: Path):
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m iron.targets.npu.foldfiles BUNDLE OUT``: write each fold's module, custom and
-    generic form, as ``OUT/<program>.<fold>.mlir`` / ``.generic.mlir`` (for reading, and for
-    aiecc.py where it exists; ``verify BUNDLE`` checks the same modules without writing)."""
+    generic form, as ``OUT/<program>.<fold>.mlir`` / ``.generic.mlir`` (``verify BUNDLE``
+    checks the same modules without writing); where aiecc.py is on PATH, also compile each into
+    ``OUT/<program>.<fold>/fold.elf`` with aiecc's full-ELF option (``aiecc.run_full_elf``,
+    the kernels from iron's sources).  An npu1 bundle has no folds: nothing is written."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m iron.targets.npu.foldfiles BUNDLE OUT", file=sys.stderr)
@@ -46,11 +51,14 @@ def main(argv: list[str] | None = None) -> int:
             for generic, suffix in ((False, ".mlir"), (True, ".generic.mlir")):
                 atomic_write_bytes(out / f"{program}.{fold.name}{suffix}",
                                    render(fold, generic).encode())
+            if shutil.which("aiecc.py"):
+                run_full_elf(out / f"{program}.{fold.name}", fold, KERNELS_DIR / "npu")
             n += 1
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {n} folded configurations into {out}")
+    compiled = " and compiled each to a full ELF" if n and shutil.which("aiecc.py") else ""
+    print(f"wrote {n} folded configurations into {out}{compiled}")
     return 0
 
 
