@@ -190,7 +190,10 @@ class NpuTarget(Target):
         description = {
             "recipe": RECIPE_VERSION, "target": dev.name, "operator": type(op).__name__,
             "fields": op.config(), "placement": "host" if design is None else "npu",
-            "sources": digests(sources), "mlir_syntax": SYNTAX, "aiecc": aiecc_identity()}
+            "sources": digests(sources), "mlir_syntax": SYNTAX, "aiecc": aiecc_identity(),
+            # the design itself: a change of how it is drawn (a FIFO's depth) is a new artifact
+            "design": None if design is None else hashlib.sha256(json.dumps(
+                design.to_json(), sort_keys=True).encode()).hexdigest()[:16]}
         return Recipe(design.kernel_source if design else "host", (), description, sources)
 
     def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:

@@ -3,7 +3,8 @@
 
 - Elementwise (AXPY, add, mul, SiLU) and SwiGLU: per column ``num_channels`` compute tiles,
   each fed by one FIFO per input straight from the column's shim tile and drained by one
-  output FIFO; double-buffered tiles of ``tile_size`` elements; each worker takes a contiguous
+  output FIFO; tiles of ``tile_size`` elements, double-buffered when a worker takes an even
+  number of them per dispatch (else one buffer: ``rotation``); each worker takes a contiguous
   share of the tensor.
 - RMSNorm, Softmax: per column one compute tile taking ``tile_size`` rows at a time; the
   norm's weight reaches every column once (depth 1).
@@ -15,6 +16,11 @@
 - GEMV and GEMM over block-quantized weights: ``qmatrix``.
 - QKVRoPE, Attention: ``attention`` (the KV cache in DRAM, the position read by the cores and
   rendered into each dispatch's transfers).
+
+A FIFO a core acquires has two buffers only where each loop repeating its acquires, and each
+dispatch, takes a whole number of rotations of two (``rotation.rotating``): mlir-aie's static
+lowering fixes the buffer of every acquire in the core's code, and an odd count would leave
+the next dispatch's code on the other buffer than its DMA (``rotation``).
 
 ``design_for`` returns ``None`` for an operator without a design: it is placed on the host.
 """
@@ -31,6 +37,7 @@ from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes, mmul_shape
 from .resources import NpuResources
+from .rotation import rotating
 
 ELEMENTWISE = {AXPY: "axpy_bf16", ElementwiseAdd: "add_bf16", ElementwiseMul: "mul_bf16",
                SiLU: "silu_bf16"}
@@ -93,13 +100,14 @@ def elementwise(op, res: NpuResources) -> Design:
     per = op.size // (cols * chans)
     extra = (float(op.scalar_factor),) if isinstance(op, AXPY) else ()
     fifos, cores, phase = [], [], []
+    depth = rotating(per // tile)
     for c in range(cols):
         for k in range(chans):
             core, w = Tile(c, 2 + k), c * chans + k
             ins = [f"in{i}_{c}_{k}" for i in range(arity)]
             out = f"out_{c}_{k}"
-            fifos += [Fifo(n, shim(c), (core,), 2, (tile,)) for n in ins]
-            fifos.append(Fifo(out, core, (shim(c),), 2, (tile,)))
+            fifos += [Fifo(n, shim(c), (core,), depth, (tile,)) for n in ins]
+            fifos.append(Fifo(out, core, (shim(c),), depth, (tile,)))
             body = (*consume(*ins), *produce(out),
                     Call(ELEMENTWISE[type(op)], (*ins, out, tile, *extra)),
                     *release("consume", *ins), *release("produce", out))
@@ -116,12 +124,13 @@ def swiglu(op: SwiGLU, res: NpuResources) -> Design:
     cols, tile, rows, size = op.num_aie_columns, op.tile_size, op.rows, op.size
     share = size // cols
     fifos, cores, phase = [], [], []
+    depth = rotating(rows * share // tile)
     for c in range(cols):
         core = Tile(c, 2)
         gate, up, out = f"gate_{c}", f"up_{c}", f"out_{c}"
-        fifos += [Fifo(gate, shim(c), (core,), 2, (tile,)),
-                  Fifo(up, shim(c), (core,), 2, (tile,)),
-                  Fifo(out, core, (shim(c),), 2, (tile,))]
+        fifos += [Fifo(gate, shim(c), (core,), depth, (tile,)),
+                  Fifo(up, shim(c), (core,), depth, (tile,)),
+                  Fifo(out, core, (shim(c),), depth, (tile,))]
         body = (*consume(gate, up), *produce(out), Call("swiglu_bf16", (gate, up, out, tile)),
                 *release("consume", gate, up), *release("produce", out))
         cores.append(Core(core, (Loop(rows * share // tile, body),)))
@@ -141,11 +150,12 @@ def rowwise(op, res: NpuResources) -> Design:
     weighted = isinstance(op, RMSNorm) and op.weighted
     fifos, cores, phase = [], [], []
     out_arg = 2 if weighted else 1
+    depth = rotating(share // tile)
     for c in range(cols):
         core = Tile(c, 2)
         x, out, w = f"x_{c}", f"out_{c}", f"w_{c}"
-        fifos += [Fifo(x, shim(c), (core,), 2, (tile, size)),
-                  Fifo(out, core, (shim(c),), 2, (tile, size))]
+        fifos += [Fifo(x, shim(c), (core,), depth, (tile, size)),
+                  Fifo(out, core, (shim(c),), depth, (tile, size))]
         if isinstance(op, Softmax):
             call = Call("softmax_bf16", (x, out, tile, size))
         elif weighted:
@@ -175,16 +185,18 @@ def gemv(op: GEMV, res: NpuResources) -> Design:
                                op.M, op.K, op.batches)
     share = M // cols
     fifos, cores, phase = [], [], []
+    outer, inner = share // tso, tso // tsi
     for c in range(cols):
         core = Tile(c, 2)
         a, x, y = f"A_{c}", f"x_{c}", f"y_{c}"
-        fifos += [Fifo(a, shim(c), (core,), 2, (tsi, K)), Fifo(x, shim(c), (core,), 1, (B, K)),
-                  Fifo(y, core, (shim(c),), 2, (B, tso))]
-        inner = Loop(tso // tsi, (*consume(a), Call("gemv_bf16", (a, x, y, tsi, K, B, tso,
-                                                                  Iv(0, tsi))),
-                                  *release("consume", a)))
-        outer = Loop(share // tso, (*produce(y), inner, *release("produce", y)))
-        cores.append(Core(core, (*consume(x), outer, *release("consume", x))))
+        fifos += [Fifo(a, shim(c), (core,), rotating(outer * inner), (tsi, K)),
+                  Fifo(x, shim(c), (core,), 1, (B, K)),
+                  Fifo(y, core, (shim(c),), rotating(outer), (B, tso))]
+        rows = Loop(inner, (*consume(a), Call("gemv_bf16", (a, x, y, tsi, K, B, tso,
+                                                            Iv(0, tsi))),
+                            *release("consume", a)))
+        tiles = Loop(outer, (*produce(y), rows, *release("produce", y)))
+        cores.append(Core(core, (*consume(x), tiles, *release("consume", x))))
         phase += [Transfer("in", 0, a, shim(c), linear(c * share * K, share * K)),
                   Transfer("in", 1, x, shim(c), linear(0, B * K)),
                   Transfer("out", 2, y, shim(c), Pattern(c * share, (1, share // tso, B, tso),
@@ -200,6 +212,7 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
     rows = res.compute_rows
     share = N // cols
     mt, nt, kt = M // (rows * tm), share // tn, K // tk
+    per_k, per_tile = rotating(mt * nt * kt), rotating(mt * nt)  # the cores' ends
     fifos, links, buffers, cores = [], [], [], []
     for c in range(cols):
         mem = Tile(c, 1)
@@ -209,9 +222,10 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
         c_r = [f"C_{c}_{r}" for r in range(rows)]
         bw = f"B_{c}_cores"
         fifos += [Fifo(a, shim(c), (mem,), 2, (rows * tm, tk)),
-                  *(Fifo(n, mem, (w,), 2, (tm, tk)) for n, w in zip(a_r, workers)),
-                  Fifo(b, shim(c), (mem,), 2, (tn, tk)), Fifo(bw, mem, workers, 2, (tn, tk)),
-                  *(Fifo(n, w, (mem,), 2, (tm, tn)) for n, w in zip(c_r, workers)),
+                  *(Fifo(n, mem, (w,), per_k, (tm, tk)) for n, w in zip(a_r, workers)),
+                  Fifo(b, shim(c), (mem,), 2, (tn, tk)),
+                  Fifo(bw, mem, workers, per_k, (tn, tk)),
+                  *(Fifo(n, w, (mem,), per_tile, (tm, tn)) for n, w in zip(c_r, workers)),
                   Fifo(cc, mem, (shim(c),), 2, (rows * tm, tn))]
         links += [Link((a,), tuple(a_r), tuple(r * tm * tk for r in range(rows))),
                   Link((b,), (bw,)),

@@ -10,7 +10,12 @@ generator run by one cooperative scheduler:
   between the host tensor and the FIFO (blocking while the FIFO is full, or empty);
 - a memory tile link splits, forwards or joins elements between FIFOs;
 - a core repeats its program of acquire / call / release, calling the kernel's host build
-  (ctypes) on the buffers it holds.
+  (ctypes) on the buffers it holds.  It runs the program as mlir-aie's static object FIFO
+  lowering leaves it (``rotation.lower``): loops unrolled by the FIFOs' depths, each acquire
+  taking the buffer the unrolled code names, while the DMA side fills and drains the buffers
+  in order, round and round.  An acquire whose buffer is not the one the DMA used for that
+  element computes on the wrong data, as the device would; the dispatch then fails, naming
+  the acquire and the loop whose rotation drifted.
 
 An actor yields a condition before every acquire; the scheduler resumes it when the condition
 holds.  When no actor can move and the sequence is unfinished, that is a deadlock, reported
@@ -45,6 +50,8 @@ from ...tensor import bfloat16
 from .cost import acquires
 from .design import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Scalar, Tile,
                      Transfer, walk_ops)
+from .check import buffers_at
+from .rotation import Copy, NotStatic, Slot, Unrolled, lower, problems
 
 NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32, "i8": np.int8,
             "u8": np.uint8}
@@ -100,8 +107,9 @@ class Ring:
     def can_produce(self) -> bool:
         return self.acquired - min(self.freed) < self.fifo.depth
 
-    def produce(self) -> Guarded:
-        slot = self.slots[self.acquired % self.fifo.depth]
+    def produce(self, index: int | None = None) -> Guarded:
+        """The next empty buffer in order, or buffer ``index`` (a core's code names it)."""
+        slot = self.slots[self.acquired % self.fifo.depth if index is None else index]
         self.acquired += 1
         return slot
 
@@ -111,8 +119,8 @@ class Ring:
     def can_consume(self, i: int) -> bool:
         return self.taken[i] < self.released
 
-    def consume(self, i: int) -> Guarded:
-        slot = self.slots[self.taken[i] % self.fifo.depth]
+    def consume(self, i: int, index: int | None = None) -> Guarded:
+        slot = self.slots[self.taken[i] % self.fifo.depth if index is None else index]
         self.taken[i] += 1
         return slot
 
@@ -262,6 +270,9 @@ class Emulation:
         self.programs: dict[Tile, list[dict]] = {c.tile: [] for c in design.cores}
         self.buffers = {b.name: Guarded(b.name, b.shape, b.dtype) for b in design.buffers}
         self.dispatches = 0
+        self.drift: str | None = None  # the first acquire of a buffer the DMA did not use
+        self.core_buffers = {(c.tile, f.name): buffers_at(design, f, c.tile)
+                             for c in design.cores for f in design.fifos}
         self.args: Sequence[np.ndarray] = ()
         for c in design.cores:
             self.sched.spawn(self.core(c), str(c.tile), daemon=True)
@@ -329,6 +340,11 @@ class Emulation:
         ivs: list[int] = []
         scalars: dict[str, int] = {}
 
+        try:
+            copies = lower(self.design, core)
+        except NotStatic:  # not statically lowerable (refused by the trip-count rule)
+            copies = (core.body,)
+
         def run(body) -> Iterator[Wait]:
             for op in body:
                 if isinstance(op, Loop):
@@ -345,16 +361,29 @@ class Emulation:
                         ivs[-1] = i
                         yield from run(op.body)
                     ivs.pop()
-                elif isinstance(op, Acquire):
+                elif isinstance(op, Unrolled):
+                    ivs.append(0)
+                    for i in range(op.count):
+                        for j, copy in enumerate(op.copies):
+                            ivs[-1] = i * len(op.copies) + j
+                            yield from run(copy)
+                    ivs.pop()
+                elif isinstance(op, Copy):
+                    ivs.append(op.index)
+                    yield from run(op.body)
+                    ivs.pop()
+                elif isinstance(op, (Acquire, Slot)):
                     ring = self.rings[op.fifo]
                     if op.port == "produce":
                         yield ring.can_produce, f"acquire {op.fifo} to produce (full)"
-                        held.setdefault(op.fifo, []).append(ring.produce())
+                        index = self.named_buffer(core, op, ring.acquired)
+                        held.setdefault(op.fifo, []).append(ring.produce(index))
                     else:
                         i = ring.fifo.consumers.index(core.tile)
                         yield (lambda: ring.can_consume(i)), f"acquire {op.fifo} (empty)"
                         self.moved[(core.tile, op.fifo, "consume")] += 1
-                        held.setdefault(op.fifo, []).append(ring.consume(i))
+                        index = self.named_buffer(core, op, ring.taken[i])
+                        held.setdefault(op.fifo, []).append(ring.consume(i, index))
                 elif isinstance(op, Release):
                     ring = self.rings[op.fifo]
                     if not held.get(op.fifo):
@@ -372,9 +401,25 @@ class Emulation:
                         scalars[op.result] = value
 
         while True:
-            yield from run(core.body)
-            self.programs[core.tile].append({k: v for k, v in self.moved.items()
-                                             if k[0] == core.tile})
+            for copy in copies:
+                yield from run(copy)
+                self.programs[core.tile].append({k: v for k, v in self.moved.items()
+                                                 if k[0] == core.tile})
+
+    def named_buffer(self, core, op, element: int) -> int | None:
+        """The buffer a core's acquire takes for the FIFO's ``element``-th element: the one its
+        code names (a ``Slot``), noting the first time it is not the one the tile's DMA chain
+        filled (or will send) for that element; None (the next in order) for an acquire that
+        names none."""
+        if not isinstance(op, Slot):
+            return None
+        dma = element % self.core_buffers[(core.tile, op.fifo)]
+        if op.index != dma and self.drift is None:
+            verb = "filled" if op.port == "consume" else "sends"
+            self.drift = (f"{core.tile} acquires buffer {op.index} of {op.fifo} for its element "
+                          f"{element} (dispatch {self.dispatches + 1}), where the tile's DMA "
+                          f"{verb} buffer {dma}")
+        return op.index % self.rings[op.fifo].fifo.depth
 
     def call(self, core, op: Call, held, buffers, ivs, scalars) -> int | None:
         values, given = [], []
@@ -476,6 +521,11 @@ class Emulation:
             if left:
                 raise EmulationError(f"{d.name}: after dispatch {self.dispatches} FIFO {name} "
                                      f"is not empty ({left}): the next dispatch would read it")
+        if self.drift:
+            why = problems(d)
+            raise EmulationError(f"{d.name}: {self.drift}: the buffer rotation of the static "
+                                 f"lowering drifted, the data are wrong"
+                                 + (f" ({why[0].removeprefix(d.name + ': ')})" if why else ""))
 
 
 def emulate_design(design: Design, args: Sequence[np.ndarray], lib: str) -> None:

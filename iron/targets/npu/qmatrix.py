@@ -4,8 +4,8 @@
 - the weight streams from host memory as the bundle stores it (the tiled layout: per 16-row
   tile, group after group, the codes then the 16 rows' scales and minimums), one FIFO element
   a 16-row tile times ``tile_k`` values (whole groups, contiguous in the layout, so every
-  transfer carries whole blocks and whole 32-bit words), double-buffered; columns split the
-  rows;
+  transfer carries whole blocks and whole 32-bit words), double-buffered where the tiles (or
+  the elements over K) per dispatch are even (``rotation.rotating``); columns split the rows;
 - the vectors of x (GEMV) or the rows of A (GEMM) arrive one at a time and are rounded on the
   core to int8 codes per 16 values, as the cpu rounds them (``iron.quant.activation_values``),
   into core buffers: codes, block scales, group sums;
@@ -29,6 +29,7 @@ from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Lo
                      Release, Tile, Transfer, linear)
 from .kernels import qmatrix_block
 from .resources import NpuResources
+from .rotation import rotating
 
 KERNEL_SOURCE = "qmatrix.cc"
 
@@ -87,7 +88,11 @@ def design(op, res: NpuResources) -> Design:
     fmt, group, K, cols = op.weight_format, op.group_size, op.K, op.num_aie_columns
     vectors, tm, rows, tn, tk = shape(op)
     share, kt, mt = rows // cols, K // tk, vectors // tm
-    nt = share // tn
+    nt, t16 = share // tn, tn // TILE
+    # two buffers where every loop repeating a FIFO's acquires takes whole rotations: x in
+    # blocks of tm rows, y tile by tile, W over K (or, in one piece, over the 16-row tiles)
+    x_depth, y_depth = rotating(tm), rotating(nt)
+    w_depth = rotating(kt if kt > 1 else t16)
     tile_bytes = TILE * row_bytes(fmt, tk, group)
     whole = TILE * row_bytes(fmt, K, group)  # one tile of W, all of K
     fifos, buffers, cores = [], [], []
@@ -95,8 +100,9 @@ def design(op, res: NpuResources) -> Design:
         core, s = Tile(c, 2), Tile(c, 0)
         x, w, y = f"x_{c}", f"W_{c}", f"y_{c}"
         xq, dx, xs, acc = f"xq_{c}", f"dx_{c}", f"xs_{c}", f"acc_{c}"
-        fifos += [Fifo(x, s, (core,), 2, (K,)), Fifo(w, s, (core,), 2, (tile_bytes,), "u8"),
-                  Fifo(y, core, (s,), 2, (tm, tn))]
+        fifos += [Fifo(x, s, (core,), x_depth, (K,)),
+                  Fifo(w, s, (core,), w_depth, (tile_bytes,), "u8"),
+                  Fifo(y, core, (s,), y_depth, (tm, tn))]
         buffers += [Buffer(xq, core, (tm * K,), "i8"),
                     Buffer(dx, core, (tm * padded(K // 16),), "f32"),
                     Buffer(xs, core, (tm * padded(K // group),), "f32"),
@@ -105,12 +111,18 @@ def design(op, res: NpuResources) -> Design:
         take = Loop(tm, (Acquire(x, "consume"),
                          Call("qmatrix_quantize", (x, *held, K, 1, group, Iv(0, 1))),
                          Release(x, "consume")))
-        k_loop = Loop(kt, (Acquire(w, "consume"),
-                           Call(f"qmatrix_{fmt}", (w, *held, Buf(acc), tk, tm, group,
-                                                   Iv(0, tk), K, Iv(0, 1))),
-                           Release(w, "consume")))
-        tiles = Loop(tn // TILE, (k_loop, Call("qmatrix_store", (Buf(acc), y, tm, tn,
-                                                                 Iv(0, TILE)))))
+        store = Call("qmatrix_store", (Buf(acc), y, tm, tn, Iv(0, TILE)))
+        if kt == 1:  # W's acquire right in the loop over the tiles, which unrolls it
+            tiles = Loop(t16, (Acquire(w, "consume"),
+                               Call(f"qmatrix_{fmt}", (w, *held, Buf(acc), tk, tm, group, 0, K,
+                                                       0)),
+                               Release(w, "consume"), store))
+        else:
+            k_loop = Loop(kt, (Acquire(w, "consume"),
+                               Call(f"qmatrix_{fmt}", (w, *held, Buf(acc), tk, tm, group,
+                                                       Iv(0, tk), K, Iv(0, 1))),
+                               Release(w, "consume")))
+            tiles = Loop(t16, (k_loop, store))
         out = Loop(nt, (Acquire(y, "produce"), tiles, Release(y, "produce")))
         cores.append(Core(core, (Loop(mt, (take, out)),)))
     # runtime arguments: the step's inputs in its order (GEMV W, x; GEMM A, B), then the output

@@ -1,0 +1,216 @@
+"""Which buffer each acquire of a core gets, as the pinned mlir-aie lowers object FIFOs
+statically, and whether that rotation still matches the DMA's from one dispatch to the next.
+
+mlir-aie's ``lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp`` (at the pin in
+``ods.UPSTREAM``; a core without ``dynamic_objfifo_lowering``) does this:
+
+- ``findObjectFifoSize``: the buffers of each FIFO end (``check.buffers_at``: two on a compute
+  tile for iron's one-element acquires, one for a depth-1 FIFO);
+- ``unrollForLoops``: every ``scf.for`` with an acquire directly in its body is unrolled by the
+  least common multiple of the depths of the FIFOs acquired there, or fully when it runs fewer
+  times; the remainder iterations become copies after the unrolled loop (``loopUnrollByFactor``).
+  A loop whose acquires are all in nested loops is left alone, and that includes the loop
+  "until reconfiguration" around a core's program (``scf.for`` to 9223372036854775807, IRON's
+  ``Worker(while_true=True)``) when its body acquires nothing directly;
+- replacing the acquires (``runOnOperation``, ``acqPerFifo`` and ``createUseLocks``): walking
+  the unrolled code in program order, each acquire is given the next buffer of its FIFO, an
+  index modulo the FIFO's buffers, fixed in the code;
+- ``createDMA``: the tile's DMA walks a chain of one buffer descriptor per buffer, the last
+  pointing back to the first, for as long as the array stays configured.
+
+So the code names a buffer, while the data arrive (or leave) wherever the DMA chain has got
+to.  The two agree only if every loop body that runs more than once, as unrolled, acquires
+each FIFO a whole number of rotations; otherwise an iteration (at the latest the next
+dispatch) reads a buffer the DMA did not fill, or fills one the DMA will not send.  ``lower``
+gives each acquire its buffer as the code would; ``problems`` names each loop that drifts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from ...errors import IronError
+from .check import buffers_at
+from .design import Acquire, Core, Design, Loop
+
+SOURCE = "mlir-aie lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp"
+#: The trip count of a core's loop until reconfiguration (the largest ``index``).
+FOREVER = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class Slot:
+    """An acquire with the buffer the static lowering fixed for it."""
+
+    fifo: str
+    port: str
+    index: int
+
+
+class RotationError(IronError, ValueError):
+    """A design whose object FIFO buffer rotation drifts across iterations or dispatches."""
+
+
+class NotStatic(Exception):
+    """A core the static lowering cannot unroll (an acquire directly in a loop whose trip
+    count is not a constant: ``unrollForLoops`` fails with "unrollFactor = 0")."""
+
+
+def _buffers(design: Design, fifo: str, tile) -> int:
+    return buffers_at(design, design.fifo(fifo), tile)
+
+
+def rotating(count: int) -> int:
+    """The depth for a FIFO a core acquires ``count`` times in each loop that repeats its code
+    (and per dispatch): two buffers (double buffering) when that is a whole number of
+    rotations, else one.  A design passes the count its own loops make."""
+    return 2 if count % 2 == 0 else 1
+
+
+def _direct(body) -> set[str]:
+    return {op.fifo for op in body if isinstance(op, Acquire)}
+
+
+def unroll_factor(design: Design, core: Core, loop: Loop) -> int:
+    """``unrollForLoops``' factor for ``loop``: 1 when it has no acquire of its own."""
+    depths = {_buffers(design, f, core.tile) for f in _direct(loop.body)}
+    return min(math.lcm(*depths), loop.count) if depths else 1
+
+
+@dataclass(frozen=True)
+class Unrolled:
+    """A loop unrolled by ``len(copies)``: ``count`` iterations, each running the copies in
+    turn; copy ``j`` of iteration ``i`` sees the loop index ``i * len(copies) + j``."""
+
+    count: int
+    copies: tuple[tuple, ...]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A remainder iteration left after an unrolled loop: its body at loop index ``index``."""
+
+    index: int
+    body: tuple
+
+
+def _unrolled(design: Design, core: Core, body) -> tuple:
+    """``body`` with every loop unrolled as ``unrollForLoops`` does (acquires not yet given
+    buffers)."""
+    out: list = []
+    for op in body:
+        if not isinstance(op, Loop):
+            out.append(op)
+            continue
+        inner = _unrolled(design, core, op.body)
+        if _direct(op.body) and op.dynamic:
+            raise NotStatic(f"{core.tile} acquires directly in a loop whose trip count is "
+                            f"{op.dynamic}, not a constant")
+        factor = unroll_factor(design, core, op)
+        if factor <= 1:
+            out.append(Loop(op.count, inner, op.dynamic))
+            continue
+        main, rest = divmod(op.count, factor)
+        out.append(Unrolled(main, (inner,) * factor))
+        out.extend(Copy(main * factor + j, inner) for j in range(rest))
+    return tuple(out)
+
+
+def _numbered(body, design: Design, core: Core, next_index: dict) -> tuple:
+    """Each acquire of ``body`` given the next buffer of its FIFO, in program order."""
+    out: list = []
+    for op in body:
+        if isinstance(op, Loop):
+            out.append(Loop(op.count, _numbered(op.body, design, core, next_index),
+                            op.dynamic))
+        elif isinstance(op, Unrolled):
+            out.append(Unrolled(op.count, tuple(_numbered(c, design, core, next_index)
+                                                for c in op.copies)))
+        elif isinstance(op, Copy):
+            out.append(Copy(op.index, _numbered(op.body, design, core, next_index)))
+        elif isinstance(op, Acquire):
+            key = (op.fifo, op.port)
+            index = next_index.get(key, 0)
+            next_index[key] = (index + 1) % _buffers(design, op.fifo, core.tile)
+            out.append(Slot(op.fifo, op.port, index))
+        else:
+            out.append(op)
+    return tuple(out)
+
+
+def lower(design: Design, core: Core) -> tuple[tuple, ...]:
+    """The core's program as the static lowering leaves it: the copies of its per-dispatch
+    program that its loop until reconfiguration runs in turn (one, unless that loop acquires
+    directly), each acquire a ``Slot``.  Raises ``NotStatic`` for a core it cannot unroll."""
+    copies = unroll_factor(design, core, Loop(FOREVER, core.body))
+    inner = _unrolled(design, core, core.body)
+    return tuple(_numbered((Copy(0, inner),) * copies, design, core, {})[i].body
+                 for i in range(copies))
+
+
+def _code(op) -> tuple:
+    """The code of a loop's body: every copy of an unrolled one."""
+    if isinstance(op, Unrolled):
+        return tuple(x for c in op.copies for x in c)
+    return op.body
+
+
+def advance(body) -> dict[tuple[str, str], int]:
+    """Acquires per (FIFO, port) written in ``body`` (nested loops counted once: their code)."""
+    counts: dict[tuple[str, str], int] = {}
+    for op in body:
+        if isinstance(op, (Loop, Unrolled, Copy)):
+            for key, n in advance(_code(op)).items():
+                counts[key] = counts.get(key, 0) + n
+        elif isinstance(op, Slot):
+            counts[(op.fifo, op.port)] = counts.get((op.fifo, op.port), 0) + 1
+    return counts
+
+
+def _repeated(body) -> Iterator[tuple[int, tuple]]:
+    """(trip count, code) of every loop in ``body`` that may run its code more than once."""
+    for op in body:
+        if isinstance(op, Copy):
+            yield from _repeated(op.body)
+        elif isinstance(op, (Loop, Unrolled)):
+            if op.count > 1 or (isinstance(op, Loop) and op.dynamic):
+                yield op.count, _code(op)
+            yield from _repeated(_code(op))
+
+
+def problems(design: Design) -> list[str]:
+    """One line per (core, FIFO, loop) whose buffer rotation drifts under the static lowering:
+    a loop body (as unrolled) that runs more than once, or the per-dispatch program, that
+    acquires a FIFO a number of times that is not a multiple of its buffers."""
+    found = []
+    for core in design.cores:
+        try:
+            copies = lower(design, core)
+        except NotStatic:
+            continue  # not statically lowerable at all: the trip-count rule's concern
+        program = tuple(op for copy in copies for op in copy)
+        dispatches = ("the code of its program (one run per dispatch)" if len(copies) == 1
+                      else f"the code of the {len(copies)} copies of its program its loop until "
+                      "reconfiguration is unrolled to")
+        for count, body in [(None, program), *_repeated(program)]:
+            for (fifo, port), n in sorted(advance(body).items()):
+                buffers = _buffers(design, fifo, core.tile)
+                if n % buffers:
+                    where = (dispatches if count is None else
+                             f"the code of each iteration of a loop of {count}")
+                    found.append(
+                        f"{design.name}: {core.tile}: {where}, as unrolled, acquires {fifo} "
+                        f"({port}) {n} time(s), not a multiple of its {buffers} buffers, so "
+                        f"from the next {'dispatch' if count is None else 'iteration'} on the "
+                        "buffers the code names and the ones its DMA uses differ "
+                        f"({SOURCE}: unrollForLoops)")
+    return found
+
+
+def check(design: Design) -> None:
+    """Raise ``RotationError`` naming the first drifting FIFO of ``design``."""
+    found = problems(design)
+    if found:
+        raise RotationError(found[0])
