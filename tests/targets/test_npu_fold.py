@@ -22,7 +22,8 @@ from iron.targets import target_for
 from iron.targets.npu.fold import ALIGN, Fold, plan, render
 from iron.targets.npu.mlir import render as render_design
 from iron.targets.npu.report import markdown, program_report
-from iron.targets.npu.resources import DISPATCH_SECONDS
+from iron.targets.npu.coresidence import columns, loads, loads_per_pass, pack
+from iron.targets.npu.resources import DISPATCH_SECONDS, SWITCH_SECONDS
 from iron.targets.npu.runner import Emulated
 from iron.targets.npu.verify import Problem, check_text
 from tiny_llama import TINY_CONFIG
@@ -232,33 +233,75 @@ def test_a_design_whose_sequence_ends_without_a_wait_ends_its_fold():
     assert runs == [[0, 1], [2, 3], [5, 6]]
 
 
-def test_the_report_adds_up_to_the_per_step_model_and_folding_saves_only_dispatches():
-    _, program, _ = tiny_decoder()
-    exe = loaded(program, None, True)
-    r = program_report("decode", program, exe.designs)
+def test_the_report_adds_up_to_the_per_step_model_and_prices_dispatches_and_loads():
+    _, program, weights = tiny_decoder()
+    exe = loaded(program, weights, True)
+    r = program_report("decode", [program], [exe.designs])
     per_step = sum(d.cost().seconds for d in exe.designs if d is not None)
-    assert r.unfolded.total == pytest.approx(per_step, rel=1e-12)
     assert r.model_sum == pytest.approx(per_step, rel=1e-12)
+    assert r.unfolded.total - r.unfolded.reconfiguration == pytest.approx(per_step, rel=1e-12)
     runs = npu_runs(exe.designs)
     npu = sum(map(len, runs))
     assert (r.npu_steps, r.dispatches, r.folded_dispatches) == (npu, npu, len(runs))
-    assert r.folded.total == pytest.approx(per_step - (npu - len(runs)) * DISPATCH_SECONDS,
-                                           rel=1e-12)
+    # folding saves dispatches only; every load is priced at upstream's measured switch
+    assert r.folded.total == pytest.approx(per_step - (npu - len(runs)) * DISPATCH_SECONDS
+                                           + r.loads * SWITCH_SECONDS, rel=1e-12)
+    assert r.unfolded.reconfiguration == r.folded.reconfiguration == r.loads * SWITCH_SECONDS
     assert (r.folded.kernel, r.folded.data_movement) == (r.unfolded.kernel,
                                                         r.unfolded.data_movement)
     d = exe.designs
     host = Counter(type(program.steps[i].op).__name__ for i in range(len(d)) if d[i] is None)
     assert r.host_steps == dict(host) and host["Embedding"] == 1
-    # a configuration per change of design within each run of NPU steps
-    assert r.configures == sum(1 + sum(d[a] is not d[b] for a, b in zip(run, run[1:]))
-                               for run in runs)
     assert r.handovers == sum((a is None) != (b is None) for a, b in zip(d, d[1:]))
-    table = markdown([r]).splitlines()
-    assert len(table) == 4
-    assert table[2].startswith(f"| decode, unfolded | npu2 | {npu} | {npu} | "
-                               f"{r.unfolded.kernel * 1e6:,.0f} |")
+    # the loads a call costs are the loads the emulator's array makes in a steady call
+    for p in range(2):
+        exe.run([np.array([7 + p], np.int32), np.array([p], np.int32)])
+        before = exe.array.loads
+    exe.run([np.array([9], np.int32), np.array([2], np.int32)])
+    assert exe.array.loads - before == r.loads > 0
+    assert 0 < r.packed_loads < r.loads  # the tiny designs leave room to pack
+    assert r.packed.total == pytest.approx(r.folded.total - (r.loads - r.packed_loads)
+                                           * SWITCH_SECONDS, rel=1e-12)
+    table = markdown(r).splitlines()
+    assert len(table) == 5
+    assert table[2].startswith(f"| decode, one dispatch per step | npu2 | {npu} | {npu} | "
+                               f"{r.loads} | {r.unfolded.kernel * 1e6:,.0f} |")
     hosted = ", ".join(f"{k} {v}" for k, v in sorted(host.items()))
-    assert f"| {r.folded.total * 1e6:,.0f} | {r.configures} | {hosted} |" in table[3]
+    assert table[4].startswith(f"| decode, folded + packed | npu2 | {npu} | {len(runs)} | "
+                               f"{r.packed_loads} |")
+    assert table[4].endswith(f"| {r.packed.total * 1e6:,.0f} | {hosted} |")
+
+
+def test_npu1_reports_one_dispatch_per_step_and_says_it_has_no_folds():
+    rng = np.random.default_rng(3)
+    _, inputs = chain_case(rng)
+    program = Chain("npu1").record_like(inputs)
+    designs = loaded(program, None, True).designs
+    r = program_report("chain", [program], [designs])
+    assert not r.folds and r.dispatches == r.folded_dispatches == r.npu_steps == 6
+    assert r.loads == r.packed_loads == 5  # norm add (add) silu | norm add, around the cycle
+    assert r.folded == r.packed == r.unfolded
+    table = markdown(r)
+    assert "| chain, one dispatch per step | npu1 | 6 | 6 | 5 |" in table
+    assert "folded" not in table and "npu1 has no folds" in table
+
+
+def test_packing_is_upstreams_greedy_walk_over_designs_that_fit_the_columns_left():
+    _, program, _ = tiny_decoder()
+    designs = [d for d in loaded(program, None, True).designs if d is not None]
+    a, b, c, e = (next(d for d in designs if d.name.startswith(f"{kind}("))
+                  for kind in ("RMSNorm", "QKVRoPE", "Attention", "ElementwiseAdd"))
+    assert [columns(d) for d in (a, b, c, e)] == [1, 2, 2, 4]
+    assert loads_per_pass([a, b, a, b], 8, packed=False) == 4
+    assert loads_per_pass([a, b, a, b], 3, packed=True) == 0  # one pack serves all: no load
+    assert loads_per_pass([a, b, a, b], 2, packed=True) == 4  # no room beside a
+    # [a b] fit 4 columns, c does not beside them and starts the next pack; a met again
+    # outside it closes that pack, so e starts a third: a|b -> c -> a|b -> e -> (around) a|b
+    assert pack([a, b, c, a, e], 4) == {id(a): 0, id(b): 0, id(c): 1, id(e): 2}
+    assert loads_per_pass([a, b, c, a, e], 4, packed=True) == 4
+    # a design met again outside the current pack closes it, even where the next would fit
+    assert pack([b, c, b, a], 3) == {id(b): 0, id(c): 1, id(a): 2}
+    assert loads([0, 0, 1, 1, 0]) == 2 and loads([3]) == 0
 
 
 def test_an_output_written_in_place_shares_its_inputs_place(monkeypatch):

@@ -1,25 +1,31 @@
-"""Dispatches and modelled time per call of an npu bundle's programs, before and after folding.
+"""Dispatches, configuration loads and modelled time per token of an npu bundle's programs:
+each NPU step its own dispatch, then folded, then folded with consecutive designs packed.
 
     python -m iron.targets.npu.report build/llama/npu2            # decode + head: one token
     python -m iron.targets.npu.report BUNDLE --programs prefill --json
 
-For each program: its steps by placement (the host-placed ones by operator, with their count),
-the NPU dispatches (unfolded: one per NPU step; folded: one per ``fold.Fold``), the
-configurations loaded (an ``aiex.configure`` per change of design, the same either way), the
-host <-> device handovers, and the modelled seconds split three ways, read off each NPU step's
-design (``Design.cost``, the cost model the tuner ranks by):
+For the programs together (one token of a language-model bundle: ``decode`` then ``head``)
+and for each: its steps by placement (the host-placed ones by operator, with their count), the
+NPU dispatches (unfolded: one per NPU step; folded: one per ``fold.Fold``; npu1 has no folds,
+one xclbin per step as upstream IRON runs Phoenix, ``fold.folds_on``), the configurations
+loaded (one per change of design along the NPU steps, around the cycle to the next call,
+``coresidence.loads``; packed: one per change of pack, ``coresidence.pack``, devices with
+folds only), the host <-> device handovers, and the modelled seconds split four ways:
 
-- kernel: the ``compute`` term (the slowest core's kernel calls);
+- kernel: the ``compute`` term of each NPU step's design (``Design.cost``, the model the tuner
+  ranks by: the slowest core's kernel calls);
 - data movement: the rest of the step's modelled time beyond its kernel and its dispatch (the
   DMA time compute does not hide, the pipeline fill, issuing the runtime transfers);
-- dispatch: ``DISPATCH_SECONDS`` (45 us, upstream's measurement of an empty design, see
-  ``resources``) per dispatch.
+- dispatch: ``DISPATCH_SECONDS`` (45 us) per dispatch;
+- reconfiguration: ``SWITCH_SECONDS`` (38.8 us, upstream IRON's measured ``switch_us``) per
+  configuration loaded.
 
-Unfolded, the three add up to the sum of the per-step model; folding changes only the
-dispatches.  Host-placed steps have no modelled time here (they run on the CPU, whose model is
-``iron.targets.cpu.cost``), nor does loading a configuration (no public figure): both are
-counted instead.  For a language-model bundle the default programs are ``decode`` and
-``head``: what one generated token runs.
+Unfolded, kernel + data movement + dispatch add up to the sum of the per-step model; folding
+changes only the dispatches, packing only the loads.  The figures' sources are in
+``resources``: the clock is npu2's top DPM level and the host memory's bandwidth a peak, so
+kernel and data movement are lower bounds; a small design run alone costs 120-180 us in
+upstream's measurements, more than this model's dispatch + load + step.  Host-placed steps
+have no modelled time here (they run on the CPU, whose model is ``iron.targets.cpu.cost``).
 """
 
 from __future__ import annotations
@@ -34,44 +40,52 @@ from typing import Sequence
 
 from ...errors import IronError
 from ...program import Program
+from .coresidence import loads_per_pass
 from .design import Design
-from .fold import Fold, plan
-from .resources import DISPATCH_SECONDS
+from .fold import Fold, folds_on, plan
+from .resources import DISPATCH_SECONDS, SMALL_DESIGN_ALONE_SECONDS, SWITCH_SECONDS, resources
 
 
 @dataclass(frozen=True)
 class Split:
-    """Modelled seconds of a program's NPU work, three ways."""
+    """Modelled seconds of a program's NPU work, four ways."""
 
     kernel: float
     data_movement: float
     dispatch: float
+    reconfiguration: float
 
     @property
     def total(self) -> float:
-        return self.kernel + self.data_movement + self.dispatch
+        return self.kernel + self.data_movement + self.dispatch + self.reconfiguration
 
 
 @dataclass(frozen=True)
 class ProgramReport:
     name: str
     device: str
+    folds: bool  # whether the device runs folds (and packs): npu2 yes, npu1 no
     steps: int
     npu_steps: int
     host_steps: dict[str, int]  # operator -> count
     dispatches: int  # unfolded: one per NPU step
-    folded_dispatches: int  # one per fold
-    configures: int  # configurations loaded per call (changes of design), either way
+    folded_dispatches: int  # one per fold (without folds: one per NPU step)
+    loads: int  # configurations loaded per call: changes of design, around the cycle
+    packed_loads: int  # changes of pack (without folds: the same as ``loads``)
     handovers: int  # host <-> npu changes of placement between consecutive steps
     unfolded: Split
     folded: Split
+    packed: Split
     model_sum: float  # sum of Design.cost() over the NPU steps: what ``unfolded`` must add to
 
 
-def program_report(name: str, program: Program, designs: Sequence[Design | None]
-                   ) -> ProgramReport:
-    segments = plan(program, designs)
-    folds = [s for s in segments if isinstance(s, Fold)]
+def program_report(name: str, programs: Sequence[Program],
+                   step_designs: Sequence[Sequence[Design | None]]) -> ProgramReport:
+    """The report of ``programs`` run one after the other, each with its steps' designs (None:
+    placed on the host), as one call (a token: decode then head)."""
+    designs = [d for ds in step_designs for d in ds]
+    folds = sum(isinstance(s, Fold) for p, ds in zip(programs, step_designs)
+                for s in plan(p, ds))
     kernel = movement = model_sum = 0.0
     for d in designs:
         if d is None:
@@ -80,22 +94,31 @@ def program_report(name: str, program: Program, designs: Sequence[Design | None]
         model_sum += cost.seconds
         kernel += cost.terms["compute"]
         movement += cost.seconds - cost.terms["compute"] - DISPATCH_SECONDS
-    npu = sum(d is not None for d in designs)
-    host = Counter(type(program.steps[i].op).__name__ for i, d in enumerate(designs)
-                   if d is None)
-    handovers = sum((a is None) != (b is None) for a, b in zip(designs, designs[1:]))
-    configures = sum(len(f.configures()) for f in folds)
-    device = next((d.device for d in designs if d is not None), program.device.name)
+    npu = [d for d in designs if d is not None]
+    host = Counter(type(p.steps[i].op).__name__ for p, ds in zip(programs, step_designs)
+                   for i, d in enumerate(ds) if d is None)
+    handovers = sum(sum((a is None) != (b is None) for a, b in zip(ds, ds[1:]))
+                    for ds in step_designs)
+    device = npu[0].device if npu else programs[0].device.name
+    folding = folds_on(device)
+    columns = resources(device).columns
+    loads = loads_per_pass(npu, columns, packed=False)
+    packed = loads_per_pass(npu, columns, packed=True) if folding else loads
+
+    def split(dispatches: int, configurations: int) -> Split:
+        return Split(kernel, movement, dispatches * DISPATCH_SECONDS,
+                     configurations * SWITCH_SECONDS)
+
     return ProgramReport(
-        name, device, len(designs), npu, dict(sorted(host.items())), npu, len(folds),
-        configures, handovers, Split(kernel, movement, npu * DISPATCH_SECONDS),
-        Split(kernel, movement, len(folds) * DISPATCH_SECONDS), model_sum)
+        name, device, folding, len(designs), len(npu), dict(sorted(host.items())), len(npu),
+        folds, loads, packed, handovers, split(len(npu), loads), split(folds, loads),
+        split(folds, packed), model_sum)
 
 
 def bundle_report(path: str | Path, programs: Sequence[str] | None = None
                   ) -> list[ProgramReport]:
-    """The report of each of ``programs`` (default: decode and head of a language-model
-    bundle, else every program) of the npu bundle at ``path``."""
+    """The report of ``programs`` together (default: decode and head of a language-model
+    bundle, one token, else every program), then of each, for the npu bundle at ``path``."""
     from ...pipeline.bundle import Bundle
     from .runner import step_design
 
@@ -107,43 +130,55 @@ def bundle_report(path: str | Path, programs: Sequence[str] | None = None
     if not names:
         have = list(bundle.manifest["programs"])
         names = ["decode", "head"] if {"decode", "head"} <= set(have) else have
-    out = []
     for name in names:
-        program = bundle.program(name)
-        files = bundle.manifest["programs"][name]["kernels"]
-        out.append(program_report(name, program, [step_design(str(bundle.path / f))
-                                                  for f in files]))
-    return out
+        if name not in bundle.manifest["programs"]:
+            raise IronError(f"{path}: no program {name!r} (it has "
+                            f"{', '.join(bundle.manifest['programs'])})")
+    loaded = [(bundle.program(name), [step_design(str(bundle.path / f)) for f in
+                                      bundle.manifest["programs"][name]["kernels"]])
+              for name in names]
+    together = program_report(" + ".join(names), [p for p, _ in loaded],
+                              [ds for _, ds in loaded])
+    alone = [program_report(name, [p], [ds]) for name, (p, ds) in zip(names, loaded)]
+    return [together, *alone] if len(names) > 1 else alone
 
 
 def us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f}"
 
 
-def markdown(reports: Sequence[ProgramReport]) -> str:
-    """The reports as a markdown table: per program and in total, unfolded then folded."""
-    rows = ["| programs | device | NPU steps | dispatches | kernel us | data movement us | "
-            "dispatch us | total us | configurations | host steps |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-
-    def row(name, device, npu, dispatches, split, configures, host):
-        hosted = ", ".join(f"{k} {v}" for k, v in sorted(host.items())) or "none"
-        rows.append(f"| {name} | {device} | {npu} | {dispatches} | {us(split.kernel)} | "
-                    f"{us(split.data_movement)} | {us(split.dispatch)} | {us(split.total)} | "
-                    f"{configures} | {hosted} |")
-
-    for label, pick, count in (("unfolded", "unfolded", "dispatches"),
-                               ("folded", "folded", "folded_dispatches")):
-        host: Counter = Counter()
-        for r in reports:
-            host.update(r.host_steps)
-        total = Split(*(sum(getattr(getattr(r, pick), f) for r in reports)
-                        for f in ("kernel", "data_movement", "dispatch")))
-        name = " + ".join(r.name for r in reports) + f", {label}"
-        row(name, reports[0].device, sum(r.npu_steps for r in reports),
-            sum(getattr(r, count) for r in reports), total, sum(r.configures for r in reports),
-            host)
+def markdown(report: ProgramReport) -> str:
+    """One report as a markdown table: each NPU step its own dispatch, folded, and folded with
+    consecutive designs packed (or, without folds, why there are none)."""
+    rows = ["| programs | device | NPU steps | dispatches | configurations | kernel us | "
+            "data movement us | dispatch us | reconfiguration us | total us | host steps |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    hosted = ", ".join(f"{k} {v}" for k, v in sorted(report.host_steps.items())) or "none"
+    forms = [("one dispatch per step", report.dispatches, report.loads, report.unfolded)]
+    if report.folds:
+        forms += [("folded", report.folded_dispatches, report.loads, report.folded),
+                  ("folded + packed", report.folded_dispatches, report.packed_loads,
+                   report.packed)]
+    for label, dispatches, loads, split in forms:
+        rows.append(f"| {report.name}, {label} | {report.device} | {report.npu_steps} | "
+                    f"{dispatches} | {loads} | {us(split.kernel)} | {us(split.data_movement)} | "
+                    f"{us(split.dispatch)} | {us(split.reconfiguration)} | {us(split.total)} | "
+                    f"{hosted} |")
+    if not report.folds:
+        rows.append(f"\n{report.device} has no folds: no full-ELF flow, so each NPU step is its "
+                    "own xclbin and dispatch, as upstream IRON runs Phoenix; nothing is packed.")
     return "\n".join(rows)
+
+
+def summary(r: ProgramReport) -> str:
+    """One line: what a call of the programs costs in dispatches and configurations."""
+    folded = (f"{r.folded_dispatches} folded dispatch(es), {r.loads} configuration loads "
+              f"({us(r.folded.reconfiguration)} us), {r.packed_loads} with consecutive designs "
+              f"packed ({us(r.packed.reconfiguration)} us)" if r.folds else
+              f"{r.dispatches} dispatches (no folds on {r.device}), {r.loads} configuration "
+              f"loads ({us(r.unfolded.reconfiguration)} us)")
+    return (f"{r.name}: {r.steps} steps, {r.npu_steps} on the NPU: {folded}; "
+            f"{r.handovers} host <-> NPU handovers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,11 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=1))
         return 0
-    print(markdown(reports))
+    print(markdown(reports[0]))
+    print()
     for r in reports:
-        print(f"\n{r.name}: {r.steps} steps, {r.npu_steps} on the NPU in {r.folded_dispatches} "
-              f"folded dispatch(es) (unfolded {r.dispatches}), {r.handovers} host <-> NPU "
-              f"handovers, {r.configures} configurations loaded per call")
+        print(summary(r))
+    low, high = SMALL_DESIGN_ALONE_SECONDS
+    print(f"\nPer configuration load {SWITCH_SECONDS * 1e6:.1f} us, per dispatch "
+          f"{us(DISPATCH_SECONDS)} us (upstream IRON's measurements, iron.targets.npu.resources);"
+          f" upstream measured a small design run alone at {us(low)}-{us(high)} us.")
     return 0
 
 

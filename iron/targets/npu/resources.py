@@ -46,9 +46,11 @@ class NpuResources:
     # ---- speeds (the cost model's) ----
     #: Array clock.  npu1: AMD rates the Phoenix NPU at 10 int8 TOPS over its 20 AIE-ML cores
     #: (5 columns x 4), each 256 int8 MACs per cycle (the 4x8x8 int8 MMUL of mlir-aie's
-    #: aie_kernels/aie2/mm.cc): 10e12 / (20 x 256 x 2) is about 1.0 GHz.  npu2: the 1.8 GHz
-    #: upstream IRON's (github.com/amd/IRON) performance checks assume for AIE2P.  The Linux
-    #: driver's DPM tables (drivers/accel/amdxdna/npu*_regs.c) list the real levels.
+    #: aie_kernels/aie2/mm.cc): 10e12 / (20 x 256 x 2) is about 1.0 GHz.  npu2: 1.8 GHz, the
+    #: upstream IRON's (github.com/amd/IRON) performance checks assume for AIE2P, is the top
+    #: level of the driver's DPM table (amd/xdna-driver ``npu4_regs.c``, ``npu4_dpm_clk_table``:
+    #: H-clock 792 to 1800 MHz over 8 levels), reached in its turbo power mode, not a clock the
+    #: array sustains in the default mode: the compute terms are lower bounds.
     clock_hz: float = 1.0e9
     #: Bytes per cycle of one DMA channel.  Shim: "each channel can sustain 4 bytes per cycle"
     #: (AM020, Array Interface DMA Memory-Mapped AXI4 Master Interface).  Memory and compute
@@ -58,9 +60,12 @@ class NpuResources:
     dma_bytes_per_cycle: int = 4
     #: Host memory behind all the shim tiles together: LPDDR5X-7500 on a 128-bit bus, 120 GB/s
     #: peak, the memory AMD lists for the Ryzen 7040 / 8040 (npu1) and Ryzen AI 300 (npu2)
-    #: laptop chips.  That the NPU can draw all of it (the CPU and GPU share it) is an
-    #: assumption; it binds only where npu2's shim channels would move more (its 8 columns x
-    #: 4 channels x 4 B x 1.8 GHz = 230 GB/s in and out together).
+    #: laptop chips.  A peak, not what the NPU draws: upstream IRON's largest measured npu2
+    #: GEMV (``GEMV_9b077fca...`` in ``decode_costs_npu2.json``, 37.4 ms; if, as its size
+    #: suggests, it is Llama 3.2 1B's 128256 x 2048 bf16 head, 525 MB) moved about 14 GB/s,
+    #: so where this term binds the model is a lower bound.  It binds only where
+    #: npu2's shim channels would move more (its 8 columns x 4 channels x 4 B x 1.8 GHz =
+    #: 230 GB/s in and out together).
     dram_bytes_per_second: float = 120e9
 
 
@@ -75,8 +80,25 @@ NPUS = {
 
 #: Host-side cost of one kernel dispatch through XRT (``kernel(...)`` then ``run.wait()``):
 #: an empty mlir-aie design measured 45 us, a small one 60 us (Xilinx/mlir-aie issue #2381,
-#: "Lower bound on kernel execution time").  The same for every setting of an instance.
+#: "Lower bound on kernel execution time"); upstream IRON's calibration on Strix Halo measured
+#: 43.7-50.1 us per dispatch (``dispatch_us`` in amd/IRON's
+#: ``iron/applications/llama_3_2_1b/decode_costs_npu2.json``, 2026-09-26, turbo power mode).
+#: The same for every setting of an instance.
 DISPATCH_SECONDS = 45e-6
+
+#: Loading another device configuration onto the array, per change of design between
+#: consecutive steps: upstream IRON measured 38.5, 38.6 and 39.3 us (``switch_us`` of its three
+#: calibration pairs in the same file; loading the same design again, ``reset_us``, 33.5-38.7
+#: us), on npu2.  The mean, 38.8 us, prices every load on either device: npu1 has no published
+#: figure (nod-ai/iree-amd-aie #1187 measured 79-192 us per whole-array reconfiguration on
+#: Strix through another runtime, so this is the low end).
+SWITCH_SECONDS = 38.8e-6
+
+#: What upstream IRON measured for a small design dispatched alone, configuration load and
+#: host round trip included (``alone_us`` of its ElementwiseAdd/Mul, SiLU, RoPE, RMSNorm and
+#: copy steps in the same file: 120-180 us).  iron's model of such a step (a dispatch, a load
+#: and its modelled time, well under 100 us) is lower; the report states both.
+SMALL_DESIGN_ALONE_SECONDS = (120e-6, 180e-6)
 
 #: Issuing one runtime-sequence transfer: the NPU's controller writes the shim buffer
 #: descriptor (about eight 32-bit registers) and pushes it on the channel's task queue.
