@@ -1,7 +1,9 @@
 """The lowering's preconditions (``iron.targets.npu.preconditions``): each rule refuses a
 module broken the way it guards against, naming the op, the value and the rule, and passes
-the module as rendered.  Every design of the emulation sweep passing them all is tested with
-the op definitions (``test_npu.py``, ``verify`` runs both)."""
+the module as rendered.  The custom form (``iron.targets.npu.custom``) reads as the same
+module as the generic one, and a custom form that says something else is refused.  Every
+design of the emulation sweep passing them all is tested with the op definitions
+(``test_npu.py``; ``verify`` runs every check)."""
 
 from __future__ import annotations
 
@@ -9,24 +11,32 @@ import functools
 
 import pytest
 
-from iron.operators import GEMM
+from iron.operators import GEMM, Attention
 from iron.resolution import resolve
 from iron.targets import npu
+from iron.targets.npu import custom, ods
+from iron.targets.npu.design import Tile
 from iron.targets.npu.mlir import render
-from iron.targets.npu.preconditions import target_model
-from iron.targets.npu.verify import Problem, check_text
+from iron.targets.npu.preconditions import devices, target_model
+from iron.targets.npu.verify import Problem, check_text, parse
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_module(dev: str) -> str:
+def gemm_module(dev: str, generic: bool = True) -> str:
     """A GEMM on one column: a distribute (A), a forward (B), a join (C), four cores."""
     op = GEMM(M=32, K=64, N=64, tile_m=8, tile_k=32, tile_n=16, num_aie_columns=1)
-    return render(npu.design_of(resolve(op, dev), dev), generic=True)
+    return render(npu.design_of(resolve(op, dev), dev), generic=generic)
+
+
+@functools.lru_cache(maxsize=None)
+def passes(text: str, custom: str | None = None) -> bool:
+    """Whether ``text`` (with its custom form) passes every check; checked once per text."""
+    check_text(text, "design.generic.mlir", custom)
+    return True
 
 
 def rejected(text: str, old: str, new: str) -> str:
-    check_text(text)  # as rendered, it passes
-    assert old in text, old
+    assert passes(text) and old in text, old
     with pytest.raises(Problem) as e:
         check_text(text.replace(old, new, 1), "design.generic.mlir")
     return str(e.value)
@@ -95,3 +105,71 @@ def test_the_target_models_follow_mlir_aies_device_cases():
         4, 2, 8, 3]
     with pytest.raises(ValueError, match="xcvc1902: no NPU target model"):
         target_model("xcvc1902")
+
+
+def test_the_custom_form_reads_as_the_generic_module_and_is_checked_alone_too():
+    """A GEMM and an attention design (runtime parameters, a loop bounded by a kernel's
+    result): the custom form aiecc reads is, op by op, the module the checks saw."""
+    attention = npu.design_of(Attention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64,
+                                        tile_size=16, num_aie_columns=1), "npu2")
+    assert attention.rtps and "aiex.npu.rtp_write" in render(attention)
+    for generic, custom in ((gemm_module("npu2"), gemm_module("npu2", False)),
+                            (render(attention, generic=True), render(attention))):
+        check_text(generic, "design.generic.mlir", custom)
+        check_text(custom, "design.mlir")
+    with pytest.raises(Problem, match=r"design.mlir:\d+: 'aie.tile': tile \(12, 9\).*"
+                       r"\[tiles_in_array\]"):
+        check_text(gemm_module("npu2", False).replace("aie.tile(0, 5)", "aie.tile(12, 9)"),
+                   "design.mlir")
+
+
+CUSTOM_A_0 = "aie.objectfifo @A_0(%tile_0_0, {%tile_0_1}, 2 : i32)"
+CUSTOM_WAIT = "      aiex.npu.dma_wait {symbol = @C_0}\n"
+
+
+@pytest.mark.parametrize("old,new,message", [
+    (CUSTOM_A_0, CUSTOM_A_0.replace("2 : i32", "3 : i32"),
+     "'aie.objectfifo' property elemNumber = 3 : i32 where the generic form has 2 : i32"),
+    ("aie.tile(0, 5)", "aie.tile(0, 4)",
+     "'aie.tile' property row = 4 : i32 where the generic form has 5 : i32"),
+    ("([] [0, 256, 512, 768])", "([] [0, 256, 512, 640])", "property dst_offsets = "),
+    ("@A_0_0(Consume, 1)", "@A_0_0(Produce, 1)",
+     "'aie.objectfifo.acquire' property port = 0 : i32 where the generic form has 1 : i32"),
+    ("issue_token = true", "issue_token = false", "property issue_token = false"),
+    (CUSTOM_WAIT, "", "'aie.end' is aie.end where the generic form has aiex.npu.dma_wait"),
+    ("%acc_0_0, %c7, %c8, %c9)", "%acc_0_0, %c8, %c7, %c9)",
+     "'func.call' takes other operands than in the generic form"),
+])
+def test_a_custom_form_that_differs_from_the_generic_one_is_refused(old, new, message):
+    generic, custom = gemm_module("npu2"), gemm_module("npu2", False)
+    assert passes(generic, custom) and old in custom, old
+    with pytest.raises(Problem) as e:
+        check_text(generic, "design.generic.mlir", custom.replace(old, new, 1))
+    problem = str(e.value)
+    assert problem.startswith("design.generic.mlir (custom form):"), problem
+    assert message in problem and problem.endswith("[custom_form]"), problem
+
+
+def test_every_transcribed_op_has_its_custom_syntax():
+    """An op added to ``ods`` needs its custom form in ``custom`` too (one line where its
+    ODS assembly format is declarative), or ``design.mlir`` files using it cannot be read."""
+    names = {op.name for dialect in (ods.AIE, ods.AIEX) for op in dialect.operations}
+    assert names == set(custom.CUSTOM), names ^ set(custom.CUSTOM)
+
+
+@pytest.mark.parametrize("fifo,depth,tile,buffers", [
+    ("A_0_0", 2, (0, 2), 2),  # a core acquiring one at a time: a ping-pong pair
+    ("A_0_0", 1, (0, 2), 1),  # the pin's depth-1 exception (PR #2986 removes it later)
+    ("A_0_0", 40, (0, 2), 2),  # on a core the lowering allocates by acquires, not depth
+    ("A_0_0", 40, (0, 1), 40),  # a memory tile allocates the declared depth
+    ("A_0", 3, (0, 0), 0),  # a shim tile none: the host buffers are the sequence's
+])
+def test_buffers_are_counted_as_the_pinned_lowering_allocates_them(fifo, depth, tile, buffers):
+    old = "elemNumber = 2 : i32, elemType = !aie.objectfifo<memref<"
+    text = gemm_module("npu2")
+    start = text.index(f'sym_name = "{fifo}"')
+    at = text.rindex(old, 0, start)
+    text = text[:at] + old.replace("2", str(depth)) + text[at + len(old):]
+    (d,) = devices(parse(text, "design.generic.mlir"))
+    assert d.fifos[fifo].depth == depth
+    assert d.buffers_at(d.fifos[fifo], Tile(*tile)) == buffers

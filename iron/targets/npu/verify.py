@@ -1,23 +1,27 @@
-"""Check npu designs' generic MLIR against mlir-aie's op definitions.
+"""Check npu designs' MLIR against mlir-aie's op definitions and its lowering's preconditions.
 
-    python -m iron.targets.npu.verify FILE...   # design.generic.mlir, or step files (a
-                                                # bundle's kernels/*.json; host steps skipped)
+    python -m iron.targets.npu.verify FILE...   # design.generic.mlir or design.mlir, or step
+                                                # files (a bundle's kernels/*.json; host
+                                                # steps skipped)
     python -m iron.targets.npu.verify BUNDLE    # an npu bundle: every designed step's module
                                                 # and every folded configuration's (``fold``)
 
-Each file is parsed by xDSL with the transcription of mlir-aie's ODS in ``ods`` (``aie`` and
-``aiex``) and xDSL's own ``builtin``, ``func``, ``arith`` and ``scf``, then verified: an
-unknown op, a missing or misspelled property, a property of the wrong kind (a device given as
-a string, an ``i64`` where ODS says ``AIEI32Attr``, a dense array where it says
-``I64ArrayAttr``), a value outside its enum or confinement, wrong operand counts or types, a
-missing terminator, or a ``func.call`` whose callee is not declared in the device, are each
-an error.  Then every ``aie.device`` is checked against what mlir-aie's verifiers and passes
-require before they run (``preconditions``: tile coordinates and kinds from the target
-model, links, descriptors and memory per tile as the object FIFO lowering allocates them,
-every issued token waited on), each problem ending with the rule's name in brackets.  The
-text is checked as written: xDSL takes op names with dots, a type and an op of the same name,
-and properties (``<{...}>``), so no rewrite precedes the check.  The custom form
-(``design.mlir``) is not checked: its parsers are mlir-aie's C++ (``custom<...>`` directives).
+Each module is parsed by xDSL with the transcription of mlir-aie's ODS in ``ods`` (``aie``
+and ``aiex``) and xDSL's own ``builtin``, ``func``, ``arith``, ``scf`` and ``memref``, then
+verified: an unknown op, a missing or misspelled property, a property of the wrong kind (a
+device given as a string, an ``i64`` where ODS says ``AIEI32Attr``, a dense array where it
+says ``I64ArrayAttr``), a value outside its enum or confinement, wrong operand counts or
+types, a missing terminator, or a ``func.call`` whose callee is not declared in the device,
+are each an error.  Then every ``aie.device`` is checked against what mlir-aie's verifiers
+and passes require before they run (``preconditions``: tile coordinates and kinds from the
+target model, links, descriptors and memory per tile as the object FIFO lowering allocates
+them, every issued token waited on), each problem ending with the rule's name in brackets.
+The generic text is checked as written: xDSL takes op names with dots, a type and an op of
+the same name, and properties (``<{...}>``), so no rewrite precedes the check.
+
+The custom form (``design.mlir``, what aiecc reads) is read with the assembly formats of
+mlir-aie's ops (``custom``); where a step file or a bundle has both forms, the custom one
+must read as the same module as the generic one, op by op ("[custom_form]" otherwise).
 
 Exit status 0 when every file verifies; otherwise 1, and the first problem on stderr as
 ``FILE:LINE: message``.
@@ -26,7 +30,9 @@ Exit status 0 when every file verifies; otherwise 1, and the first problem on st
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -48,34 +54,62 @@ class Problem(Exception):
     """The first thing wrong with a module: where and what."""
 
 
+def is_generic(text: str) -> bool:
+    return text.lstrip().startswith('"builtin.module"')
+
+
 def _line_of(text: str, op, module) -> int:
     """The line of ``op``: the k-th occurrence of its name in the text, k its rank among
-    ops of that name in the parsed module (xDSL keeps no source locations)."""
+    ops of that name in the parsed module (xDSL keeps no source locations); the name is
+    quoted in generic form and followed by a space or a parenthesis in custom form."""
     rank = 0
     for other in module.walk():
         if other is op:
             break
         rank += other.name == op.name
-    start = -1
-    for _ in range(rank + 1):
-        start = text.find(f'"{op.name}"', start + 1)
-        if start < 0:
-            return 0
-    return text.count("\n", 0, start) + 1
+    pattern = (re.escape(f'"{op.name}"') if is_generic(text)
+               else rf"(?<![\w.]){re.escape(op.name)}[ (]")
+    found = list(itertools.islice(re.finditer(pattern, text), rank + 1))
+    if len(found) <= rank:
+        return 0
+    return text.count("\n", 0, found[rank].start()) + 1
 
 
-def check_text(text: str, name: str = "<text>") -> None:
-    """Raise ``Problem`` naming the first problem of ``text`` (a generic-form module)."""
+def _written_line(text: str, op, module) -> int:
+    """The line of ``op``, or of the nearest op before it that is written out (an implicit
+    terminator is not)."""
+    ops = list(module.walk())
+    for other in reversed(ops[:ops.index(op) + 1]):
+        line = _line_of(text, other, module)
+        if line:
+            return line
+    return 0
+
+
+def parse(text: str, name: str):
+    """The module of ``text``, generic or custom form (``custom``), or ``Problem``."""
     from xdsl.parser import Parser
-    from xdsl.utils.exceptions import ParseError, VerifyException
+    from xdsl.utils.exceptions import ParseError
 
-    from .preconditions import RULES, devices
+    from . import custom
 
     try:
-        module = Parser(context(), text, name).parse_module()
+        return Parser(context() if is_generic(text) else custom.context(), text,
+                      name).parse_module()
     except ParseError as e:
         line = text.count("\n", 0, e.span.start) + 1
         raise Problem(f"{name}:{line}: {e.msg}") from None
+
+
+def check_text(text: str, name: str = "<text>", custom_text: str | None = None) -> None:
+    """Raise ``Problem`` naming the first problem of ``text`` (a module in generic or custom
+    form); with ``custom_text``, also unless that custom form reads as the same module."""
+    from xdsl.utils.exceptions import VerifyException
+
+    from .custom import difference
+    from .preconditions import RULES, devices
+
+    module = parse(text, name)
     for op in module.walk():
         try:
             op.verify(verify_nested_ops=False)
@@ -92,24 +126,34 @@ def check_text(text: str, name: str = "<text>") -> None:
             for v in rule(device):
                 raise Problem(f"{name}:{_line_of(text, v.op, module)}: '{v.op.name}': "
                               f"{v.message} [{rule.__name__}]")
+    if custom_text is not None:
+        label = f"{name} (custom form)"
+        ours = parse(custom_text, label)
+        found = difference(ours, module)
+        if found:
+            op, message = found
+            raise Problem(f"{label}:{_written_line(custom_text, op, ours)}: '{op.name}' "
+                          f"{message} [custom_form]")
 
 
-def module_text(path: Path) -> str | None:
-    """A generic-form module from a ``.mlir`` file or from a step file's ``mlir_generic``;
-    None for a step placed on the host (it has no design)."""
+def module_text(path: Path) -> tuple[str, str | None] | None:
+    """A module from a ``.mlir`` file (either form) or from a step file: its
+    ``mlir_generic`` and its custom form ``mlir``; None for a step placed on the host (it
+    has no design)."""
     if path.suffix == ".json":
         doc = json.loads(path.read_text())
         if doc.get("placement") == "host":
             return None
         if "mlir_generic" not in doc:
             raise Problem(f"{path}: not an npu step file (no 'mlir_generic')")
-        return doc["mlir_generic"]
-    return path.read_text()
+        return doc["mlir_generic"], doc.get("mlir")
+    return path.read_text(), None
 
 
 def bundle_modules(path: Path):
-    """(label, generic module) of every designed step of an npu bundle, each once, then of
-    every folded configuration of each of its programs, as its executables fold them."""
+    """(label, generic module, custom module) of every designed step of an npu bundle, each
+    once, then of every folded configuration of each of its programs, as its executables
+    fold them."""
     from ...errors import IronError
     from ...pipeline.bundle import read_manifest
     from .fold import render
@@ -122,11 +166,12 @@ def bundle_modules(path: Path):
             for k in doc["kernels"]:
                 if k not in seen:
                     seen.add(k)
-                    text = module_text(path / k)
-                    if text is not None:
-                        yield str(path / k), text
+                    texts = module_text(path / k)
+                    if texts is not None:
+                        yield (str(path / k), *texts)
         for program, fold in bundle_folds(path):
-            yield f"{path} program {program} {fold.name}", render(fold, generic=True)
+            yield (f"{path} program {program} {fold.name}", render(fold, generic=True),
+                   render(fold))
     except IronError as e:
         raise Problem(str(e)) from None
 
@@ -140,15 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in argv:
         try:
             if Path(name).is_dir():
-                for label, text in bundle_modules(Path(name)):
-                    check_text(text, label)
+                for label, text, custom_text in bundle_modules(Path(name)):
+                    check_text(text, label, custom_text)
                     checked += 1
                 continue
-            text = module_text(Path(name))
-            if text is None:
+            texts = module_text(Path(name))
+            if texts is None:
                 skipped += 1
                 continue
-            check_text(text, name)
+            check_text(texts[0], name, texts[1])
             checked += 1
         except Problem as e:
             print(f"error: {e}", file=sys.stderr)
