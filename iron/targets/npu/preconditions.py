@@ -35,6 +35,7 @@ from xdsl.ir import Operation, SSAValue
 
 from . import ods
 from .design import DTYPE_BYTES, Fifo, Tile
+from .traced import untraceable
 
 # ---- the target model (AIETargetModel.h) ---------------------------------------------------
 
@@ -389,12 +390,24 @@ def tokens_waited(d: Device) -> Iterator[Violation]:
                             f"aiex.npu.dma_wait on @{name} waits for")
 
 
+def traced_to_arguments(d: Device) -> Iterator[Violation]:
+    """``AIEDmaToNpu.cpp`` finds each ``aiex.npu.dma_memcpy_nd``'s host buffer with
+    ``traceSubviewToBlockArgument`` (``lib/Dialect/AIEX/Utils/AIEUtils.cpp``), and an
+    ``aiex.run`` inlines its callee's transfers on its operands: each must reach a runtime
+    sequence argument only through ``memref.subview`` / ``memref.cast`` /
+    ``memref.reinterpret_cast`` with static offsets, sizes and strides (``traced``)."""
+    for o in d.sequence:
+        for message in untraceable(o):
+            yield Violation(o, message)
+
+
 #: Every precondition ``verify`` checks, in the order a lowering would meet them.
 RULES: tuple[Callable[[Device], Iterator[Violation]], ...] = (
     tiles_in_array,
     tile_kinds,
     link_legality,
     tokens_waited,
+    traced_to_arguments,
     descriptors,
     memory,
 )

@@ -19,7 +19,8 @@ strides".  ``aiex.run`` inlines its callee's sequence on its operands, so theirs
 same way.  iron asks one thing more of a ``memref.reinterpret_cast`` (upstream does not check
 it): no dynamic operand, since ``aiex.run`` needs its callee's static types.
 
-``check_module`` applies the rule to a module parsed by ``verify``'s xDSL context.
+``untraceable`` applies the rule to one op; ``preconditions.traced_to_arguments`` runs it in
+``verify``'s table on every runtime sequence.
 """
 
 from __future__ import annotations
@@ -110,16 +111,14 @@ def trace(value, roots: set, what: str) -> None:
                           "offsets, sizes and strides)")
 
 
-def check_module(module) -> list[tuple[object, str]]:
-    """(op, problem) for every traced operand of ``module`` that cannot be traced."""
-    problems = []
-    for op in module.walk():
-        if op.name not in TRACED:
-            continue
-        roots = sequence_args(op)
-        for k, operand in enumerate(op.operands[TRACED[op.name]]):
-            try:
-                trace(operand, roots, f"{op.name} operand {k}")
-            except Untraceable as e:
-                problems.append((op, str(e)))
-    return problems
+def untraceable(op) -> Iterator[str]:
+    """The problem of each memref operand of ``op`` the lowering cannot trace (none unless
+    ``op`` is a transfer or a run)."""
+    if op.name not in TRACED:
+        return
+    roots = sequence_args(op)
+    for k, operand in enumerate(op.operands[TRACED[op.name]]):
+        try:
+            trace(operand, roots, f"{op.name} operand {k}")
+        except Untraceable as e:
+            yield str(e)
