@@ -20,7 +20,6 @@ from iron.lm.checkpoint import LlamaConfig
 from iron.operators import ElementwiseAdd, Embedding, RMSNorm, SiLU
 from iron.targets import target_for
 from iron.targets.npu.fold import ALIGN, Fold, plan, render
-from iron.targets.npu.mlir import render as render_design
 from iron.targets.npu.report import markdown, program_report
 from iron.targets.npu.coresidence import columns, loads, loads_per_pass, pack
 from iron.targets.npu.resources import DISPATCH_SECONDS, SWITCH_SECONDS
@@ -420,13 +419,11 @@ def with_dynamic_size(text: str) -> str:
     (as_memref_view, "comes from a memref.view, which mlir-aie traceSubviewToBlockArgument"),
     (with_dynamic_size, "memref.subview with dynamic static_sizes"),
 ])
-def test_the_trace_rule_passes_every_fold_and_design_and_rejects_a_view_or_a_dynamic_size(
-        change, message):
-    fold = first_fold()
-    text = render(fold, generic=True)
-    check_text(text, "fold")
-    for design in fold.designs:  # a design's transfers take its sequence's arguments directly
-        check_text(render_design(design, generic=True), design.name)
+def test_verify_rejects_a_view_the_lowering_cannot_trace_naming_the_trace_rule(change, message):
+    """The op definitions and the earlier rules accept the broken fold (the first problem is
+    the trace rule's); ``test_every_fold_verifies_and_lays_its_tensors_apart`` and the design
+    tests show the rule passes what iron writes."""
+    text = render(first_fold(), generic=True)
     broken = change(text)
     assert broken != text
     with pytest.raises(Problem, match=re.escape(message) + r".*\[traced_to_arguments\]$"):
