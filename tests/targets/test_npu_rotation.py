@@ -15,8 +15,10 @@ from iron.resolution import legal_settings, resolve
 from iron.targets import npu
 from iron.targets.npu.design import Acquire, Loop, Release
 from iron.targets.npu.emulator import Emulation, EmulationError
+from iron.targets.npu.mlir import render
 from iron.targets.npu.rotation import (Copy, RotationError, Slot, Unrolled, check, lower,
                                        problems)
+from iron.targets.npu.verify import Problem, check_text
 from opcases import SMALL, OneStep, case_inputs
 from test_npu import host_cores
 
@@ -171,3 +173,18 @@ def test_every_design_the_llama_bundles_place_keeps_its_rotation(smollm2):
                     seen.add((dev, d.name))
                     drifting += problems(d)
     assert len(seen) > 50 and drifting == []
+
+
+def test_verify_rejects_a_module_edited_to_drift_unless_its_core_lowers_dynamically():
+    """The same rule on the parsed module (``preconditions.RULES``): the FIFOs of the nine
+    tiles of 64 edited from one buffer to two."""
+    text = render(add_576(), generic=True)
+    check_text(text)
+    drifting = text.replace("elemNumber = 1 : i32", "elemNumber = 2 : i32")
+    with pytest.raises(Problem, match=r":\d+: 'aie.core': core tile \(0, 2\): the code of each "
+                       r"iteration of its loop until reconfiguration \(a dispatch\), as unrolled, "
+                       r"acquires in0_0_0 \(consume\) 3 time\(s\), not a multiple of its 2 "
+                       r"buffers.*unrollForLoops\) \[fifo_rotation\]"):
+        check_text(drifting)
+    check_text(drifting.replace('"aie.core"(%tile_0_2) ({', '"aie.core"(%tile_0_2) '
+                                '<{dynamic_objfifo_lowering = true}> ({'))

@@ -35,6 +35,7 @@ from xdsl.ir import Operation, SSAValue
 
 from . import ods
 from .design import DTYPE_BYTES, Fifo, Tile
+from .rotation import fifo_rotation
 from .traced import untraceable
 
 # ---- the target model (AIETargetModel.h) ---------------------------------------------------
@@ -410,5 +411,6 @@ RULES: tuple[Callable[[Device], Iterator[Violation]], ...] = (
     traced_to_arguments,
     descriptors,
     memory,
+    fifo_rotation,
 )
 

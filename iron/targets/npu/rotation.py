@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ...errors import IronError
 from .check import buffers_at
-from .design import Acquire, Core, Design, Loop
+from .design import Acquire, Core, Design, Loop, Release
 
 SOURCE = "mlir-aie lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp"
 #: The trip count of a core's loop until reconfiguration (the largest ``index``).
@@ -58,10 +58,6 @@ class NotStatic(Exception):
     count is not a constant: ``unrollForLoops`` fails with "unrollFactor = 0")."""
 
 
-def _buffers(design: Design, fifo: str, tile) -> int:
-    return buffers_at(design, design.fifo(fifo), tile)
-
-
 def rotating(count: int) -> int:
     """The depth for a FIFO a core acquires ``count`` times in each loop that repeats its code
     (and per dispatch): two buffers (double buffering) when that is a whole number of
@@ -69,13 +65,17 @@ def rotating(count: int) -> int:
     return 2 if count % 2 == 0 else 1
 
 
+#: A core's FIFO name -> the buffers of that FIFO's end on the core's tile.
+Buffers = Callable[[str], int]
+
+
 def _direct(body) -> set[str]:
     return {op.fifo for op in body if isinstance(op, Acquire)}
 
 
-def unroll_factor(design: Design, core: Core, loop: Loop) -> int:
+def unroll_factor(loop: Loop, buffers: Buffers) -> int:
     """``unrollForLoops``' factor for ``loop``: 1 when it has no acquire of its own."""
-    depths = {_buffers(design, f, core.tile) for f in _direct(loop.body)}
+    depths = {buffers(f) for f in _direct(loop.body)}
     return min(math.lcm(*depths), loop.count) if depths else 1
 
 
@@ -96,7 +96,7 @@ class Copy:
     body: tuple
 
 
-def _unrolled(design: Design, core: Core, body) -> tuple:
+def _unrolled(body, buffers: Buffers) -> tuple:
     """``body`` with every loop unrolled as ``unrollForLoops`` does (acquires not yet given
     buffers)."""
     out: list = []
@@ -104,11 +104,11 @@ def _unrolled(design: Design, core: Core, body) -> tuple:
         if not isinstance(op, Loop):
             out.append(op)
             continue
-        inner = _unrolled(design, core, op.body)
+        inner = _unrolled(op.body, buffers)
         if _direct(op.body) and op.dynamic:
-            raise NotStatic(f"{core.tile} acquires directly in a loop whose trip count is "
-                            f"{op.dynamic}, not a constant")
-        factor = unroll_factor(design, core, op)
+            raise NotStatic(f"an acquire directly in a loop whose trip count is {op.dynamic}, "
+                            "not a constant")
+        factor = unroll_factor(op, buffers)
         if factor <= 1:
             out.append(Loop(op.count, inner, op.dynamic))
             continue
@@ -118,36 +118,44 @@ def _unrolled(design: Design, core: Core, body) -> tuple:
     return tuple(out)
 
 
-def _numbered(body, design: Design, core: Core, next_index: dict) -> tuple:
+def _numbered(body, buffers: Buffers, next_index: dict) -> tuple:
     """Each acquire of ``body`` given the next buffer of its FIFO, in program order."""
     out: list = []
     for op in body:
         if isinstance(op, Loop):
-            out.append(Loop(op.count, _numbered(op.body, design, core, next_index),
-                            op.dynamic))
+            out.append(Loop(op.count, _numbered(op.body, buffers, next_index), op.dynamic))
         elif isinstance(op, Unrolled):
-            out.append(Unrolled(op.count, tuple(_numbered(c, design, core, next_index)
+            out.append(Unrolled(op.count, tuple(_numbered(c, buffers, next_index)
                                                 for c in op.copies)))
         elif isinstance(op, Copy):
-            out.append(Copy(op.index, _numbered(op.body, design, core, next_index)))
+            out.append(Copy(op.index, _numbered(op.body, buffers, next_index)))
         elif isinstance(op, Acquire):
             key = (op.fifo, op.port)
             index = next_index.get(key, 0)
-            next_index[key] = (index + 1) % _buffers(design, op.fifo, core.tile)
+            next_index[key] = (index + 1) % buffers(op.fifo)
             out.append(Slot(op.fifo, op.port, index))
         else:
             out.append(op)
     return tuple(out)
 
 
+def lowered(body, buffers: Buffers) -> tuple:
+    """A core's region ``body`` (its loop until reconfiguration included) as the static
+    lowering leaves it: loops unrolled, each acquire a ``Slot``.  Raises ``NotStatic`` for a
+    body it cannot unroll."""
+    return _numbered(_unrolled(body, buffers), buffers, {})
+
+
+def core_buffers(design: Design, core: Core) -> Buffers:
+    return lambda fifo: buffers_at(design, design.fifo(fifo), core.tile)
+
+
 def lower(design: Design, core: Core) -> tuple[tuple, ...]:
     """The core's program as the static lowering leaves it: the copies of its per-dispatch
     program that its loop until reconfiguration runs in turn (one, unless that loop acquires
     directly), each acquire a ``Slot``.  Raises ``NotStatic`` for a core it cannot unroll."""
-    copies = unroll_factor(design, core, Loop(FOREVER, core.body))
-    inner = _unrolled(design, core, core.body)
-    return tuple(_numbered((Copy(0, inner),) * copies, design, core, {})[i].body
-                 for i in range(copies))
+    forever = lowered((Loop(FOREVER, core.body),), core_buffers(design, core))[0]
+    return (forever.body,) if isinstance(forever, Loop) else forever.copies
 
 
 def _code(op) -> tuple:
@@ -180,33 +188,35 @@ def _repeated(body) -> Iterator[tuple[int, tuple]]:
             yield from _repeated(_code(op))
 
 
-def problems(design: Design) -> list[str]:
-    """One line per (core, FIFO, loop) whose buffer rotation drifts under the static lowering:
-    a loop body (as unrolled) that runs more than once, or the per-dispatch program, that
-    acquires a FIFO a number of times that is not a multiple of its buffers."""
+def drifts(body, buffers: Buffers) -> list[str]:
+    """What drifts in a core's region ``body`` (its loop until reconfiguration included),
+    one line per (loop, FIFO): the code of a loop body that runs more than once, as unrolled,
+    acquiring a FIFO a number of times that is not a multiple of its buffers.  Empty for a
+    body the static lowering cannot unroll (the trip-count rule's concern)."""
+    try:
+        code = lowered(body, buffers)
+    except NotStatic:
+        return []
     found = []
-    for core in design.cores:
-        try:
-            copies = lower(design, core)
-        except NotStatic:
-            continue  # not statically lowerable at all: the trip-count rule's concern
-        program = tuple(op for copy in copies for op in copy)
-        dispatches = ("the code of its program (one run per dispatch)" if len(copies) == 1
-                      else f"the code of the {len(copies)} copies of its program its loop until "
-                      "reconfiguration is unrolled to")
-        for count, body in [(None, program), *_repeated(program)]:
-            for (fifo, port), n in sorted(advance(body).items()):
-                buffers = _buffers(design, fifo, core.tile)
-                if n % buffers:
-                    where = (dispatches if count is None else
-                             f"the code of each iteration of a loop of {count}")
-                    found.append(
-                        f"{design.name}: {core.tile}: {where}, as unrolled, acquires {fifo} "
-                        f"({port}) {n} time(s), not a multiple of its {buffers} buffers, so "
-                        f"from the next {'dispatch' if count is None else 'iteration'} on the "
-                        "buffers the code names and the ones its DMA uses differ "
-                        f"({SOURCE}: unrollForLoops)")
+    for count, repeated in _repeated(code):
+        for (fifo, port), n in sorted(advance(repeated).items()):
+            if n % buffers(fifo):
+                where, what = (("each iteration of its loop until reconfiguration (a dispatch)",
+                                "dispatch") if count >= FOREVER // 2 else
+                               (f"each iteration of a loop of {count}", "iteration"))
+                found.append(
+                    f"the code of {where}, as unrolled, acquires {fifo} ({port}) {n} time(s), "
+                    f"not a multiple of its {buffers(fifo)} buffers, so from the next {what} on "
+                    "the buffers the code names and the ones its DMA uses differ "
+                    f"({SOURCE}: unrollForLoops)")
     return found
+
+
+def problems(design: Design) -> list[str]:
+    """One line per (core, loop, FIFO) of ``design`` whose buffer rotation drifts under the
+    static lowering."""
+    return [f"{design.name}: {core.tile}: {line}" for core in design.cores
+            for line in drifts((Loop(FOREVER, core.body),), core_buffers(design, core))]
 
 
 def check(design: Design) -> None:
@@ -214,3 +224,58 @@ def check(design: Design) -> None:
     found = problems(design)
     if found:
         raise RotationError(found[0])
+
+
+# ---- the rule on a parsed module (``preconditions.RULES``) ---------------------------------
+
+
+def _constant(value) -> int | None:
+    from xdsl.dialects import arith
+
+    owner = value.owner
+    return owner.value.value.data if isinstance(owner, arith.ConstantOp) else None
+
+
+def region_program(ops) -> tuple:
+    """The acquires, releases and ``scf.for`` loops of a parsed ``aie.core`` region as iron
+    writes a core's program (``design.Loop``; a bound not defined by a constant makes the loop
+    ``dynamic``); an acquire of ``size`` n counts as n acquires of one."""
+    from xdsl.dialects import scf
+
+    from . import ods
+
+    out: list = []
+    for o in ops:
+        if isinstance(o, scf.ForOp):
+            body = region_program(o.body.block.ops)
+            lb, ub, step = (_constant(v) for v in (o.lb, o.ub, o.step))
+            if None in (lb, ub, step) or step <= 0:
+                out.append(Loop(0, body, "a value computed at run time"))
+            else:
+                out.append(Loop(max(0, -(-(ub - lb) // step)), body))
+        elif isinstance(o, (ods.ObjectFifoAcquireOp, ods.ObjectFifoReleaseOp)):
+            port = "produce" if o.port.value.data == ods.OBJECTFIFO_PORT["Produce"] else "consume"
+            kind = Acquire if isinstance(o, ods.ObjectFifoAcquireOp) else Release
+            out += [kind(o.objFifo_name.root_reference.data, port)] * o.size.value.data
+    return tuple(out)
+
+
+def fifo_rotation(d) -> Iterator:
+    """``AIEObjectFifoStatefulTransform.cpp`` (``unrollForLoops``, the acquires' buffers in
+    program order, ``createDMA``'s cyclic descriptor chain): on every core the static lowering
+    unrolls, each loop that runs its code more than once, the loop until reconfiguration
+    included, acquires each FIFO a whole number of rotations of its buffers on that tile
+    (``buffers_at``); otherwise the buffers the code names and the ones the tile's DMA uses
+    part from the next iteration or dispatch on.  A core with ``dynamic_objfifo_lowering``
+    tracks the buffers at run time and is not concerned."""
+    from .preconditions import Violation  # (preconditions lists this rule)
+
+    for core in d.cores:
+        flag = core.dynamic_objfifo_lowering
+        if flag is not None and flag.value.data:
+            continue
+        tile = d.tile(core.tile)
+        for line in drifts(region_program(core.body.block.ops),
+                           lambda fifo: d.buffers_at(d.fifos[fifo], tile)):
+            yield Violation(core, f"{tile}: {line}")
+

@@ -15,7 +15,9 @@ types, a missing terminator, or a ``func.call`` whose callee is not declared in 
 are each an error.  Then every ``aie.device`` is checked against what mlir-aie's verifiers
 and passes require before they run (``preconditions``: tile coordinates and kinds from the
 target model, links, descriptors and memory per tile as the object FIFO lowering allocates
-them, every issued token waited on), each problem ending with the rule's name in brackets.
+them, every issued token waited on, each FIFO's buffer rotation whole in every loop the
+static lowering leaves repeating: ``rotation``), each problem ending with the rule's name in
+brackets.
 The generic text is checked as written: xDSL takes op names with dots, a type and an op of
 the same name, and properties (``<{...}>``), so no rewrite precedes the check.
 
