@@ -225,11 +225,14 @@ def test_fifo_buffers_are_counted_as_mlir_aie_allocates_them():
 
 
 def test_gemm_tiles_follow_the_kernels_mmul_shape():
+    """gemm.cc's MMUL is 4x8x4 on npu1's AIE2 and 4x8x8 on npu2's AIE2P; output rows leave as
+    8-lane bf16 vectors, so tile_n is a multiple of 8 on both."""
     op = GEMM(M=64, K=64, N=64, tile_m=4, tile_k=32, tile_n=16, num_aie_columns=1)
-    assert resolve(op, "npu1") and resolve(op, "npu2")  # gemm.cc's 4x8x4 MMUL on both
-    with pytest.raises(iron.ResolveError, match=r"tile_m % 4 == 0, tile_k % 8 == 0, "
-                       r"tile_n % 4 == 0 \(the kernel's 4x8x4 bf16 MMUL\)"):
-        resolve(dataclasses.replace(op, tile_n=2), "npu2")
+    assert resolve(op, "npu1") and resolve(op, "npu2")
+    for dev, shape in (("npu1", "4x8x4"), ("npu2", "4x8x8")):
+        with pytest.raises(iron.ResolveError, match=rf"tile_m % 4 == 0, tile_k % 8 == 0, "
+                           rf"tile_n % 8 == 0 \(the kernel's {shape} bf16 MMUL on {dev}"):
+            resolve(dataclasses.replace(op, tile_n=4), dev)
 
 
 def test_long_transfers_fit_the_dma_limits_or_are_refused():

@@ -12,8 +12,22 @@
 // Every vector load and store checks its address range against the buffers the running call
 // was given (iron_npu_set_bounds, called by the emulator before each call): a kernel reading
 // or writing outside them records the first violation, which iron_npu_violation returns.
+//
+// The header refuses at compile time (static_assert) what the device's API does not offer, so
+// that the emulator never runs a kernel Peano would refuse: vectors other than 128, 256, 512
+// or 1024 bits and accumulators other than 8, 16 or 32 lanes (AMD UG1603, "Supported Vector
+// Data Types and Sizes"; UG1583, "Accumulator Data Types"); multiplications mixing element
+// types (a bf16 vector times a float vector or scalar); aie::exp2 on AIE2, where the API has
+// none (mlir-aie's aie_kernels/aie2 kernels use a lookup-table exponential instead); and an
+// aie::mmul shape the architecture does not have.  IRON_AIE_ARCH names the architecture being
+// emulated, with the values of the device compiler's __AIE_ARCH__: 20 for AIE2 (npu1), 21 for
+// AIE2P (npu2).
 #ifndef IRON_AIE_API_HOST_H
 #define IRON_AIE_API_HOST_H
+
+#if !defined(IRON_AIE_ARCH) || (IRON_AIE_ARCH != 20 && IRON_AIE_ARCH != 21)
+#error "build the npu kernels for the host with -DIRON_AIE_ARCH=20 (AIE2) or 21 (AIE2P)"
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -62,6 +76,10 @@ namespace aie {
 
 template <typename T, unsigned N>
 struct vector {
+    static_assert(sizeof(T) * 8 * N == 128 || sizeof(T) * 8 * N == 256 ||
+                      sizeof(T) * 8 * N == 512 || sizeof(T) * 8 * N == 1024,
+                  "aie::vector<T, N> must be 128, 256, 512 or 1024 bits (bf16: 8, 16, 32 or "
+                  "64 lanes; float and int32: 4 to 32; int8: 16 to 128)");
     T v[N];
     static constexpr unsigned size() { return N; }
     T get(unsigned i) const { return v[i]; }
@@ -81,6 +99,8 @@ struct vector {
 // sums stay far inside its range).
 template <typename Tag, unsigned N>
 struct accum {
+    static_assert(N == 8 || N == 16 || N == 32,
+                  "aie::accum<accfloat or acc32, N> must have 8, 16 or 32 lanes");
     using value_type = typename std::conditional<std::is_same<Tag, acc32>::value, int64_t,
                                                  float>::type;
     value_type v[N];
@@ -90,15 +110,15 @@ struct accum {
         for (unsigned i = 0; i < N; i++) r.v[i] = T(v[i]);
         return r;
     }
+    // Returns nothing, as on the device: it cannot be chained on a temporary accumulator.
     template <typename T>
-    accum &from_vector(const vector<T, N> &x) {
+    void from_vector(const vector<T, N> &x) {
         for (unsigned i = 0; i < N; i++) {
             if constexpr (std::is_same<T, bfloat16>::value)
                 v[i] = value_type(float(x.v[i]));
             else
                 v[i] = value_type(x.v[i]);
         }
-        return *this;
     }
 };
 
@@ -241,41 +261,59 @@ vector<TR, N> to_fixed(const vector<T, N> &a, int shift = 0) {
     return r;
 }
 
-// Accumulator + vector: stays in the accumulator.
+// Accumulator + vector (bf16 or float lanes): stays in the accumulator.
 template <unsigned N, typename T>
 accum<accfloat, N> add(const accum<accfloat, N> &a, const vector<T, N> &b) {
+    static_assert(std::is_same<T, bfloat16>::value || std::is_same<T, float>::value,
+                  "aie::add(accfloat accumulator, vector) takes bf16 or float lanes");
     accum<accfloat, N> r;
     for (unsigned i = 0; i < N; i++) r.v[i] = a.v[i] + float(b.v[i]);
     return r;
 }
 
+// The operand types of one floating-point multiplication: both bf16 or both float.  A bf16
+// vector times a float (vector or scalar) is not an operation of the device's API: widen the
+// bf16 operand to float first (exact), or round the float one to bf16.
+template <typename T, typename U>
+constexpr void check_float_operands() {
+    static_assert(std::is_same<T, U>::value,
+                  "aie::mul / aie::mac: both operands must have the same element type (no bf16 "
+                  "x float): widen the bf16 operand to float first");
+    static_assert(std::is_same<T, bfloat16>::value || std::is_same<T, float>::value,
+                  "aie::mul / aie::mac into an accfloat accumulator take bf16 or float lanes");
+}
+
 // Multiplications return an accumulator (the products are exact in float32 for bf16 inputs).
 template <typename T, typename U, unsigned N>
 accum<accfloat, N> mul(const vector<T, N> &a, const vector<U, N> &b) {
+    check_float_operands<T, U>();
     accum<accfloat, N> r;
     for (unsigned i = 0; i < N; i++) r.v[i] = float(a.v[i]) * float(b.v[i]);
     return r;
 }
 
-template <typename T, unsigned N>
-accum<accfloat, N> mul(const vector<T, N> &a, float s) {
+template <typename T, unsigned N, typename S>
+accum<accfloat, N> mul(const vector<T, N> &a, S s) {
+    check_float_operands<T, S>();
     accum<accfloat, N> r;
-    for (unsigned i = 0; i < N; i++) r.v[i] = float(a.v[i]) * s;
+    for (unsigned i = 0; i < N; i++) r.v[i] = float(a.v[i]) * float(s);
     return r;
 }
 
 template <typename T, typename U, unsigned N>
 accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a,
                        const vector<U, N> &b) {
+    check_float_operands<T, U>();
     accum<accfloat, N> r;
     for (unsigned i = 0; i < N; i++) r.v[i] = acc.v[i] + float(a.v[i]) * float(b.v[i]);
     return r;
 }
 
-template <typename T, unsigned N>
-accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, float s) {
+template <typename T, unsigned N, typename S>
+accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, S s) {
+    check_float_operands<T, S>();
     accum<accfloat, N> r;
-    for (unsigned i = 0; i < N; i++) r.v[i] = acc.v[i] + float(a.v[i]) * s;
+    for (unsigned i = 0; i < N; i++) r.v[i] = acc.v[i] + float(a.v[i]) * float(s);
     return r;
 }
 
@@ -310,6 +348,13 @@ vector<T, N> max(const vector<T, N> &a, const vector<T, N> &b) {
     return r;
 }
 
+template <typename T, unsigned N>
+vector<T, N> min(const vector<T, N> &a, const vector<T, N> &b) {
+    vector<T, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = float(a.v[i]) < float(b.v[i]) ? a.v[i] : b.v[i];
+    return r;
+}
+
 // Lane reductions: summed in the order of a binary tree of halves, as a vector unit does.
 template <typename T, unsigned N>
 T reduce_add(const vector<T, N> &a) {
@@ -328,8 +373,12 @@ T reduce_max(const vector<T, N> &a) {
     return m;
 }
 
+// 2^x: an instruction of AIE2P only; AIE2 kernels take e^x from lookup tables (getExpBf16).
 template <typename R, unsigned N>
 vector<R, N> exp2(const vector<float, N> &a) {
+    static_assert(IRON_AIE_ARCH == 21 && N > 0, "aie::exp2 exists on AIE2P (npu2) only: on "
+                  "AIE2 use the lookup-table exponential getExpBf16, as mlir-aie's "
+                  "aie_kernels/aie2/softmax.cc does");
     vector<R, N> r;
     for (unsigned i = 0; i < N; i++) r.v[i] = R(std::exp2(a.v[i]));
     return r;
@@ -345,33 +394,72 @@ vector<float, N> inv(const vector<float, N> &a) {
 }
 inline float invsqrt(float x) { return 1.0f / std::sqrt(x); }
 
-// C (M x N, accfloat) += A (M x K) * B (K x N), operands as row-major vectors.
+// The aie::mmul shapes M x K x N of each architecture, for the operand types iron uses.  AIE2
+// (AIE-ML): the AIE API's table of matrix multiplication modes (AMD UG1529, "Matrix
+// Multiplication"); AIE2P: the shapes of mlir-aie's aie_kernels/aie2p/mm.cc (bf16 4x8x8, int8
+// 8x8x8, int16 4x4x8).  The bf16 shapes of the two do not overlap, so a kernel written for
+// one architecture's MMUL does not build for the other.
+template <unsigned M, unsigned K, unsigned N, typename TA, typename TB>
+constexpr bool mmul_shape_exists() {
+    constexpr bool bf16 = std::is_same<TA, bfloat16>::value && std::is_same<TB, bfloat16>::value;
+    constexpr bool i8 = std::is_same<TA, int8_t>::value && std::is_same<TB, int8_t>::value;
+    constexpr bool i16 = std::is_same<TA, int16_t>::value && std::is_same<TB, int16_t>::value;
+    if (IRON_AIE_ARCH == 20) {
+        if (bf16)
+            return (M == 4 && K == 8 && N == 4) || (M == 8 && K == 8 && N == 4) ||
+                   (M == 4 && K == 16 && N == 8) || (M == 8 && K == 8 && N == 8);
+        if (i8)
+            return (M == 4 && K == 8 && N == 4) || (M == 4 && K == 16 && N == 4) ||
+                   (M == 8 && K == 8 && N == 4) || (M == 2 && K == 8 && N == 8) ||
+                   (M == 4 && K == 8 && N == 8) || (M == 8 && K == 8 && N == 8) ||
+                   (M == 1 && K == 16 && N == 8) || (M == 2 && K == 16 && N == 8) ||
+                   (M == 4 && K == 16 && N == 8);
+        if (i16)
+            return (M == 4 && K == 4 && N == 4) || (M == 2 && K == 4 && N == 8) ||
+                   (M == 4 && K == 4 && N == 8) || (M == 4 && K == 2 && N == 8) ||
+                   (M == 8 && K == 2 && N == 8) || (M == 8 && K == 1 && N == 8);
+        return false;
+    }
+    if (bf16) return M == 4 && K == 8 && N == 8;
+    if (i8) return M == 8 && K == 8 && N == 8;
+    if (i16) return M == 4 && K == 4 && N == 8;
+    return false;
+}
+
+// C (M x N) += A (M x K) * B (K x N), operands as row-major vectors; bf16 operands accumulate
+// in float32 (accfloat), integer ones exactly (acc32).
 template <unsigned M, unsigned K, unsigned N, typename TA, typename TB, typename TAcc>
 struct mmul {
-    accum<accfloat, M * N> c;
-    mmul() { c = zeros<accfloat, M * N>(); }
+    static_assert(mmul_shape_exists<M, K, N, TA, TB>(),
+                  "aie::mmul: this M x K x N shape and operand types are not an MMUL of the "
+                  "architecture being built (AIE2 bf16: 4x8x4, 8x8x4, 4x16x8, 8x8x8; AIE2P "
+                  "bf16: 4x8x8; AIE2P int8: 8x8x8)");
+    using Tag = typename std::conditional<std::is_same<TA, bfloat16>::value, accfloat,
+                                          acc32>::type;
+    accum<Tag, M * N> c;
+    mmul() { c = zeros<Tag, M * N>(); }
     template <typename T>
     explicit mmul(const vector<T, M * N> &x) { c.from_vector(x); }
     void mac(const vector<TA, M * K> &a, const vector<TB, K * N> &b) {
+        using V = typename accum<Tag, M * N>::value_type;
         for (unsigned i = 0; i < M; i++)
             for (unsigned j = 0; j < N; j++) {
-                float s = c.v[i * N + j];
-                for (unsigned k = 0; k < K; k++) s += float(a.v[i * K + k]) * float(b.v[k * N + j]);
+                V s = c.v[i * N + j];
+                for (unsigned k = 0; k < K; k++) s += V(a.v[i * K + k]) * V(b.v[k * N + j]);
                 c.v[i * N + j] = s;
             }
     }
     template <typename T>
     vector<T, M * N> to_vector() const { return c.template to_vector<T>(); }
-    const accum<accfloat, M * N> &to_accum() const { return c; }
+    const accum<Tag, M * N> &to_accum() const { return c; }
 };
 
-// Four vectors side by side.
-template <typename T, unsigned N>
-vector<T, 4 * N> concat(const vector<T, N> &a, const vector<T, N> &b, const vector<T, N> &c,
-                        const vector<T, N> &d) {
-    vector<T, 4 * N> r;
-    const vector<T, N> *parts[4] = {&a, &b, &c, &d};
-    for (unsigned k = 0; k < 4; k++)
+// Vectors side by side.
+template <typename T, unsigned N, typename... More>
+vector<T, N * (1 + sizeof...(More))> concat(const vector<T, N> &first, const More &...more) {
+    vector<T, N * (1 + sizeof...(More))> r;
+    const vector<T, N> *parts[] = {&first, &more...};
+    for (unsigned k = 0; k < 1 + sizeof...(More); k++)
         for (unsigned i = 0; i < N; i++) r.v[k * N + i] = parts[k]->v[i];
     return r;
 }
@@ -386,5 +474,50 @@ vector<T, N> transpose(const vector<T, N> &a, unsigned rows, unsigned cols) {
 }
 
 }  // namespace aie
+
+#if IRON_AIE_ARCH == 20
+// e^x of 16 bf16 lanes as AIE2 computes it with mlir-aie's lookup tables
+// (aie_runtime_lib/AIE2/lut_based_ops.h, getExpBf16): x is converted to fixed point with 8
+// fraction bits (bfloat16_to_int(x, 8): to 32 bits rounding down, as the AIE API documents
+// for AIE-ML's native bf16-to-integer conversion, of which the low 16 bits are kept), its
+// high byte (the integer part, -128..127) indexes a table of e^i and its low byte (the
+// fraction f / 256) a table of e^(f / 256); the two bf16 entries are multiplied into a float
+// accumulator.  The tables hold e^i and e^(f / 256) rounded to bf16, e^i for i > 88 saturated
+// at e^88 (the largest power below bf16's maximum); their entries are computed here, and
+// tests/targets/test_npu_kernels.py checks samples of them against the published tables.
+// The conversion wraps outside -128 <= x < 128, as on the device: kernels clamp x first.
+namespace iron_lut {
+struct Tables {
+    uint16_t whole[256], fraction[256];
+    Tables() {
+        for (int b = 0; b < 256; b++) {
+            int i = b < 128 ? b : b - 256;  // the high byte as a signed integer part
+            whole[b] = bfloat16::round(float(std::exp(double(i < 89 ? i : 88))));
+            fraction[b] = bfloat16::round(float(std::exp(b / 256.0)));
+        }
+    }
+};
+
+inline const Tables &tables() {
+    static const Tables t;  // built once, thread-safely
+    return t;
+}
+}  // namespace iron_lut
+
+inline aie::accum<accfloat, 16> getExpBf16(const aie::vector<bfloat16, 16> &x) {
+    aie::accum<accfloat, 16> r;
+    for (unsigned i = 0; i < 16; i++) {
+        double scaled = std::floor(double(float(x.v[i])) * 256.0);
+        int64_t q = scaled < -2147483648.0 ? INT32_MIN : scaled > 2147483647.0 ? INT32_MAX
+                                                                                 : int64_t(scaled);
+        uint16_t fixed = uint16_t(uint32_t(int32_t(q)) & 0xffffu);
+        bfloat16 whole, part;
+        whole.bits = iron_lut::tables().whole[fixed >> 8];
+        part.bits = iron_lut::tables().fraction[fixed & 0xffu];
+        r.v[i] = float(whole) * float(part);
+    }
+    return r;
+}
+#endif
 
 #endif

@@ -2,16 +2,15 @@
 // sequence wrote for this dispatch): one work unit is a block of rb query rows of one KV head
 // with its `group` query heads (rb * group query vectors of head_dim, bf16), scored against the
 // unit's key tiles one tile at a time with an online softmax, as upstream IRON's MHA kernels
-// keep a running maximum and sum per query: scores q.k * scale * log2(e) in float32, the tile's
-// maximum, weights exp2(s - max) with the API's bf16 exp2, the accumulator (float32, a core
-// buffer) and the sum rescaled by exp2(old max - new max).  Query row r of the unit attends
+// keep a running maximum and sum per query: scores q.k * scale in float32, the tile's maximum,
+// weights e^(s - max) with iron_exp (bf16; the lookup table on AIE2, exp2 on AIE2P), the
+// accumulator (float32, a core buffer) and the sum rescaled by e^(old max - new max).  Query row r of the unit attends
 // keys 0 .. its position (causal); keys past it, and keys an earlier tile already scored (the
 // last tile is read shifted back to end at ctx), weigh nothing.
 #include "iron_aie.h"
 
 namespace {
 constexpr unsigned V = IRON_LANES;
-constexpr float kLog2e = 1.44269504088896f;
 constexpr float kLowest = -3.0e38f;  // "minus infinity" that stays finite in differences
 
 // The first query position of unit `u`: pos[0] + its row block's first row when the rows of a
@@ -22,9 +21,8 @@ int32_t first_position(const int32_t *pos, int32_t u, int32_t kv_heads, int32_t 
     return follow ? iron_load(pos) + b * rb : iron_load(pos + b);
 }
 
-float exp2_scalar(float x) {
-    aie::vector<bfloat16, V> e = aie::exp2<bfloat16>(aie::broadcast<float, V>(x));
-    return float(e.get(0));
+float exp_scalar(float x) {
+    return float(iron_exp(aie::broadcast<float, V>(x)).get(0));
 }
 }  // namespace
 
@@ -59,7 +57,6 @@ void attn_tile(const bfloat16 *q, const bfloat16 *kv, float *acc, float *ml, flo
     const int32_t first = first_position(pos, base + unit, kv_heads, rb, follow);
     const int32_t fresh = kt * tile;                                // first key not yet scored
     const int32_t start = fresh + tile <= ctx ? fresh : ctx - tile;  // first key of this tile
-    const float s_scale = scale * kLog2e;
     for (int32_t i = 0; i < n; i++) {
         int32_t p = first + (follow ? i / group : 0);
         int32_t last = (p < ctx - 1 ? p : ctx - 1) - start;  // last key of the tile it attends
@@ -73,7 +70,7 @@ void attn_tile(const bfloat16 *q, const bfloat16 *kv, float *acc, float *ml, flo
                 aie::accum<accfloat, V> d = aie::zeros<accfloat, V>();
                 for (int32_t c = 0; c < hd; c += V)
                     d = aie::mac(d, aie::load_v<V>(qi + c), aie::load_v<V>(k + j * hd + c));
-                s = aie::reduce_add(d.template to_vector<float>()) * s_scale;
+                s = aie::reduce_add(d.template to_vector<float>()) * scale;
             }
             iron_store(scores + j, s);
         }
@@ -84,15 +81,13 @@ void attn_tile(const bfloat16 *q, const bfloat16 *kv, float *acc, float *ml, flo
         float m_old = iron_load(ml + i);
         float m_tile = aie::reduce_max(m);
         float m_new = m_tile > m_old ? m_tile : m_old;
-        float corr = exp2_scalar(m_old - m_new);
+        float corr = exp_scalar(m_old - m_new);
         aie::vector<float, V> shift = aie::broadcast<float, V>(m_new);
         aie::accum<accfloat, V> sum = aie::zeros<accfloat, V>();
         for (int32_t j = 0; j < whole; j += V) {
-            aie::vector<bfloat16, V> e = aie::exp2<bfloat16>(aie::sub(aie::load_v<V>(scores + j),
-                                                                      shift));
+            aie::vector<bfloat16, V> e = iron_exp(aie::sub(aie::load_v<V>(scores + j), shift));
             sum = aie::add(sum, e);
-            aie::store_v(scores + j, aie::accum<accfloat, V>().from_vector(e)
-                                         .template to_vector<float>());
+            aie::store_v(scores + j, iron_widen(e));
         }
         iron_store(ml + i, m_new);
         iron_store(ml + n + i, iron_load(ml + n + i) * corr +
@@ -101,7 +96,8 @@ void attn_tile(const bfloat16 *q, const bfloat16 *kv, float *acc, float *ml, flo
         for (int32_t c = 0; c < hd; c += V) {
             aie::accum<accfloat, V> a = aie::mul(aie::load_v<V>(ai + c), corr);
             for (int32_t j = lo; j <= last; j++)
-                a = aie::mac(a, aie::load_v<V>(v + j * hd + c), iron_load(scores + j));
+                a = aie::mac(a, iron_widen(aie::load_v<V>(v + j * hd + c)),
+                             iron_load(scores + j));
             aie::store_v(ai + c, a.template to_vector<float>());
         }
     }

@@ -13,15 +13,17 @@ void rmsnorm_rows(const bfloat16 *x, const bfloat16 *w, bfloat16 *out, int32_t r
         const bfloat16 *xr = x + r * size;
         bfloat16 *o = out + r * size;
         aie::accum<accfloat, V> ss = aie::zeros<accfloat, V>();
+        IRON_PIPELINED IRON_MIN_ITERATIONS(1)
         for (int32_t i = 0; i < size; i += V) {
             aie::vector<bfloat16, V> v = aie::load_v<V>(xr + i);
             ss = aie::mac(ss, v, v);
         }
         float mean = aie::reduce_add(ss.template to_vector<float>()) / (float)size;
         float scale = aie::invsqrt(mean + eps);
+        IRON_PIPELINED IRON_MIN_ITERATIONS(1)
         for (int32_t i = 0; i < size; i += V) {
-            aie::accum<accfloat, V> y = aie::mul(aie::load_v<V>(xr + i), scale);
-            if (w) y = aie::mul(y.template to_vector<float>(), aie::load_v<V>(w + i));
+            aie::accum<accfloat, V> y = aie::mul(iron_widen(aie::load_v<V>(xr + i)), scale);
+            if (w) y = aie::mul(y.template to_vector<float>(), iron_widen(aie::load_v<V>(w + i)));
             aie::store_v(o + i, y.template to_vector<bfloat16>());
         }
     }

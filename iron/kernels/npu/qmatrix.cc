@@ -156,8 +156,9 @@ void qmatrix_quantize(const bfloat16 *x, int8 *xq, float *dx, float *xs, int32_t
                 const float amax = float(aie::reduce_max(aie::abs(v)));
                 const float over = 127.0f / amax;
                 scales.set(amax / 127.0f, j - i);
+                const float factor = over <= FLT_MAX ? over : 0.0f;
                 aie::vector<float, QBLOCK> t =
-                    aie::mul(v, over <= FLT_MAX ? over : 0.0f).template to_vector<float>();
+                    aie::mul(iron_widen(v), factor).template to_vector<float>();
                 aie::store_v(q + j * QBLOCK, aie::pack(aie::to_fixed<int16>(
                                                  aie::sub(aie::add(t, magic), magic), 0)));
             }

@@ -28,10 +28,6 @@ void sincos(float a, float *s, float *c) {
     }
 }
 
-aie::vector<float, V> widen(const aie::vector<bfloat16, V> &x) {
-    return aie::accum<accfloat, V>().from_vector(x).template to_vector<float>();
-}
-
 // Rotate `heads` heads of hd from `x` into `out` at the angles of position p.
 void rotate(const bfloat16 *x, bfloat16 *out, const float *inv_freq, int32_t p, int32_t heads,
             int32_t hd) {
@@ -46,8 +42,8 @@ void rotate(const bfloat16 *x, bfloat16 *out, const float *inv_freq, int32_t p, 
             nsn.set(-s, i);
         }
         for (int32_t h = 0; h < heads; h++) {
-            aie::vector<float, V> a = widen(aie::load_v<V>(x + h * hd + c));
-            aie::vector<float, V> b = widen(aie::load_v<V>(x + h * hd + half + c));
+            aie::vector<float, V> a = iron_widen(aie::load_v<V>(x + h * hd + c));
+            aie::vector<float, V> b = iron_widen(aie::load_v<V>(x + h * hd + half + c));
             aie::store_v(out + h * hd + c, aie::mac(aie::mul(a, cs), b, nsn)
                                                .template to_vector<bfloat16>());
             aie::store_v(out + h * hd + half + c, aie::mac(aie::mul(b, cs), a, sn)

@@ -41,6 +41,7 @@ from ...program import Program
 from ...store import Entry
 from ..base import Recipe, Target
 from ..cost import Estimate
+from . import kernels
 from .resources import resources
 from .rules import RULES
 
@@ -177,9 +178,11 @@ class NpuTarget(Target):
     def recipe(self, op: Operator | None) -> Recipe:
         from .mlir import SYNTAX
 
-        if op is None:  # the core kernels built for the host: what the emulator calls
+        if op is None:  # the core kernels built for the host: what the emulator calls, built
+            # for the architecture of the device's cores (kernels.arch)
             sources = tuple(sorted(SOURCE_DIR.glob("*.cc")) + sorted(SOURCE_DIR.glob("*.h")))
             description = {"recipe": RECIPE_VERSION, "target": "npu-host-cores",
+                           "arch": kernels.arch(self._dev().name),
                            "sources": digests(sources), "compiler": cxx_compiler()[1],
                            "flags": list(HOST_FLAGS)}
             return Recipe("cores", (), description, sources)
@@ -208,7 +211,7 @@ class NpuTarget(Target):
     def build(self, recipe: Recipe, folder: Path) -> None:
         d = recipe.description
         if d["target"] == "npu-host-cores":
-            return build_host_cores(folder)
+            return build_host_cores(folder, d["arch"])
         op = operator_class(d["operator"])(**d["fields"])
         design = design_of(op, d["target"])
         if design is None:
@@ -261,10 +264,13 @@ def cxx_compiler() -> tuple[str, str]:
                      "compiler: none found as $CXX or c++ on PATH (install g++)")
 
 
-def build_host_cores(folder: Path) -> None:
+def build_host_cores(folder: Path, arch: str) -> None:
+    """The kernels for the host, as ``arch``'s cores (``aie2`` or ``aie2p``) would run them:
+    the host AIE API header refuses what that architecture's API does not offer."""
     cxx, _ = cxx_compiler()
-    command = [cxx, *HOST_FLAGS, f"-I{SOURCE_DIR}", *map(str, sorted(SOURCE_DIR.glob("*.cc"))),
-               "-o", str(folder / HOST_LIBRARY), "-lm"]
+    command = [cxx, *HOST_FLAGS, f"-DIRON_AIE_ARCH={kernels.AIE_ARCH[arch]}", f"-I{SOURCE_DIR}",
+               *map(str, sorted(SOURCE_DIR.glob("*.cc"))), "-o", str(folder / HOST_LIBRARY),
+               "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise CompileError(f"building the npu core kernels for the host failed:\n$ "

@@ -30,9 +30,11 @@ The kernels are priced as they are written (``iron/kernels/npu/*.cc``, shapes re
 ``kernels``): the element-wise, row-wise and GEMV kernels issue one ``kernels.lanes()``-wide
 (16) bf16 vector operation per step, priced one per cycle (the AIE-ML vector unit issues one
 vector operation per cycle, AM020); the operations per element below are counted from their
-source; the GEMM kernel issues one ``aie::mmul`` of ``kernels.mmul_shape()`` (4x8x4 = 128
-bf16 MACs) per step, priced one per cycle, the AIE-ML's bf16 peak of 128 MACs per cycle
-(AM020; on npu2's AIE2P the same instruction is assumed to take a cycle too).
+source, with the exponential of the architecture the device's kernels are built for
+(``EXP_OPS``: a lookup table on npu1's AIE2, the exp2 instruction on npu2's AIE2P); the GEMM
+kernel issues one ``aie::mmul`` of ``kernels.mmul_shape(device)`` per step (npu1 4x8x4 = 128
+bf16 MACs, the AIE-ML's bf16 peak per cycle, AM020; npu2 4x8x8 = 256, assumed to take a
+cycle too), priced one per cycle.
 """
 
 from __future__ import annotations
@@ -46,16 +48,25 @@ from .design import Acquire, Call, Design, Fifo, Loop, Tile
 from .resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS, ROW_CYCLES,
                         TRANSFER_ISSUE_SECONDS, NpuResources)
 
-#: Vector operations per vector of the element-wise kernels (``eltwise.cc``): add and mul one;
-#: axpy a widening, a multiply and an add (3); SiLU a widening, a multiply, the tanh, two adds,
-#: two multiplies (7, the tanh counted as one operation: an assumption); SwiGLU SiLU and a
+#: Vector operations of one exponential of a vector (``iron_exp`` in ``iron_aie.h``), per core
+#: architecture: AIE2's lookup table a clamp (2), the rounding to bf16, the conversion to fixed
+#: point, the lane filter, two lookups, their product and its rounding (9); AIE2P's a multiply
+#: by log2(e) and the exp2 (2).
+EXP_OPS = {"aie2": 9, "aie2p": 2}
+#: Vector operations per vector of the element-wise kernels (``eltwise.cc``), besides their
+#: exponentials (``EXPONENTIALS``, priced by ``EXP_OPS``): add and mul one; axpy a widening, a
+#: multiply and an add (3); SiLU a widening, a negation, two adds, the inverse and a multiply
+#: (6, the inverse counted as one operation: an assumption); SwiGLU SiLU, a widening and a
 #: multiply (8).
-ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 3, "silu_bf16": 7,
+ELEMENTWISE_OPS = {"add_bf16": 1, "mul_bf16": 1, "axpy_bf16": 3, "silu_bf16": 6,
                    "swiglu_bf16": 8}
-#: Per vector of a row (``norm.cc``, ``softmax.cc``): RMSNorm a MAC, then a multiply (and a
-#: weight multiply); Softmax a max, then a multiply, a subtract, the exp2 and an add, then a
-#: multiply (6).
-ROW_OPS = {"rmsnorm_bf16": 2, "rmsnorm_weighted_bf16": 3, "softmax_bf16": 6}
+#: Per vector of a row (``norm.cc``, ``softmax.cc``): RMSNorm a MAC, then a widening and a
+#: multiply (and a weight's widening and multiply); Softmax a max, then a widening, a
+#: subtract, the exponential and an add, then a widening and a multiply (6 and one
+#: exponential).
+ROW_OPS = {"rmsnorm_bf16": 3, "rmsnorm_weighted_bf16": 5, "softmax_bf16": 6}
+#: Exponentials per vector of the kernels that take them.
+EXPONENTIALS = {"silu_bf16": 1, "swiglu_bf16": 1, "softmax_bf16": 1}
 
 
 #: The quantized matrix kernels (``qmatrix.cc``), vector operations counted from the source.
@@ -85,9 +96,10 @@ QUANTIZE_BLOCK_OPS = 15
 
 
 #: Per query and key of an attention tile (``attention.cc``), in vector operations over the
-#: head: the score's MACs and the weighted value's MACs (2 per head_dim / lanes), plus per key
-#: the exp2, subtract, add, max and the score's reduction and store (6 per lanes keys, with
-#: the reduction counted as one operation: an assumption).
+#: head: the score's MACs and the weighted value's widening and MACs (3 per head_dim / lanes),
+#: plus per key the subtract, add, widening, max and the score's reduction and store (6 per
+#: lanes keys, with the reduction counted as one operation: an assumption) and the
+#: exponential (``EXP_OPS``).
 ATTENTION_KEY_OPS = 6
 #: Kernels that only read a position and return a trip count.
 COUNTING = ("attn_tiles", "qkv_stored", "qkv_past", "slot_row_stored", "slot_row_past")
@@ -97,16 +109,18 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
     """Cycles of one call of a core kernel, from its integer arguments (the tile sizes)."""
     n = [a for a in call.args if type(a) is int]
     f, lanes = call.function, kernels.lanes()
+    exp = EXP_OPS[kernels.arch(res.name)]
     if f in ELEMENTWISE_OPS:
-        return n[0] * ELEMENTWISE_OPS[f] / lanes
+        return n[0] * (ELEMENTWISE_OPS[f] + EXPONENTIALS.get(f, 0) * exp) / lanes
     if f in ROW_OPS:
         rows, size = n[0], n[1]
-        return rows * size * ROW_OPS[f] / lanes + rows * ROW_CYCLES
+        ops = ROW_OPS[f] + EXPONENTIALS.get(f, 0) * exp
+        return rows * size * ops / lanes + rows * ROW_CYCLES
     if f == "gemv_bf16":  # rows of W, K, batches, (output tile): a vector MAC per step
         rows, k, batches = n[0], n[1], n[2]
         return rows * k * batches / lanes + rows * batches * ROW_CYCLES
     if f == "gemm_bf16":  # tile_m x tile_k x tile_n: one MMUL per cycle
-        return n[0] * n[1] * n[2] / math.prod(kernels.mmul_shape())
+        return n[0] * n[1] * n[2] / math.prod(kernels.mmul_shape(res.name))
     if f in QMATRIX_EXTRACT_OPS:  # k of the tile, vectors, group, K of x
         k, vectors, group = n[0], n[1], n[2]
         block = kernels.qmatrix_block()
@@ -120,7 +134,7 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
     if f == "attn_tile":  # kv_heads, rb, follow, group, hd, tile, ctx: every query x key
         _, rb, _, group, hd, tile, _ = n[-7:]
         queries = rb * group
-        return queries * (2 * tile * hd / lanes + ATTENTION_KEY_OPS * tile / lanes
+        return queries * (3 * tile * hd / lanes + (ATTENTION_KEY_OPS + exp) * tile / lanes
                           + 2 * hd / lanes) + queries * ROW_CYCLES
     if f in ("attn_init", "attn_finish"):  # queries x hd: a store (a multiply and a store)
         return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
@@ -132,9 +146,10 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return rotated * hd / lanes * 2 + hd / 2 * 40 + 2 * kvh * hd / lanes
     if f == "zero_f32":  # a 16-float store per step
         return n[0] / 16
-    if f == "store_bf16":  # per MMUL block: a load, a conversion and a store per row
-        r, _, t = kernels.mmul_shape()
-        return n[0] * n[1] / (r * t) * (2 + r)
+    if f == "store_bf16":  # per MMUL block a load and a conversion; per output row vector
+        r, _, t = kernels.mmul_shape(res.name)  # its lanes inserted one by one and a store
+        w = kernels.gemm_row_lanes()
+        return n[0] * n[1] / (r * w) * (2 * w / t + r * (w + 1))
     raise ValueError(f"the npu cost model has no cycle count for the core kernel {f!r} "
                      f"(called with {call.args}); add it to iron/targets/npu/cost.py")
 

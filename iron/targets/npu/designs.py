@@ -27,6 +27,7 @@ the next dispatch's code on the other buffer than its DMA (``rotation``).
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from ...operator import Operator, Rule, rule
@@ -35,7 +36,7 @@ from ...operators import (AXPY, GEMM, GEMV, ElementwiseAdd, ElementwiseMul, RMSN
 from . import attention, qmatrix
 from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Tile,
                      Transfer, consume, linear, produce, release, shim)
-from .kernels import lanes, mmul_shape
+from .kernels import gemm_row_lanes, lanes, mmul_shape
 from .resources import NpuResources
 from .rotation import rotating
 
@@ -70,11 +71,13 @@ def family_rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
         yield rule(op.K % v == 0, "", f"K % {v} == 0 (the kernel's dot products take whole "
                    f"{v}-lane bf16 vectors)")
     elif isinstance(op, GEMM):
-        r, s, t = mmul_shape()
-        yield rule(op.tile_m % r == 0 and op.tile_k % s == 0 and op.tile_n % t == 0,
+        r, s, t = mmul_shape(res.name)
+        n = math.lcm(t, gemm_row_lanes())
+        yield rule(op.tile_m % r == 0 and op.tile_k % s == 0 and op.tile_n % n == 0,
                    "tile_m tile_k tile_n",
-                   f"tile_m % {r} == 0, tile_k % {s} == 0, tile_n % {t} == 0 (the kernel's "
-                   f"{r}x{s}x{t} bf16 MMUL)")
+                   f"tile_m % {r} == 0, tile_k % {s} == 0, tile_n % {n} == 0 (the kernel's "
+                   f"{r}x{s}x{t} bf16 MMUL on {res.name}, rows stored as {gemm_row_lanes()}-"
+                   "lane bf16 vectors)")
 
 
 def design_for(op: Operator, res: NpuResources) -> Design | None:

@@ -1,10 +1,14 @@
-"""The shapes of the core kernels iron links, read from their sources.
+"""The core kernels iron links on each NPU, and their shapes, read from their sources.
 
+npu1 (Phoenix, Hawk Point) has AIE2 cores and npu2 (Strix, Krackan) AIE2P ones; the kernels
+in ``iron/kernels/npu`` are one source per operator, built per architecture with
+``IRON_AIE_ARCH`` (the value of the device compiler's ``__AIE_ARCH__``: 20 for AIE2, 21 for
+AIE2P), and take the architecture's API where it differs (the exponential, the GEMM's MMUL).
 The legality rules (``designs``) and the cost model (``cost``) need the vector width and the
-MMUL shape of the kernels a design calls; both are constants in ``iron/kernels/npu`` (the
-width in ``iron_aie.h``, the MMUL shape in ``gemm.cc``, the quantized kernels' code lanes and
-activation block in ``qmatrix.cc``), read here so that the model prices the kernel that is
-linked and cannot drift from it.
+MMUL shape of the kernels a design calls; both are constants in those sources (the width in
+``iron_aie.h``, the MMUL shapes and output row width in ``gemm.cc``, the quantized kernels'
+code lanes and activation block in ``qmatrix.cc``), read here so that the model prices the
+kernel that is linked and cannot drift from it.
 """
 
 from __future__ import annotations
@@ -12,9 +16,29 @@ from __future__ import annotations
 import functools
 import re
 
+from ...errors import CompileError
 from ...paths import KERNELS_DIR
 
 SOURCE_DIR = KERNELS_DIR / "npu"
+
+#: The core architecture of each NPU device (mlir-aie's target models: NPU1TargetModel is an
+#: AIE2 model, NPU2TargetModel an AIE2P one) and the ``__AIE_ARCH__`` value of each.
+ARCH = {"npu1": "aie2", "npu2": "aie2p"}
+AIE_ARCH = {"aie2": 20, "aie2p": 21}
+
+
+def arch(device: str) -> str:
+    """The core architecture of an NPU device (``npu1`` or ``npu2``)."""
+    try:
+        return ARCH[device]
+    except KeyError:
+        raise CompileError(f"npu device {device!r} has no known core architecture (iron "
+                           f"knows {', '.join(sorted(ARCH))})") from None
+
+
+def arch_macro(device: str) -> int:
+    """``IRON_AIE_ARCH`` for the host build of ``device``'s kernels."""
+    return AIE_ARCH[arch(device)]
 
 
 def _constant(file: str, pattern: str) -> tuple[int, ...]:
@@ -32,11 +56,18 @@ def lanes() -> int:
     return _constant("iron_aie.h", r"constexpr unsigned IRON_LANES = (\d+);")[0]
 
 
-@functools.lru_cache(maxsize=1)
-def mmul_shape() -> tuple[int, int, int]:
-    """The GEMM kernel's ``aie::mmul`` shape (rows of A, K, columns of B)."""
-    r, s, t = _constant("gemm.cc", r"constexpr unsigned MR = (\d+), MK = (\d+), MN = (\d+);")
+@functools.lru_cache(maxsize=4)
+def mmul_shape(device: str) -> tuple[int, int, int]:
+    """The GEMM kernel's ``aie::mmul`` shape on ``device`` (rows of A, K, columns of B)."""
+    name = arch(device).upper()
+    r, s, t = _constant("gemm.cc", name + r"_MMUL\[3\] = \{(\d+), (\d+), (\d+)\}")
     return r, s, t
+
+
+@functools.lru_cache(maxsize=1)
+def gemm_row_lanes() -> int:
+    """bf16 lanes of one output row vector of the GEMM kernel's store (tile_n's multiple)."""
+    return _constant("gemm.cc", r"constexpr unsigned SW = (\d+);")[0]
 
 
 @functools.lru_cache(maxsize=1)
