@@ -10,7 +10,6 @@ both read their tensors here.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import CheckpointError
+from .jsonfile import loads
 from .memory import huge_page_buffer
 from .util import open_regular
 
@@ -63,7 +63,7 @@ def read_safetensors_metadata(path: Path) -> dict[str, str]:
     read_safetensors_header(path)
     with open_regular(path) as f:
         n = int.from_bytes(f.read(8), "little")
-        return json.loads(f.read(n).decode("utf-8")).get("__metadata__", {})
+        return loads(f.read(n).decode("utf-8")).get("__metadata__", {})
 
 
 def read_safetensors_header(path: Path) -> tuple[int, dict[str, TensorInfo]]:
@@ -86,7 +86,7 @@ def read_safetensors_header(path: Path) -> tuple[int, dict[str, TensorInfo]]:
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read safetensors file ({e.strerror})") from e
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        header = loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{path}: safetensors header is not valid JSON ({e})") from e
     if not isinstance(header, dict):

@@ -22,8 +22,8 @@ PACKAGES = ("iron", "apps")
 
 #: Bottom to top: (layer, module prefixes).  A module may import from its own layer and below.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("services", ("iron.errors", "iron.tensor", "iron.paths", "iron.util", "iron.memory",
-                  "iron.store", "iron.remote_cache", "iron.cache", "iron.tensorfile",
+    ("services", ("iron.errors", "iron.tensor", "iron.paths", "iron.util", "iron.jsonfile",
+                  "iron.memory", "iron.store", "iron.remote_cache", "iron.cache", "iron.tensorfile",
                   "iron.quant")),
     ("operator model", ("iron.recording", "iron.devices", "iron.operator", "iron.operators",
                         "iron.profile")),

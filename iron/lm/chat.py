@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IronError
+from ..jsonfile import loads
 from ..util import read_bounded
 
 ROLES = ("system", "user", "assistant")
@@ -84,7 +85,7 @@ class ChatTemplate:
         config: dict[str, Any] = {}
         if config_path.is_file():
             try:
-                config = json.loads(read_bounded(config_path, "a tokenizer config"))
+                config = loads(read_bounded(config_path, "a tokenizer config"))
             except OSError as e:
                 raise ChatError(f"{config_path}: cannot read it ({e.strerror})") from None
             except ValueError as e:

@@ -35,6 +35,7 @@ import numpy as np
 from iron.errors import CheckpointError, IronError
 from iron.tensorfile import (TensorInfo, read_safetensors, read_safetensors_header,
                              tensor_view)
+from iron.jsonfile import loads
 from iron.util import read_bounded
 
 __all__ = ["CheckpointError", "Checkpoint", "LlamaConfig", "Llama3RopeScaling", "TensorInfo",
@@ -85,7 +86,7 @@ class LlamaConfig:
             raise CheckpointError(f"{path}: cannot read the model config ({e.strerror}); "
                                   "a checkpoint directory needs a config.json") from e
         try:
-            data = json.loads(text)
+            data = loads(text)
         except ValueError as e:  # not JSON, or not UTF-8
             raise CheckpointError(f"{path}: not valid JSON ({e})") from e
         return cls.from_dict(data, source=str(path))
@@ -511,7 +512,7 @@ def _shards(directory: Path) -> dict[Path, set[str] | None]:
         raise CheckpointError(f"{directory}: no model.safetensors nor "
                               "model.safetensors.index.json; the weights are missing")
     try:
-        data = json.loads(read_bounded(index, "a shard index"))
+        data = loads(read_bounded(index, "a shard index"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{index}: cannot read the shard index ({e})") from e
     weight_map = data.get("weight_map") if isinstance(data, dict) else None

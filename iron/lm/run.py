@@ -18,6 +18,7 @@ import json
 import sys
 
 from ..errors import IronError
+from ..util import MAX_USER_FILE, read_bounded
 from .chat import ChatTemplate
 from .generate import LlamaModel, SamplingError, Sampler, Stats, StopText
 
@@ -178,22 +179,32 @@ def finish_reason(model: LlamaModel, tokens: list[int], stopped: bool, limit: in
 
 def read_prompt(args) -> str | None:
     """The prompt: ``--prompt``, else ``--file`` (``-`` is standard input), else piped standard
-    input when there is no conversation to hold on it; None when none is given."""
+    input when there is no conversation to hold on it; None when none is given.  A file is
+    read with ``read_bounded`` (a regular file of at most ``MAX_USER_FILE`` bytes: /dev/zero
+    or a FIFO is refused unread) and standard input up to as many characters."""
     if args.prompt is not None and args.file is not None:
         raise IronError("give the prompt once: --prompt or --file, not both")
     if args.file is not None:
         try:
             if args.file == "-":
-                return sys.stdin.read()
-            with open(args.file, encoding="utf-8") as f:
-                return f.read()
+                return _read_stdin()
+            return read_bounded(args.file, "a prompt").decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise IronError(f"--file {args.file}: cannot read the prompt "
                             f"({getattr(e, 'strerror', None) or e})") from None
     if args.prompt is None and not args.chat and not sys.stdin.isatty():
-        text = sys.stdin.read()
+        text = _read_stdin()
         return text if text else None
     return args.prompt
+
+
+def _read_stdin() -> str:
+    """Standard input, refused past ``MAX_USER_FILE`` characters (``yes | iron run`` ends)."""
+    text = sys.stdin.read(MAX_USER_FILE + 1)
+    if len(text) > MAX_USER_FILE:
+        raise IronError(f"standard input: the prompt is over the {MAX_USER_FILE >> 20} MiB limit "
+                        "for a prompt")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import IronError
+from ..jsonfile import loads
 from .batch import Engine, Request, SlotModel
 from .chat import ChatError, ChatTemplate
 from .generate import SAMPLING_RULES, SamplingError, Sampler, StopText
@@ -230,7 +231,7 @@ def sampling_defaults(bundle_dir: Path) -> dict[str, Any]:
         raise IronError(f"{path}: larger than {GENERATION_CONFIG_LIMIT} bytes; not a "
                         "generation config")
     try:
-        config = json.loads(path.read_bytes())
+        config = loads(path.read_bytes())
     except ValueError as e:
         raise IronError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(config, dict):

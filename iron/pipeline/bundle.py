@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
 
 from ..targets.cpu import host
 from ..errors import BundleError, IronError
+from ..jsonfile import loads
 from ..util import atomic_write_bytes, read_bounded, sha256_file, umask
 from ..store import Store, locked_temp_folder
 
@@ -334,7 +335,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for kernel paths and counts; any problem is a ``BundleError`` naming the field."""
     where = path / MANIFEST
     try:
-        manifest = json.loads(read_bounded(where, "a bundle manifest"))
+        manifest = loads(read_bounded(where, "a bundle manifest"))
     except FileNotFoundError:
         raise BundleError(f"{path}: not a bundle (no {MANIFEST}); build one with `doit`") from None
     except (ValueError, OSError) as e:

@@ -50,6 +50,7 @@ from .. import operators  # noqa: F401  (fills Operator.registry, which files na
 from ..devices import DEVICE_NAMES
 from ..errors import FieldError, ProfileError
 from ..operator import Operator
+from ..jsonfile import JSONDepthError, check_depth
 from ..util import atomic_write_bytes, read_bounded
 
 
@@ -354,7 +355,12 @@ def _no_constant(word: str) -> Any:
 def _parse(text: str, name: str) -> Any:
     """Strict JSON: no NaN or Infinity, and no key given twice in one object, checked on the
     keys as parsed (``json``'s C parser, calling ``_unique`` once per object).  Only a text that
-    fails is parsed again, by orjson, whose messages say what was expected where."""
+    fails is parsed again, by orjson, whose messages say what was expected where.  Nesting
+    deeper than ``jsonfile.MAX_DEPTH`` is refused first (``json`` would recurse through it)."""
+    try:
+        check_depth(text)
+    except JSONDepthError as e:
+        raise ProfileError(f"{name}: {e}") from None
     try:
         return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
     except _Duplicate as e:

@@ -1,0 +1,108 @@
+"""Deeply nested JSON: every reader of a user's JSON file refuses it in one line.
+
+A file of 100,000 nested arrays made Python's ``json`` raise ``RecursionError`` (a traceback)
+in six readers; each is handed such a file here and must raise its own error type, one line,
+naming the file and the nesting.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from iron.errors import BundleError, CheckpointError, IronError, ProfileError
+from iron.jsonfile import MAX_DEPTH, JSONDepthError, depth, loads
+
+DEEP = "[" * 100_000 + "]" * 100_000
+SAYS = f"nest 100000 levels deep; iron reads JSON nested at most {MAX_DEPTH} levels"
+
+
+@pytest.mark.parametrize("text, levels", [
+    ('{"a": [1, {"b": 2}], "c": []}', 3),
+    ('{"a": "[[[[{{{{", "b": "\\"[[[["}', 1),  # brackets and escaped quotes inside strings
+    ('["\\\\", ["x"]]', 2),  # an escaped backslash ends before the closing quote
+    ('"just a string"', 0),
+    ("[" + ", ".join(["[]"] * 1000) + "]", 2),
+])
+def test_depth_counts_brackets_outside_strings(text, levels):
+    assert depth(text) == levels == depth(text.encode())
+    json.loads(text)
+
+
+def test_the_limit_is_inclusive():
+    assert loads("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None
+    with pytest.raises(JSONDepthError, match=f"nest {MAX_DEPTH + 1} levels deep"):
+        loads("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1))
+
+
+def _safetensors(tmp_path: Path) -> None:
+    from iron.tensorfile import read_safetensors_header
+
+    raw = DEEP.encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    read_safetensors_header(path)
+
+
+def _config(tmp_path: Path) -> None:
+    from iron.lm.checkpoint import LlamaConfig
+
+    (tmp_path / "config.json").write_text(DEEP)
+    LlamaConfig.from_json(tmp_path)
+
+
+def _shard_index(tmp_path: Path) -> None:
+    from iron.lm.checkpoint import Checkpoint
+    from tiny_llama import write_tiny_llama
+
+    ckpt = write_tiny_llama(tmp_path / "tiny")
+    (ckpt / "model.safetensors.index.json").write_text(DEEP)
+    Checkpoint.open(ckpt)
+
+
+def _tokenizer_config(tmp_path: Path) -> None:
+    from iron.lm.chat import ChatTemplate
+
+    (tmp_path / "tokenizer_config.json").write_text(DEEP)
+    ChatTemplate.from_dir(tmp_path)
+
+
+def _generation_config(tmp_path: Path) -> None:
+    from iron.lm.serve import sampling_defaults
+
+    (tmp_path / "generation_config.json").write_text(DEEP)
+    sampling_defaults(tmp_path)
+
+
+def _profile(tmp_path: Path) -> None:
+    from iron.profile import Profile
+
+    (tmp_path / "cpu.json").write_text(DEEP)
+    Profile.load(tmp_path / "cpu.json")
+
+
+def _manifest(tmp_path: Path) -> None:
+    from iron.pipeline.bundle import read_manifest
+
+    (tmp_path / "manifest.json").write_text(DEEP)
+    read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("read, error, file", [
+    (_safetensors, CheckpointError, "model.safetensors"),
+    (_config, CheckpointError, "config.json"),
+    (_shard_index, CheckpointError, "model.safetensors.index.json"),
+    (_tokenizer_config, IronError, "tokenizer_config.json"),
+    (_generation_config, IronError, "generation_config.json"),
+    (_profile, ProfileError, "cpu.json"),
+    (_manifest, BundleError, "manifest.json"),
+], ids=lambda v: getattr(v, "__name__", "").strip("_") or None)
+def test_every_reader_refuses_deep_nesting_in_one_line(tmp_path, read, error, file):
+    with pytest.raises(error) as e:
+        read(tmp_path)
+    message = str(e.value)
+    assert SAYS in message and "\n" not in message, message
+    assert file in message.split(":")[0], message
