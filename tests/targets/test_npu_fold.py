@@ -43,11 +43,11 @@ class Chain(iron.Graph):
         return ElementwiseAdd.step(RMSNorm.step(e, self.weight("w", (x.shape[1],))), s)
 
 
-def loaded(program, weights, fold):
+def loaded(program, weights, fold, pack=False):
     target = target_for(program.device).emulated()
     entries = target.compile_all([*program.ops, None])
     lib = target.artifact(entries.pop())
-    exe = Emulated(program, [target.artifact(e) for e in entries], lib, fold=fold)
+    exe = Emulated(program, [target.artifact(e) for e in entries], lib, fold=fold, pack=pack)
     if weights is not None:
         exe.bind_weights(weights)
     return exe
@@ -269,6 +269,23 @@ def test_the_report_adds_up_to_the_per_step_model_and_prices_dispatches_and_load
     assert table[4].startswith(f"| decode, folded + packed | npu2 | {npu} | {len(runs)} | "
                                f"{r.packed_loads} |")
     assert table[4].endswith(f"| {r.packed.total * 1e6:,.0f} | {hosted} |")
+
+
+def test_packed_designs_share_the_array_with_the_same_results_and_fewer_loads():
+    """Packed, a member's cores and FIFOs stay as its last dispatch left them while the other
+    members run: the same bits over three tokens, and the loads the report counts."""
+    _, program, weights = tiny_decoder()
+    packed, alone = loaded(program, weights, True, pack=True), loaded(program, weights, True)
+    loads = []
+    for p in range(3):
+        xs = [np.array([7 + p], np.int32), np.array([p], np.int32)]
+        got, want = packed.run(xs)[0], alone.run(xs)[0]
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+        loads.append((packed.array.loads, alone.array.loads))
+    r = program_report("decode", [program], [packed.designs])
+    assert loads[2][0] - loads[1][0] == r.packed_loads < r.loads == loads[2][1] - loads[1][1]
+    for name in packed.states:
+        assert np.array_equal(packed.states[name], alone.states[name])
 
 
 def test_npu1_reports_one_dispatch_per_step_and_says_it_has_no_folds():

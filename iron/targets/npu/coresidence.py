@@ -19,10 +19,12 @@ merged device.  iron's designs are drawn from column 0 with fixed tiles, so memb
 side by side in columns of their own: the union fits when the members' column counts add up to
 at most the device's columns (each column's shim, memory tile and cores then belong to one
 member, so every member keeps the resources its own legality rules counted; npu2's columns are
-alike, each with a shim DMA).  Packing is counted only, for the report: the folds still render
-one device per design (relocating a design's columns and renaming its symbols into a merged
-``aie.device`` is not written), and only devices with folds pack (``fold.folds_on``: npu1
-runs one xclbin per step).
+alike, each with a shim DMA).  Packing is counted for the report and can be emulated
+(``runner.Emulated(pack=True)``: ``fold.Array`` keeps every member's cores and FIFOs while
+the others run), but not rendered: the folds still write one device per design (relocating a
+design's columns and renaming its symbols into a merged ``aie.device`` is not written), so
+bundles run unpacked.  Only devices with folds pack (``fold.folds_on``: npu1 runs one xclbin
+per step).
 """
 
 from __future__ import annotations

@@ -376,20 +376,27 @@ class Array:
     """The NPU array of one executable in the emulator: the configuration loaded last.  A
     configure of the design already loaded loads nothing (the firmware skips reloading the
     same PDI), so its cores keep looping where the last dispatch left them; any other design
-    is a fresh load (cores starting, FIFOs empty)."""
+    is a fresh load (cores starting, FIFOs empty).  With ``packs`` (id(design) -> its pack,
+    ``coresidence.pack``) a configuration is a pack: a configure of any member of the pack
+    loaded loads nothing, and every member's cores and FIFOs stay as its last dispatch left
+    them while the others run, as co-resident designs share the array."""
 
-    def __init__(self, lib: str):
-        self.lib = lib
-        self.loaded = None  # (design, Emulation)
+    def __init__(self, lib: str, packs: dict[int, int] | None = None):
+        self.lib, self.packs = lib, packs or {}
+        self.loaded: object = None  # the configuration loaded: a design's id or a pack
+        self.members: dict[int, object] = {}  # id(design) -> its Emulation, in that load
         self.loads = 0
 
     def configure(self, design: Design):
         from .emulator import Emulation
 
-        if self.loaded is None or self.loaded[0] is not design:
-            self.loaded = (design, Emulation(design, self.lib))
+        key = ("pack", self.packs[id(design)]) if id(design) in self.packs else id(design)
+        if self.loaded != key:
+            self.loaded, self.members = key, {}
             self.loads += 1
-        return self.loaded[1]
+        if id(design) not in self.members:  # a member's cores start with the load
+            self.members[id(design)] = Emulation(design, self.lib)
+        return self.members[id(design)]
 
 
 class Configured:
