@@ -100,16 +100,17 @@ class App:
                     options: dict[str, str] | None = None) -> list[str]:
         """``iron.lm.run`` on ``bundle``; ``options`` (doit variables such as ``top_k``,
         ``stop``, ``chat``) become its flags, which it validates. Without ``--chat`` the
-        default prompt is the bundle's."""
+        default prompt is the bundle's.  Each flag and its value are one word,
+        ``--prompt=VALUE``, so that no value (``-hello``, ``--help``) is read as an option."""
         options = {k: v for k, v in (options or {}).items() if v is not None}
         argv = [sys.executable, "-m", "iron.lm.run", str(bundle)]
         chat = str(options.pop("chat", "")).lower() in ("1", "true", "yes")
         if prompt or not chat:
-            argv += ["--prompt", prompt or DEFAULT_PROMPT]
+            argv.append(f"--prompt={prompt or DEFAULT_PROMPT}")
         if chat:
             argv.append("--chat")
         for name, value in options.items():
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+            argv.append(f"--{name.replace('_', '-')}={value}")
         return argv
 
     def meta(self) -> dict[str, Any]:

@@ -207,7 +207,7 @@ VARIABLES: dict[str, Variable] = {
                     shown="apps.DEFAULT_APP"),
     "device": Variable(None, v.choice(*DEVICE_NAMES), "the device built for",
                        shown="$IRON_DEVICE or cpu"),
-    "checkpoint": Variable(None, v.text, "a checkpoint folder or a .gguf file",
+    "checkpoint": Variable(None, v.path, "a checkpoint folder or a .gguf file",
                            shown="the application's"),
     "march": Variable(None, _march, "-march level of the cpu kernels",
                       shown="$IRON_MARCH or native"),
@@ -532,7 +532,7 @@ class BuildGraph:
         elif self.prompt is None:
             command = gen["default"]
         else:
-            command = [self.prompt if a == gen["mark"] else a for a in gen["prompt"]]
+            command = [a.replace(gen["mark"], self.prompt) for a in gen["prompt"]]
         return {"actions": [(run_command, [command])], "task_dep": ["bundle"],
                 "uptodate": [False], "verbosity": 2,
                 "doc": "build the bundle if needed, then run it"
@@ -542,12 +542,12 @@ class BuildGraph:
         argv = [sys.executable, "-m", "iron.lm.tune", self.app_name, "--device",
                 self.device.name]
         if self.checkpoint:
-            argv += ["--checkpoint", str(self.checkpoint)]
+            argv.append(f"--checkpoint={self.checkpoint}")  # one word: never an option
         if "weights" in self.options:  # the tuner's own option (see iron.tuning)
-            argv += ["--weights", str(self.options["weights"])]
+            argv.append(f"--weights={self.options['weights']}")
         for option in ("only", "budget", "prune", "max_load", "scheduler"):
             if self.tune_options[option] is not None:
-                argv += [f"--{option.replace('_', '-')}", str(self.tune_options[option])]
+                argv.append(f"--{option.replace('_', '-')}={self.tune_options[option]}")
         if self.tune_options["fresh"] == "1":
             argv.append("--fresh")
         return {"actions": [(run_command, [argv])], "task_dep": ["checkpoint"],

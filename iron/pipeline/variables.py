@@ -86,6 +86,15 @@ def text(name: str, value: str) -> str:
     return value
 
 
+def path(name: str, value: str) -> str:
+    """A file or folder: UTF-8 text that is not empty (``checkpoint=`` would otherwise name
+    the current directory and build it as a model)."""
+    if not text(name, value).strip():
+        raise IronError(f"variable {name}={value!r}: must name a file or folder; leave the "
+                        f"variable out for the default")
+    return value
+
+
 def operators(name: str, value: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(,[A-Za-z][A-Za-z0-9]*)*", value):
         raise IronError(f"variable {name}={value!r}: must be operator names, comma-separated")

@@ -200,7 +200,8 @@ def test_unknown_or_bad_doit_variables_are_one_line_errors(project):
                           (["hidden=abc"], "hidden='abc': must be an integer"),
                           (["threads=-5"], "threads='-5': must be an integer"),
                           (["device=npu7"], "device='npu7': must be one of cpu, npu1, npu2"),
-                          (["march=a b"], "march='a b': not a -march level")):
+                          (["march=a b"], "march='a b': not a -march level"),
+                          (["checkpoint="], "checkpoint='': must name a file or folder")):
         result = doit(project, *args, check=False)
         assert result.returncode != 0, args
         assert message in result.stderr, result.stderr
