@@ -93,6 +93,17 @@ def test_each_precondition_rejects_the_module_that_breaks_it(dev, old, new, rule
     assert message in problem, problem
 
 
+def test_a_core_tile_receiving_three_fifos_runs_out_of_dma_channels():
+    """A_0_1 broadcast to core (0, 2) too: its third S2MM channel (a core tile has two)."""
+    text = gemm_module("npu2")
+    line = next(t for t in text.splitlines() if 'sym_name = "A_0_1"' in t)
+    wider = (line.replace("%tile_0_3)", "%tile_0_3, %tile_0_2)").replace("[[]]", "[[], []]")
+             .replace("(index, index) -> ()", "(index, index, index) -> ()"))
+    problem = rejected(text, line, wider)
+    assert problem.endswith("core tile (0, 2): 3 S2MM DMA channels (@A_0_0, @A_0_1, "
+                            "@B_0_cores) > the 2 it has [dma_channels]"), problem
+
+
 def test_a_problem_names_the_line_of_the_op_at_fault():
     text = gemm_module("npu2")
     problem = rejected(text, TILE_0_5, TILE_0_5.replace("row = 5", "row = 6"))
@@ -154,7 +165,7 @@ def test_every_transcribed_op_has_its_custom_syntax():
     """An op added to ``ods`` needs its custom form in ``custom`` too (one line where its
     ODS assembly format is declarative), or ``design.mlir`` files using it cannot be read."""
     names = {op.name for dialect in (ods.AIE, ods.AIEX) for op in dialect.operations}
-    assert names == set(custom.CUSTOM), names ^ set(custom.CUSTOM)
+    assert names == set(custom.CUSTOM) - {"memref.cast"}, names ^ set(custom.CUSTOM)
 
 
 @pytest.mark.parametrize("fifo,depth,tile,buffers", [

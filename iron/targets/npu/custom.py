@@ -27,6 +27,7 @@ import functools
 
 from xdsl.dialects.builtin import (ArrayAttr, DenseArrayBase, IndexType, IntegerAttr,
                                    IntegerType, Signedness, SymbolRefAttr, i32, i64)
+from xdsl.dialects import memref
 from xdsl.ir import Dialect
 from xdsl.irdl import IRDLOperation, ParsePropInAttrDict
 from xdsl.irdl.declarative_assembly_format import FormatProgram
@@ -227,10 +228,14 @@ class RunOp(ods.RunOp):
         return cls.build(operands=[args], properties={"runtime_sequence_symbol": symbol})
 
 
+#: MLIR's ``memref.cast`` (``MemRefOps.td``: ``$source attr-dict `:` type($source) `to`
+#: type($dest)``), which xDSL's memref dialect reads only in generic form.
+MemrefCastOp = formatted(memref.CastOp, "$source attr-dict `:` type($source) `to` type($dest)")
+
 CUSTOM = {op.name: op for op in (
     EndOp, DeviceOp, TileOp, CoreOp, BufferOp, ObjectFifoCreateOp, ObjectFifoLinkOp,
     ObjectFifoAcquireOp, ObjectFifoReleaseOp, ObjectFifoSubviewAccessOp, RuntimeSequenceOp,
-    NpuDmaMemcpyNdOp, NpuDmaWaitOp, NpuWriteRTPOp, ConfigureOp, RunOp)}
+    NpuDmaMemcpyNdOp, NpuDmaWaitOp, NpuWriteRTPOp, ConfigureOp, RunOp, MemrefCastOp)}
 
 
 def _with_custom(dialect: Dialect) -> Dialect:
@@ -240,13 +245,13 @@ def _with_custom(dialect: Dialect) -> Dialect:
 
 @functools.lru_cache(maxsize=1)
 def context():
-    """xDSL's builtin, func, arith, scf and memref, and ``ods``' aie / aiex with the custom
-    syntax above."""
+    """xDSL's builtin, func, arith, scf and memref (its ``memref.cast`` with MLIR's syntax),
+    and ``ods``' aie / aiex with the custom syntax above."""
     from xdsl.context import Context
-    from xdsl.dialects import arith, builtin, func, memref, scf
+    from xdsl.dialects import arith, builtin, func, scf
 
     ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, arith.Arith, scf.Scf, memref.MemRef,
+    for dialect in (builtin.Builtin, func.Func, arith.Arith, scf.Scf, _with_custom(memref.MemRef),
                     _with_custom(ods.AIE), _with_custom(ods.AIEX)):
         ctx.load_dialect(dialect)
     return ctx

@@ -54,7 +54,9 @@ class TargetModel:
     ``design.Tile.kind``'s.  ``AIE2TargetModel``
     (both NPUs derive from it): ``getLocalMemorySize`` 0x10000, ``getMemTileSize`` 0x80000,
     ``getNumBDs`` 48 on a memory tile and 16 elsewhere, ``isBdChannelAccessible``: a memory
-    tile's even channels reach descriptors 0-23 and its odd ones 24-47."""
+    tile's even channels reach descriptors 0-23 and its odd ones 24-47; DMA stream ports
+    (``getNumSourceSwitchboxConnections``, ``getNumDestShimMuxConnections`` for
+    ``WireBundle::DMA``) 2 per direction on a core or shim tile, 6 on a memory tile."""
 
     device: str
     columns: int
@@ -64,6 +66,8 @@ class TargetModel:
     core_bds: int = 16
     memtile_bds: int = 48
     memtile_bds_per_channel: int = 24
+    channels: int = 2
+    memtile_channels: int = 6
 
 
 def target_model(device: str) -> TargetModel:
@@ -330,6 +334,27 @@ def descriptors(d: Device) -> Iterator[Violation]:
             return
 
 
+def dma_channels(d: Device) -> Iterator[Violation]:
+    """The object FIFO lowering's ``DMAChannelAnalysis::getDMAChannelIndex`` hands each FIFO
+    end a DMA channel of its tile, one MM2S per FIFO produced there (a broadcast's consumers
+    share it) and one S2MM per FIFO consumed there, and fails with "number of output / input
+    DMA channel exceeded!" past the tile's stream-switch DMA ports (``AIE2TargetModel``
+    ``getNumSourceSwitchboxConnections`` / ``getNumDestShimMuxConnections`` for
+    ``WireBundle::DMA``: 2 on a core or shim tile, 6 on a memory tile, per direction)."""
+    used: dict[tuple[Tile, str], list[str]] = defaultdict(list)
+    for f in d.fifos.values():
+        used[(f.producer, "MM2S")].append(f.name)
+        for t in f.consumers:
+            used[(t, "S2MM")].append(f.name)
+    for (tile, direction), names in used.items():
+        limit = d.model.memtile_channels if tile.kind == "memtile" else d.model.channels
+        if len(names) > limit:
+            yield Violation(d.fifo_ops[names[limit]], f"{tile}: {len(names)} {direction} DMA "
+                            f"channels ({', '.join('@' + n for n in names)}) > the {limit} "
+                            "it has")
+            return
+
+
 def memory(d: Device) -> Iterator[Violation]:
     """Object FIFO buffers per tile, counted as the lowering allocates them (``buffers_at``,
     ``holds_buffers``), with the tile's ``aie.buffer`` s and, on a core tile, the core's stack
@@ -409,6 +434,7 @@ RULES: tuple[Callable[[Device], Iterator[Violation]], ...] = (
     link_legality,
     tokens_waited,
     traced_to_arguments,
+    dma_channels,
     descriptors,
     memory,
     fifo_rotation,
