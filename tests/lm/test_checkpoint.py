@@ -401,7 +401,8 @@ def test_embedded_conversion(smollm2: Path):
             c.head_dim, c.intermediate_size, c.vocab_size) == (576, 30, 9, 3, 64, 1536, 49152)
     assert (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings) == (100000.0, 1e-5, 8192)
     assert c.tie_word_embeddings and c.rope_scaling is None
-    assert (c.bos_token_id, c.eos_token_id) == (1, 2)
+    # EOS (<|im_end|>) first, then <|endoftext|>, which llama.cpp also takes as ending a reply
+    assert (c.bos_token_id, c.eos_token_id) == (1, (2, 0))
     assert ckpt.tensor_names() == list(expected_tensors(c))
     assert len(ckpt.tensor_names()) == 1 + 30 * 9 + 1
     n_params = sum(math.prod(s) for s in expected_tensors(c).values())
