@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import IronError
 from ..jsonfile import loads
 from ..util import read_bounded
+from .special_tokens import frame
 
 ROLES = ("system", "user", "assistant")
 
@@ -143,7 +144,7 @@ class ChatTemplate:
         found = [(i, hit.group()) for i, hit in ((i, specials.search(m["content"]))
                                                  for i, m in enumerate(messages)) if hit]
         if not found:
-            return tokenizer.encode(text, add_special_tokens=False).ids
+            return frame(tokenizer, tokenizer.encode(text, add_special_tokens=False).ids)
         pieces = self._split(messages, text, add_generation_prompt)
         if pieces is None:
             i, s = found[0]
@@ -158,7 +159,7 @@ class ChatTemplate:
             ids += encoding.ids
             if k < len(theirs):
                 ids += theirs[k].ids
-        return ids
+        return frame(tokenizer, ids)
 
     def _split(self, messages: list[dict[str, Any]], text: str, add_generation_prompt: bool
                ) -> list[str] | None:

@@ -249,7 +249,7 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
             chat.turn(prompt, args.max_new_tokens, sampler, args.stop, show, stats)
             tokens, finish = chat.tokens, chat.finish
         else:
-            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+            ids = tokenizer.encode(prompt).ids  # with the BOS/EOS the model's tokenizer adds
             model.check_fits(len(ids), args.max_new_tokens)  # before the prompt is echoed
             if not args.json:
                 sys.stdout.write(prompt)
@@ -273,8 +273,9 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
         report(stats, interrupted=True)
         return 130
     if args.json:
-        print(json.dumps({"text": "".join(chunks), "tokens": tokens, "finish_reason": finish,
-                          **stats.as_dict()}))
+        prompt_ids = chat.prompts[-1] if args.chat else ids
+        print(json.dumps({"text": "".join(chunks), "prompt_ids": prompt_ids, "tokens": tokens,
+                          "finish_reason": finish, **stats.as_dict()}))
     else:
         report(stats, sys.stdout)
     return 0

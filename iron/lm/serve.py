@@ -480,7 +480,7 @@ class Server:
             prompt = prompt[0]
         if isinstance(prompt, str):
             self._check_length(len(prompt), "prompt")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+            ids = self.tokenizer.encode(prompt).ids  # with the BOS/EOS the model's tokenizer adds
         elif isinstance(prompt, list) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             vocab = self.model.meta.vocab_size
