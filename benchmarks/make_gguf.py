@@ -2,8 +2,11 @@
 run (the default is the shape of Llama 3.2 1B) without downloading a model.
 
 The vocabulary, merges, special tokens and chat template are the embedded SmolLM2 file's
-(``benchmarks/llamacpp.py`` fetches it), so every engine tokenizes and loads it as a real
-model; the weights are random (normal, std 0.02; norms 1), so the text it generates is noise
+(``benchmarks/llamacpp.py`` fetches it), or with ``--vocab FILE.gguf`` those of another file
+(every ``tokenizer.*`` key copied: one of llama.cpp's ``models/ggml-vocab-*.gguf`` makes a
+Llama-3-shaped file with ``ggml-vocab-llama-bpe.gguf``, a Llama-2/Mistral-shaped one with
+``ggml-vocab-llama-spm.gguf``), so every engine tokenizes and loads it as a real model; the
+weights are random (normal, std 0.02; norms 1), so the text it generates is noise
 and only its speed means anything. The embedding rows (tied: also the output rows) of tokens
 that are not whole UTF-8 text (byte tokens, special tokens) are zero, so that greedy decoding
 never picks them and a server streams every token (servers hold back partial characters).
@@ -19,6 +22,8 @@ more bits (the first and last eighth, every third between), Q4_K elsewhere.
     python benchmarks/make_gguf.py                       # build/gguf/llama-1b-Q4_0.gguf
     python benchmarks/make_gguf.py --type Q4_K_M
     python benchmarks/make_gguf.py --hidden 576 --layers 30 --heads 9 --kv-heads 3 --ffn 1536
+    python benchmarks/make_gguf.py --vocab ggml-vocab-llama-spm.gguf --hidden 256 --layers 2 \
+        --heads 4 --kv-heads 2 --ffn 256 --type Q8_0
 """
 
 from __future__ import annotations
@@ -61,9 +66,11 @@ class Shape:
                 raise SystemExit(f"make_gguf: shape {self} breaks the rule {rule}")
 
 
-def default_path(shape: Shape, qtype: str) -> Path:
+def default_path(shape: Shape, qtype: str, vocab: Path | None = None) -> Path:
     name = "llama-1b" if shape == Shape() else (
         f"llama-h{shape.hidden}-l{shape.layers}-a{shape.heads}-kv{shape.kv_heads}-f{shape.ffn}")
+    if vocab is not None:
+        name += "-" + vocab.stem.removeprefix("ggml-vocab-")
     return REPO / "build" / "gguf" / f"{name}-{qtype}.gguf"
 
 
@@ -132,14 +139,15 @@ def random_k_blocks(ggml_type: str, rows: int, cols: int, rng: np.random.Generat
 
 def non_text_tokens(reader) -> np.ndarray:
     """Indices of the vocabulary's tokens that do not decode to whole UTF-8 text on their own
-    (byte-level BPE pieces of a character, control tokens)."""
+    (byte-level BPE pieces of a character, byte and control tokens)."""
     from tokenizers.decoders import ByteLevel
 
     decoder = ByteLevel()
     field = reader.get_field("tokenizer.ggml.tokens")
     types = reader.get_field("tokenizer.ggml.token_type").contents()
+    byte_level = reader.get_field("tokenizer.ggml.model").contents() == "gpt2"
     bad = [i for i, token in enumerate(field.contents())
-           if types[i] != 1 or "\ufffd" in decoder.decode([token])]
+           if types[i] != 1 or (byte_level and "\ufffd" in decoder.decode([token]))]
     return np.array(bad, dtype=np.int64)
 
 
@@ -157,8 +165,10 @@ def tokenizer_fields(reader) -> list:
     return out
 
 
-def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD) -> Path:
-    """Write the file (atomically); ``std`` is the weights' standard deviation."""
+def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
+          vocab: Path | None = None) -> Path:
+    """Write the file (atomically); ``std`` is the weights' standard deviation, ``vocab`` the
+    GGUF file whose tokenizer metadata it copies (default: the embedded SmolLM2 file's)."""
     import gguf
     from gguf.quants import quantize
 
@@ -168,7 +178,9 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD)
     if qtype not in TYPES:
         raise SystemExit(f"make_gguf: --type {qtype!r} is not one of {', '.join(TYPES)}")
     shape.check()
-    reader = gguf.GGUFReader(fetch_smollm2_gguf())
+    if vocab is not None and not Path(vocab).is_file():
+        raise SystemExit(f"make_gguf: --vocab {vocab}: no such file")
+    reader = gguf.GGUFReader(vocab if vocab is not None else fetch_smollm2_gguf())
     tokens = reader.get_field("tokenizer.ggml.tokens")
     vocab = len(tokens.data)
     rng = np.random.default_rng(seed)
@@ -231,10 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=defaults.kv_heads)
     parser.add_argument("--ffn", type=int, default=defaults.ffn)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="default: build/gguf/<shape>-<type>.gguf")
+    parser.add_argument("--vocab", type=Path, metavar="FILE.gguf",
+                        help="copy this GGUF file's tokenizer metadata (default: SmolLM2's)")
+    parser.add_argument("--out", type=Path,
+                        help="default: build/gguf/<shape>[-<vocab>]-<type>.gguf")
     args = parser.parse_args(argv)
     shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
-    path = write(args.out or default_path(shape, args.type), shape, args.type, args.seed)
+    path = write(args.out or default_path(shape, args.type, args.vocab), shape, args.type,
+                 args.seed, vocab=args.vocab)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

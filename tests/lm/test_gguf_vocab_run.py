@@ -1,0 +1,51 @@
+"""End to end: ``iron run`` on small random-weight GGUF files that carry real vocabularies
+(``benchmarks/make_gguf.py --vocab``) tokenizes its prompt as llama.cpp's vocabulary tests
+expect, with the BOS the file asks for."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import llama_vocab
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～"  # a case of every .inp
+
+
+def _make_gguf():
+    spec = importlib.util.spec_from_file_location(
+        "make_gguf", REPO / "benchmarks" / "make_gguf.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,bos", [("llama-spm", 1), ("llama-bpe", 128000)])
+def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, bos: int):
+    try:
+        vocab_dir = llama_vocab.vocab_dir(REPO / "build")
+    except llama_vocab.Unavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"llama.cpp's vocabulary test data is required in CI: {e}")
+        pytest.skip(f"llama.cpp's vocabulary test data unavailable offline: {e}")
+    vocab = vocab_dir / f"ggml-vocab-{name}.gguf"
+    want = llama_vocab.cases(vocab)[TEXT]
+    make = _make_gguf()
+    model = make.write(tmp_path / f"tiny-{name}.gguf", make.Shape(
+        hidden=256, layers=2, heads=4, kv_heads=2, ffn=256, context=256), "Q8_0", vocab=vocab)
+    env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
+           "IRON_CACHE_DIR": str(REPO / "build" / "ops")}
+    iron = Path(sys.executable).with_name("iron")
+    result = subprocess.run([iron, "run", model, "-p", TEXT, "-n", "2", "--temperature", "0",
+                             "--json"], capture_output=True, text=True, env=env, timeout=1800)
+    assert result.returncode == 0, result.stderr
+    ran = json.loads(result.stdout)
+    assert ran["prompt_ids"] == [bos] + want
+    assert ran["prompt_tokens"] == len(want) + 1 and ran["new_tokens"] == 2
