@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...errors import IronError
 from ...paths import KERNELS_DIR
-from ...pipeline.bundle import Bundle
+from ...pipeline.bundle import Bundle, read_manifest
 from ...util import atomic_write_bytes
 from .aiecc import run_full_elf
 from .fold import Fold, folds_on, plan, render
@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    device = read_manifest(Path(argv[0]))["device"]
+    if not folds_on(device):
+        print(f"the {device} bundle has no folds (no full-ELF flow: each NPU step is its own "
+              "xclbin); nothing written")
+        return 0
     compiled = " and compiled each to a full ELF" if n and shutil.which("aiecc.py") else ""
     print(f"wrote {n} folded configurations into {out}{compiled}")
     return 0
