@@ -110,3 +110,22 @@ def test_unknown_pre_tokenizer_is_refused_naming_it():
             "tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": []}
     with pytest.raises(CheckpointError, match=r"tokenizer.ggml.pre = 'brand-new' is not "):
         GGUFVocab.from_metadata(meta, "x.gguf")
+
+
+@pytest.mark.parametrize("name,source", [
+    ("llama-bpe", "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+                  "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"),
+    ("phi-3", "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"
+              "{% endfor %}<|assistant|>\n"),
+])
+def test_a_chat_prompt_starts_with_one_bos(vocab_dir: Path, name: str, source: str):
+    """As llama.cpp: a template that writes the BOS keeps one, one that does not gets it."""
+    from iron.lm.chat import ChatTemplate
+
+    vocab, tok = _tokenizer(vocab_dir, name)
+    template = ChatTemplate(source, bos_token=vocab.tokens[vocab.bos_id])
+    messages = [{"role": "user", "content": "Hello"}]
+    ids = template.tokenize(messages, tok)
+    assert ids[0] == vocab.bos_id and ids[1] != vocab.bos_id
+    assert ids[1:] == tok.encode(template.render(messages).removeprefix(vocab.tokens[vocab.bos_id]),
+                                 add_special_tokens=False).ids
