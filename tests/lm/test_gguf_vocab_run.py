@@ -1,6 +1,6 @@
 """End to end: ``iron run`` on small random-weight GGUF files that carry real vocabularies
 (``benchmarks/make_gguf.py --vocab``) tokenizes its prompt as llama.cpp's vocabulary tests
-expect, with the BOS the file asks for."""
+expect, with the BOS the file asks for, and so do the server's completions."""
 
 import importlib.util
 import json
@@ -49,3 +49,13 @@ def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, b
     ran = json.loads(result.stdout)
     assert ran["prompt_ids"] == [bos] + want
     assert ran["prompt_tokens"] == len(want) + 1 and ran["new_tokens"] == 2
+
+    # the server's completions tokenize the same way (the bundle iron run built)
+    from iron.lm.serve import Server
+
+    bundle, = (tmp_path / "build" / "llama").glob("cpu-*")
+    server = Server(bundle, slots=1)
+    try:
+        assert server._completion_prompt({"prompt": TEXT}) == [bos] + want
+    finally:
+        server.workers.shutdown()
