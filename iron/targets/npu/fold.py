@@ -353,14 +353,15 @@ def view(lines: list[str], fold: Fold, slot: Slot, numel: int, n: int, custom: b
     if not numel:
         ops.append(("memref.cast", f"%v{n}", static_view, None, static, callee))
     for op, result, source, at, source_type, result_type in ops:
-        if not custom or op == "memref.cast":  # the cast in generic form in both: xDSL, which
-            # ``verify`` reads the custom form with, has no custom format for it
+        if not custom:
             segments = "" if at is None else (
                 f" <{{operandSegmentSizes = array<i32: 1, 0, 0, 0>, static_offsets = array<i64: "
                 f"{at}>, static_sizes = array<i64: {size}>, static_strides = array<i64: 1>}}>")
             text = f'"{op}"({source}){segments} : ({source_type}) -> {result_type}'
         elif op == "memref.subview":
             text = f"{op} {source}[{at}] [{size}] [1] : {source_type} to {result_type}"
+        elif op == "memref.cast":
+            text = f"{op} {source} : {source_type} to {result_type}"
         else:
             text = (f"{op} {source} to offset: [{at}], sizes: [{size}], strides: [1] : "
                     f"{source_type} to {result_type}")
