@@ -133,6 +133,11 @@ class GGUFVocab:
                 f"{source}: tokenizer.ggml.model = {model!r} is not implemented; iron runs "
                 "'llama' (SentencePiece BPE) and 'gpt2' (byte-level BPE) vocabularies")
         pre = meta.get(t + "pre")
+        if model == "gpt2" and pre is None:
+            raise CheckpointError(
+                f"{source}: tokenizer.ggml.pre is missing, so how to split text before BPE is "
+                "not implemented (llama.cpp guesses, warning that quality degrades); convert "
+                "the model again with a current llama.cpp")
         if model == "gpt2" and pre not in PRE_TOKENIZERS:
             raise CheckpointError(
                 f"{source}: tokenizer.ggml.pre = {pre!r} is not implemented; iron's "

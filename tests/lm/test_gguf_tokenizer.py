@@ -28,8 +28,8 @@ ACCEPTED = {
 LARGE = {"qwen2", "qwen35", "deepseek-llm", "command-r"}
 NAMES = [pytest.param(n, marks=pytest.mark.slow) if n in LARGE else n for n in sorted(ACCEPTED)]
 # vocabulary -> what the refusal names
-REFUSED = {"bert-bge": "'bert'", "gemma-4": "'gemma4'", "gpt-neox": "tokenizer.ggml.pre = None",
-           "aquila": "tokenizer.ggml.pre = None"}
+REFUSED = {"bert-bge": "'bert'", "gemma-4": "'gemma4'", "gpt-neox": "tokenizer.ggml.pre is missing",
+           "aquila": "tokenizer.ggml.pre is missing"}
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,13 @@ def test_a_chat_prompt_starts_with_one_bos(vocab_dir: Path, name: str, source: s
     assert ids[0] == vocab.bos_id and ids[1] != vocab.bos_id
     assert ids[1:] == tok.encode(template.render(messages).removeprefix(vocab.tokens[vocab.bos_id]),
                                  add_special_tokens=False).ids
+
+
+def test_add_eos_token_puts_the_eos_behind(vocab_dir: Path):
+    path = vocab_dir / "ggml-vocab-llama-spm.gguf"
+    meta = {**llama_vocab.metadata(path), "tokenizer.ggml.add_eos_token": True,
+            "tokenizer.ggml.add_bos_token": False}
+    tok = build_tokenizer(GGUFVocab.from_metadata(meta, str(path)), str(path))
+    plain = tok.encode("Hello world", add_special_tokens=False).ids
+    assert tok.encode("Hello world").ids == plain + [2]
+    assert frame(tok, plain) == plain + [2] and frame(tok, plain + [2]) == plain + [2]
