@@ -59,6 +59,11 @@ def resolve(op: Operator, dev: Device | str | None = None,
             raise ResolveError(
                 f"{op.describe()} on {dev}: {name}={value!r} (from {source}) breaks the "
                 f"rule: a tunable is a positive integer")
+    for r in target_for(dev).value_rules(op):
+        if not r.ok:
+            name, = r.fields
+            raise ResolveError(f"{op.describe()} on {dev}: {name}={getattr(op, name)!r} (from "
+                               f"{sources[name]}) breaks the rule {r.text}")
     unset = [n for n in op.tunables() if getattr(op, n) is None]
     if unset:
         op = _first_legal(op, dev, unset)

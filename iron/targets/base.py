@@ -151,6 +151,12 @@ class Target:
         """The rules this target adds to ``op``'s own on ``dev``."""
         yield from self.class_rules(type(op))(op, dev)
 
+    def value_rules(self, op: Operator) -> Iterator[Rule]:
+        """Rules on each set tunable alone (its kernel's range of values), checked by
+        ``resolve`` before it searches for the unset ones: a value no setting can make legal
+        is refused at once, not after every combination has been tried."""
+        return iter(())
+
     def placement(self, op: Operator) -> str:
         return self.kind
 

@@ -4,6 +4,12 @@
  * tunables baked in as integer macros IRON_<FIELD>; float parameters arrive as the IEEE-754
  * float32 bit pattern IRON_<FIELD>_BITS and are read with iron_f32_from_bits().
  *
+ * A kernel states the values a tunable's macro may take on a line of the form below, once, in
+ * the source that uses it; iron refuses any other value before compiling (a literal past an
+ * int would otherwise reach the compiler, which truncates it with a warning nobody sees).
+ * Every other tunable macro is used as an int:
+ * range IRON_* 1 2147483647
+ *
  * Numerics: bf16 inputs are widened to float32 (exact), all arithmetic is float32, and each
  * output element is rounded to bf16 once, round-to-nearest-even (NaN stays a quiet NaN).
  *

@@ -48,6 +48,8 @@ _Static_assert(Q_K % 32 == 0 && Q_K % Q_SUPER_VALUES == 0 && Q_ITEM_ROWS % Q_TIL
 #define VECTORS 2
 #endif
 #define BB (Q_VECTOR_BLOCK < VECTORS ? Q_VECTOR_BLOCK : VECTORS)
+/* range IRON_PREFETCH 1 65536: bytes of W ahead, within a row tile's reach (the tuner tries
+ * 2-4 KiB) */
 #ifdef IRON_PREFETCH /* the GEMV's tunable software prefetch distance, bytes of W */
 #define PREFETCH IRON_PREFETCH
 #else /* the GEMM: a tile of W is reused by every vector of the chunk */

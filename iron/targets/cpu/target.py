@@ -7,9 +7,10 @@ holds what the kernels need of each operator class, ``cost`` models an instance'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from ...operator import Operator
+from ...devices import Device
+from ...operator import Operator, Rule
 from ...operators import GEMM
 from ...program import Program
 from ...store import Entry, Store
@@ -17,6 +18,7 @@ from ..base import Recipe, Target
 from ..cost import Estimate
 from . import host
 from .build import LIBRARY, build, compiler, recipe_for, recipe_from
+from .ranges import range_rules
 from .rules import RULES
 from .runtime import Executable
 
@@ -30,6 +32,14 @@ class CpuTarget(Target):
     def claims(self, cls: type[Operator]) -> bool:
         """Operators with a cpu kernel source (``<kernel_root>/cpu/<kernel>.c``)."""
         return hasattr(cls, "kernel") and (cls.kernel_root / "cpu" / f"{cls.kernel}.c").is_file()
+
+    def rules(self, op: Operator, dev: Device) -> Iterator[Rule]:
+        """The kernel's needs (``RULES``), then each tunable within its macro's stated range."""
+        yield from super().rules(op, dev)
+        yield from range_rules(op)
+
+    def value_rules(self, op: Operator) -> Iterator[Rule]:
+        return range_rules(op)
 
     def recipe(self, op: Operator | None) -> Recipe:
         return recipe_for(op)
