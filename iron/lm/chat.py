@@ -6,10 +6,11 @@ or the file ``chat_template.jinja`` that newer transformers versions write; llam
 same text in a GGUF's ``tokenizer.chat_template`` (which ``iron.lm.gguf_import`` copies into
 ``tokenizer_config.json``). As transformers does (``apply_chat_template``), the template runs
 in Jinja's immutable sandbox, with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
-extension, a ``tojson`` filter and ``raise_exception``, and gets ``messages``,
-``add_generation_prompt``, ``bos_token`` and ``eos_token``. The sandbox keeps a template from
-calling anything but the plain data it is given: rendering never executes code from the
-checkpoint.
+extension, a ``tojson`` filter, ``raise_exception`` and ``strftime_now``, and gets
+``messages``, ``add_generation_prompt``, ``bos_token`` and ``eos_token``. The sandbox keeps a
+template from calling anything but the plain data it is given: rendering never executes code
+from the checkpoint. It renders in a worker process, within a budget of CPU time, memory and
+text (``iron.lm.render``): a template that loops or grows without end is one ``ChatError``.
 
 ``ChatTemplate.tokenize`` turns a conversation into token ids with the text of every message
 kept as text: a special token written in a message (``<|im_end|>`` typed by a user) is
@@ -19,8 +20,6 @@ the template's own markers are control tokens.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,14 @@ from typing import Any
 from ..errors import IronError
 from ..jsonfile import loads
 from ..util import read_bounded
+from .render import Budget, Renderer, TemplateFailed, compile_template
 from .special_tokens import frame
 
 ROLES = ("system", "user", "assistant")
 
-#: a message's content stands in the template's second rendering as a run of this private-use
-#: character, the message's index and ``PLACEHOLDER_END``
-PLACEHOLDER_RUN = re.compile("\ue000+")
-PLACEHOLDER_END = "\ue001"
+#: Unicode's private-use ranges: a message's content stands in the template's second rendering
+#: as its index between two characters of these that no message holds
+PRIVATE_USE = ((0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD))
 
 
 class ChatError(IronError, ValueError):
@@ -50,32 +49,20 @@ def _token_text(value: Any) -> str:
 
 
 class ChatTemplate:
-    """A compiled chat template and the special tokens it may refer to."""
+    """A compiled chat template and the special tokens it may refer to, rendered by its own
+    worker process within ``budget`` (``iron.lm.render``)."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
-                 where: str = "chat template"):
-        import jinja2
-        import jinja2.ext
-        import jinja2.sandbox
-
-        def raise_exception(message):
-            raise ChatError(f"{where}: the template refused the conversation: {message}")
-
-        def tojson(value, indent=None):
-            return json.dumps(value, indent=indent, ensure_ascii=False)
-
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
+                 where: str = "chat template", budget: Budget = Budget()):
         try:
-            self.template = env.from_string(source)
-        except jinja2.TemplateError as e:
-            raise ChatError(f"{where}: not a valid Jinja template ({e})") from None
+            compile_template(source, where)
+        except TemplateFailed as e:
+            raise ChatError(str(e)) from None
         self.source, self.bos_token, self.eos_token, self.where = (source, bos_token, eos_token,
                                                                    where)
-        # (a tokenizer, its copy for message text, a pattern of its special tokens' text)
-        self._plain: tuple[Any, Any, re.Pattern] | None = None
+        self.renderer = Renderer(source, where, budget)
+        # (a tokenizer, its copy for message text, the text of its special tokens)
+        self._plain: tuple[Any, Any, list[str]] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -114,22 +101,28 @@ class ChatTemplate:
         return cls(source, _token_text(config.get("bos_token")),
                    _token_text(config.get("eos_token")), where)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               max_chars: int | None = None) -> str:
         """The prompt text of ``messages`` (each {"role": system|user|assistant, "content":
-        str}), ending with the assistant's turn opened when ``add_generation_prompt``."""
-        check_messages(messages)
-        import jinja2
+        str}), ending with the assistant's turn opened when ``add_generation_prompt``; a
+        ``ChatError`` if it passes ``max_chars`` characters or the render budget."""
+        return self._render([messages], add_generation_prompt, max_chars)[0]
 
+    def _render(self, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool,
+                max_chars: int | None) -> list[str]:
+        for messages in conversations:
+            check_messages(messages)
         try:
-            return self.template.render(messages=messages, bos_token=self.bos_token,
-                                        eos_token=self.eos_token,
-                                        add_generation_prompt=add_generation_prompt)
-        except jinja2.TemplateError as e:
-            raise ChatError(f"{self.where}: rendering failed ({type(e).__name__}: {e})") from None
-
+            return self.renderer.render(
+                [{"messages": m} for m in conversations],
+                {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                 "add_generation_prompt": add_generation_prompt}, max_chars)
+        except TemplateFailed as e:
+            raise ChatError(str(e)) from None
 
     def tokenize(self, messages: list[dict[str, Any]], tokenizer,
-                 add_generation_prompt: bool = True) -> list[int]:
+                 add_generation_prompt: bool = True, max_chars: int | None = None
+                 ) -> list[int]:
         """The token ids of ``render(messages)`` (a ``tokenizers.Tokenizer``), with every
         message's text tokenized as text, special token strings in it included.
 
@@ -138,22 +131,31 @@ class ChatTemplate:
         special tokens stay special. Where a template rewrites the content (trims it, or
         branches on it) so that the two renderings do not line up, the plain tokenization is
         kept as long as no message holds a special token's text, and refused otherwise (one
-        line naming the message and the token)."""
-        text = self.render(messages, add_generation_prompt)
+        line naming the message and the token). Every step is one pass over the conversation:
+        a rescan of the rendered text per message made n messages take n^3."""
+        check_messages(messages)
         plain, specials = self._plain_tokenizer(tokenizer)
-        found = [(i, hit.group()) for i, hit in ((i, specials.search(m["content"]))
-                                                 for i, m in enumerate(messages)) if hit]
-        if not found:
+        # the first special token's text in a message, found by one search per token over
+        # all the messages at once
+        joined = "\0".join(m["content"] for m in messages)
+        found = min(((at, text) for text in specials if (at := joined.find(text)) >= 0),
+                    default=None)
+        if found is None:
+            text = self.render(messages, add_generation_prompt, max_chars)
             return frame(tokenizer, tokenizer.encode(text, add_special_tokens=False).ids)
-        pieces = self._split(messages, text, add_generation_prompt)
+        mark = placeholder(messages)
+        text, marked = self._render(
+            [messages, [{**m, "content": f"{mark}{i}{mark}"} for i, m in enumerate(messages)]],
+            add_generation_prompt, max_chars)
+        pieces = split(messages, text, marked, mark)
         if pieces is None:
-            i, s = found[0]
-            raise ChatError(f"messages[{i}].content holds the control token {s!r}, and "
-                            f"{self.where} rewrites message text, so it cannot be kept as "
-                            "text: remove it from the message")
+            at, token = found
+            raise ChatError(f"messages[{joined.count(chr(0), 0, at)}].content holds the control "
+                            f"token {token!r}, and {self.where} rewrites message text, so it "
+                            "cannot be kept as text: remove it from the message")
         # even pieces are the template's, odd ones a message's content
-        ours = tokenizer.encode_batch(pieces[0::2], add_special_tokens=False)
-        theirs = plain.encode_batch(pieces[1::2], add_special_tokens=False)
+        ours = tokenizer.encode_batch_fast(pieces[0::2], add_special_tokens=False)
+        theirs = plain.encode_batch_fast(pieces[1::2], add_special_tokens=False)
         ids: list[int] = []
         for k, encoding in enumerate(ours):
             ids += encoding.ids
@@ -161,49 +163,15 @@ class ChatTemplate:
                 ids += theirs[k].ids
         return frame(tokenizer, ids)
 
-    def _split(self, messages: list[dict[str, Any]], text: str, add_generation_prompt: bool
-               ) -> list[str] | None:
-        """``text`` cut into template text and message content, alternately (template first):
-        the template rendered with placeholders for the contents gives its own text, and each
-        content must appear between two pieces as it is or trimmed, as templates write it.
-
-        One pass over each text: the placeholders are found by one regular expression (a
-        rescan of the text per placeholder made a conversation of n messages take n^3)."""
-        # the placeholder's lead: longer than any run of its character in a message
-        longest = max((len(run) for m in messages for run in PLACEHOLDER_RUN.findall(
-            m["content"])), default=0)
-        tag = PLACEHOLDER_RUN.pattern[0] * (longest + 1)
-        marked = self.render([{**m, "content": f"{tag}{i}{PLACEHOLDER_END}"}
-                              for i, m in enumerate(messages)], add_generation_prompt)
-        # the template's pieces, and which message each placeholder stands for (a template may
-        # drop or repeat messages)
-        pieces, order, last = [], [], 0
-        for hit in re.finditer(re.escape(tag) + r"(\d+)" + PLACEHOLDER_END, marked):
-            i = int(hit.group(1))
-            if i >= len(messages):
-                return None
-            pieces.append(marked[last:hit.start()])
-            order.append(i)
-            last = hit.end()
-        pieces.append(marked[last:])
-        out, pos = [pieces[0]], len(pieces[0])
-        if not text.startswith(pieces[0]):
-            return None
-        for i, after in zip(order, pieces[1:]):
-            content = messages[i]["content"]
-            for form in dict.fromkeys((content, content.strip(), content.rstrip(),
-                                       content.lstrip())):
-                if text.startswith(form, pos) and text.startswith(after, pos + len(form)):
-                    out += [form, after]
-                    pos += len(form) + len(after)
-                    break
-            else:
-                return None
-        return out if pos == len(text) else None
+    def warm(self, tokenizer) -> None:
+        """Start the renderer and make ``tokenizer``'s plain copy now (about a second), so
+        that the first conversations do not wait for them."""
+        self.renderer.start()
+        self._plain_tokenizer(tokenizer)
 
     def _plain_tokenizer(self, tokenizer):
-        """A copy of ``tokenizer`` that encodes special token strings as text, and a pattern
-        finding its special tokens' text (made once per tokenizer)."""
+        """A copy of ``tokenizer`` that encodes special token strings as text, and the text of
+        its special tokens (made once per tokenizer)."""
         with self._lock:
             if self._plain is None or self._plain[0] is not tokenizer:
                 from tokenizers import Tokenizer
@@ -211,10 +179,50 @@ class ChatTemplate:
                 plain = Tokenizer.from_str(tokenizer.to_str())
                 plain.encode_special_tokens = True
                 specials = sorted({t.content for t in tokenizer.get_added_tokens_decoder()
-                                   .values() if t.special and t.content}, key=len, reverse=True)
-                pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")
-                self._plain = (tokenizer, plain, pattern)
+                                   .values() if t.special and t.content})
+                self._plain = (tokenizer, plain, specials)
             return self._plain[1:]
+
+
+def placeholder(messages: list[dict[str, Any]]) -> str:
+    """A private-use character no message holds: it marks where the messages' contents go."""
+    used = set().union(*(m["content"] for m in messages))
+    for first, last in PRIVATE_USE:
+        for code in range(first, last + 1):
+            if chr(code) not in used:
+                return chr(code)
+    raise ChatError("the messages hold every private-use character of Unicode, and one is "
+                    "needed to mark where their texts go: remove them")
+
+
+def split(messages: list[dict[str, Any]], text: str, marked: str, mark: str
+          ) -> list[str] | None:
+    """``text`` cut into template text and message content, alternately (template first):
+    ``marked`` (the template rendered with ``{mark}{index}{mark}`` for each content) gives the
+    template's own text, and each content must appear between two pieces as it is or
+    trimmed, as templates write it. None where the two do not line up."""
+    # the template's pieces, and which message each placeholder stands for (a template may
+    # drop or repeat messages)
+    cut = marked.split(mark)
+    if len(cut) % 2 == 0:
+        return None
+    pieces, order = cut[0::2], cut[1::2]
+    if not all(i.isdigit() and int(i) < len(messages) for i in order):
+        return None
+    out, pos = [pieces[0]], len(pieces[0])
+    if not text.startswith(pieces[0]):
+        return None
+    for i, after in zip(order, pieces[1:]):
+        content = messages[int(i)]["content"]
+        for form in dict.fromkeys((content, content.strip(), content.rstrip(),
+                                   content.lstrip())):
+            if text.startswith(form, pos) and text.startswith(after, pos + len(form)):
+                out += [form, after]
+                pos += len(form) + len(after)
+                break
+        else:
+            return None
+    return out if pos == len(text) else None
 
 
 def check_messages(messages: Any) -> None:

@@ -3,6 +3,7 @@ stop strings, and the ``iron.lm.run`` command line: the multi-turn chat, one-lin
 bad options, Ctrl-C, and ``doit generate``'s options."""
 
 import contextlib
+import datetime
 import json
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from iron.lm.chat import ChatError, ChatTemplate
 from iron.lm.generate import SamplingError, Sampler, StopText
+from iron.lm.render import Budget
 from buildtools import terminal_interrupt
 
 CONVERSATIONS = [
@@ -265,12 +267,73 @@ def test_a_long_conversation_of_control_tokens_is_prepared_in_linear_time(smollm
     template.tokenize([{"role": "user", "content": "<|im_end|>"}], tok)  # the one-off set-up
     messages = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i} <|im_end|>"}
                 for i in range(4000)]
+    took = []
     with deadline(10):
-        started = time.perf_counter()
-        ids = template.tokenize(messages, tok)
-        took = time.perf_counter() - started
-    assert took < 1.0, f"{took:.2f} s"
+        for _ in range(3):  # the best of three: the host is shared
+            started = time.perf_counter()
+            ids = template.tokenize(messages, tok)
+            took.append(time.perf_counter() - started)
+    assert min(took) < 1.0, took
     # the template's own end tokens only (one per turn, and its default system prompt's)
     harmless = [{**m, "content": m["content"].replace("<|im_end|>", "x")} for m in messages]
     assert ids.count(end) == template.tokenize(harmless, tok).count(end) > 4000
     assert tok.decode(ids, skip_special_tokens=False) == template.render(messages)
+
+
+USER = [{"role": "user", "content": "loop"}]
+#: templates that run long, grow large or recurse, each with the start of the one line that
+#: refuses it
+HOSTILE = {
+    "nested loops": ("{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}"
+                     "{% endfor %}", "rendering failed (it ran for 2 s of CPU time, the render "
+                                     "budget"),
+    "huge indent": ("{{ messages | tojson(indent=10**9) }}",
+                    "rendering failed (it needed more memory than the render budget)"),
+    "huge range": ("{% for i in range(10**9) %}{% endfor %}", "rendering failed (OverflowError"),
+    "macro recursion": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                        "rendering failed (it recursed too deeply"),
+    "endless text": ("{% for a in range(99999) %}{{ 'x' * 99999 }}{% endfor %}",
+                     "rendering failed (OverflowError: its text passed 16777216 characters)"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_templates_that_loop_grow_or_recurse_are_refused_within_the_budget(name):
+    source, message = HOSTILE[name]
+    template = ChatTemplate(source, where=f"{name}.jinja")
+    with deadline(Budget.wall + 10):
+        started = time.monotonic()
+        with pytest.raises(ChatError) as refused:
+            template.render(USER)
+        # 2 s of CPU time at most, which a busy host may spread over many more
+        assert time.monotonic() - started < Budget.wall
+    assert str(refused.value).startswith(f"{name}.jinja: {message}"), refused.value
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("budget, reason", [
+    (Budget(seconds=1), "ran for 1 s of CPU time"),
+    (Budget(seconds=60, wall=1), "longer than 1 s, and its renderer was stopped")],
+    ids=["cpu-time", "wall-time"])
+def test_a_template_past_its_budget_does_not_stop_the_next_rendering(budget, reason):
+    """The worker stops the rendering, or is replaced; the next conversation renders."""
+    template = ChatTemplate("{% if messages[0].content == 'loop' %}{% for a in range(99999) %}"
+                            "{% for b in range(99999) %}{% endfor %}{% endfor %}{% endif %}"
+                            "{{ messages[0].content }}", budget=budget)
+    with deadline(30):
+        with pytest.raises(ChatError, match=reason):
+            template.render(USER)
+        assert template.render([{"role": "user", "content": "hello"}]) == "hello"
+        with pytest.raises(ChatError, match="passed 3 characters"):
+            template.render([{"role": "user", "content": "hello"}], max_chars=3)
+
+
+def test_strftime_now_gives_todays_date_as_transformers_does():
+    """Mistral-Small-3.2's and Granite-3.3's templates date their system prompt with it."""
+    template = ChatTemplate('{{ strftime_now("%Y-%m-%d") }}|{{ messages | tojson(indent=1, '
+                            'sort_keys=True) }}')
+    before = datetime.date.today().isoformat()
+    text = template.render([{"role": "user", "content": "é"}])
+    assert text.split("|")[0] in (before, datetime.date.today().isoformat())
+    assert text.split("|")[1] == json.dumps([{"content": "é", "role": "user"}], indent=1,
+                                            ensure_ascii=False)
