@@ -1,4 +1,5 @@
-"""Memory for data streamed on every call: anonymous, 2 MiB-aligned, backed by huge pages.
+"""Memory for data streamed on every call: anonymous, 2 MiB-aligned, backed by huge pages;
+and how much memory the host has left (``available_memory``).
 
 Decode reads every weight once per token. From a copy in huge pages it runs faster than from
 a file mapping of 4 KiB page-cache pages, and its speed no longer depends on where the kernel
@@ -12,6 +13,7 @@ Linux only grants them on request (``transparent_hugepage`` in ``madvise`` mode)
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
@@ -37,3 +39,15 @@ def huge_page_copy(array: np.ndarray) -> np.ndarray:
     out = huge_page_buffer(array.nbytes).view(array.dtype).reshape(array.shape)
     out[...] = array
     return out
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new process (``MemAvailable``), else free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -3,7 +3,6 @@ are declared in the package's ``VARIABLES``)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -13,6 +12,7 @@ import numpy as np
 from iron.errors import IronError
 from iron.lm.checkpoint import Checkpoint
 from iron.lm.layout import LmMeta
+from iron.memory import available_memory
 
 from . import DEFAULT_BATCH
 from .model import batch_sizes, kernel_weights, record, tail_chunk, weight_formats
@@ -131,18 +131,6 @@ def kv_bytes_per_position(config) -> int:
     """Bytes of KV cache one sequence needs per position: keys and values of every layer, in
     bfloat16."""
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
-
-
-def available_memory() -> int:
-    """Bytes of memory available to a new process (``MemAvailable``), else free pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def default_context(config, batch: int = DEFAULT_BATCH) -> int:

@@ -35,9 +35,22 @@ import numpy as np
 
 from ..pipeline.bundle import Bundle
 from ..errors import IronError
+from ..memory import available_memory
 from ..tensor import bfloat16
 from .generate import LlamaModel, Sampler, Stats
 from .layout import decode_slots
+
+
+def check_slots_fit(slots: int, slot_bytes: int, context: int) -> None:
+    """Refuse, in one line and before allocating, a KV cache of ``slots`` sequences of
+    ``slot_bytes`` each that is larger than the memory available (the weights are loaded by
+    then): it would be mapped, then fail or swap once sequences fill it."""
+    need, have = slots * slot_bytes, available_memory()
+    if need > have:
+        raise IronError(f"slots={slots}: the KV cache of {slots} sequences of {context} "
+                        f"positions takes {need / 2**30:.1f} GiB ({slot_bytes / 2**20:.1f} MiB "
+                        f"each) and {have / 2**30:.1f} GiB of memory is available: give at "
+                        f"most {have // slot_bytes} slots, or a bundle of a smaller context")
 
 
 class SlotModel(LlamaModel):
@@ -52,6 +65,7 @@ class SlotModel(LlamaModel):
         weights = bundle.weights() if weights is None else weights
         super().__init__(bundle, weights)
         self.slots = slots
+        check_slots_fit(slots, sum(a.nbytes for a in self.kv.values()), self.context)
         # np.zeros maps zero pages: a slot's memory is touched only once a sequence uses it
         self.kv = {name: np.zeros((slots, *a.shape), a.dtype) for name, a in self.kv.items()}
         self.batched = {}  # rows -> the decode_slots<rows> program, its cache = self.kv

@@ -25,7 +25,9 @@ LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator":
 
 
 class GrammarError(IronError, ValueError):
-    """A schema llguidance cannot compile, or llguidance is not installed."""
+    """A schema llguidance cannot compile or cannot follow (it may fail at any step: a
+    5000-way ``anyOf`` passes its limit on a parser row only once decoding reaches it), or
+    llguidance is not installed."""
 
 
 class JsonGrammars:
@@ -51,16 +53,23 @@ class JsonGrammars:
     def matcher(self, schema: dict[str, Any]):
         """A fresh llguidance matcher of ``schema``; ``GrammarError`` naming what it refused."""
         tokenizer = self._ll_tokenizer()
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher, LLParserLimits
 
         try:
             grammar = LLMatcher.grammar_from_json_schema(schema, overrides=LAYOUT)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"the schema is not usable: {e}") from None
-        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=LLParserLimits(
+            verbose_errors=False))  # one-line errors, without the parser's state
+        if not matcher.is_error():  # a schema that compiles may still fail at its first step
+            matcher.compute_bitmask()  # ($ref loops, a schema that refers to itself alone)
         if matcher.is_error():
-            raise GrammarError(f"the schema is not usable: {matcher.get_error()}")
+            raise GrammarError(f"the schema is not usable: {first_line(matcher.get_error())}")
         return matcher
+
+
+def first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "no reason given"
 
 
 class Constrained:
@@ -78,12 +87,12 @@ class Constrained:
     def __call__(self, logits: np.ndarray) -> int:
         self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
         if self.matcher.is_error():
-            raise GrammarError(f"the grammar failed: {self.matcher.get_error()}")
+            raise GrammarError(f"the grammar failed: {first_line(self.matcher.get_error())}")
         logits = logits.astype(np.float32).ravel()  # a copy: the program's buffer stays as is
         allowed = np.unpackbits(self.mask.view(np.uint8), bitorder="little")[:logits.size]
         logits[allowed == 0] = -np.inf
         token = self.sampler(logits)
         if not self.matcher.consume_token(token):
             raise GrammarError(f"the grammar refused token {token}: "
-                               f"{self.matcher.get_error()}")
+                               f"{first_line(self.matcher.get_error())}")
         return token

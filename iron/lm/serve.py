@@ -18,18 +18,23 @@ top_k 40, top_p 0.95, min_p 0.05). ``response_format`` ``{"type": "json_object"}
 Refused with an OpenAI-style error (``{"error": {"message", "type", "param", "code"}}``, never a
 500 for a bad request): a parameter the server does not know (400 naming it), one it knows but
 does not do (``tools``, ``logprobs``, ...: 400), an unknown model (404), a body over
-``--max-body`` bytes (413, answered before the body is read), a body that is not
+``--max-body`` bytes (413, answered before the body is read), a request line and headers over
+``--max-header-bytes`` bytes or more than ``--max-headers`` headers (431, answered and the
+connection closed as soon as the excess arrives), a body that is not
 ``application/json`` (415), text that is not valid Unicode (400), a ``Host`` header that is not
-the address the server is bound to (400; DNS rebinding), and, when ``--slots`` requests run and
-``--queue`` more wait, any more (429 with ``Retry-After``). A request (line, headers and body)
-must arrive within ``--read-timeout`` seconds, and an idle connection closes after
-``--idle-timeout``. Browsers get no CORS headers unless ``--cors ORIGIN``.
+the address the server is bound to (400; DNS rebinding), a conversation of more messages than
+the context has positions (400, before its template renders), a chat template that runs past
+its render budget of time, memory or text (400; ``iron.lm.render``), and, when ``--slots``
+requests run and ``--queue`` more wait, any more (429 with ``Retry-After``). A request (line,
+headers and body) must arrive within ``--read-timeout`` seconds, and an idle connection closes
+after ``--idle-timeout``. Browsers get no CORS headers unless ``--cors ORIGIN``.
 
 Concurrent requests share the model through continuous batching (``iron.lm.batch``): up to
 ``--slots`` sequences decode together, one pass over the weights per step; more wait for a
 free slot. A client that disconnects frees its slot at the next step. The steps run on the
 event loop's thread, between its turns (``LoopDriver``); requests are parsed, checked and
-tokenized on a worker thread, beside the kernels.
+tokenized on worker threads, beside the kernels: one for completions, one for chat requests,
+so that a chat template at its render budget never holds up a completion.
 
 Built on FastAPI / Starlette, run by uvicorn (the ``serve`` extra: ``pip install -e
 ".[serve]"``).
@@ -85,6 +90,8 @@ class Limits:
     allow_hosts: tuple[str, ...] = ()  # Host names accepted besides the bound address; "*": any
     cors: tuple[str, ...] = ()  # origins browsers may call from; none by default
     retry_after: int = 1  # seconds a refused (429) client is told to wait
+    max_header_bytes: int = 64 << 10  # bytes of a request line and headers; beyond, 431
+    max_headers: int = 100  # headers of a request (llama.cpp's server: 100); beyond, 431
 
 
 class BadRequest(Exception):
@@ -314,8 +321,12 @@ class Server:
         self.preparing = 0
         self.gather_seconds = GATHER_SECONDS
         self.workers = ThreadPoolExecutor(1, thread_name_prefix="iron-prepare")
+        # chat requests prepare on a thread of their own: a template that runs to its render
+        # budget holds up other chats, never completions
+        self.chat_workers = ThreadPoolExecutor(1, thread_name_prefix="iron-chat")
         try:
             self.template: ChatTemplate | None = ChatTemplate.from_dir(self.model.bundle.path)
+            self.template.warm(self.tokenizer)
             self.template_error = ""
         except ChatError as e:
             self.template, self.template_error = None, str(e)
@@ -501,12 +512,19 @@ class Server:
             raise BadRequest(self.template_error, "messages", "no_chat_template")
         messages = body.get("messages")
         if isinstance(messages, list):
+            most = self.model.context - 1
+            if len(messages) > most:  # every message renders to one token at least
+                raise BadRequest(f"the conversation has {len(messages)} messages; the context "
+                                 f"holds {self.model.context} positions, at least one of them "
+                                 "for the answer, and each message takes one at least",
+                                 "messages", "context_length_exceeded")
             messages = [flatten_content(m) for m in messages]
             self._check_length(sum(len(m["content"]) for m in messages
                                    if isinstance(m, dict) and isinstance(m.get("content"), str)),
                                "messages")
-        try:
-            return self.template.tokenize(messages, self.tokenizer)
+        try:  # a rendered text longer than this cannot fit the context either
+            return self.template.tokenize(messages, self.tokenizer, max_chars=(
+                self.model.context - 1) * self.token_chars)
         except ChatError as e:
             raise BadRequest(str(e), "messages", "invalid_value") from None
 
@@ -557,6 +575,13 @@ def usage(stats) -> dict:
 
 
 def server_error(reason: str) -> BadRequest:
+    """The error of a generation that ended in ``reason`` "error: ...": a schema that the
+    grammar engine gave up on while decoding is the request's fault (400), anything else the
+    server's (500)."""
+    schema = "error: sampling: GrammarError: "
+    if reason.startswith(schema):
+        return BadRequest(f"response_format: the schema failed while decoding "
+                          f"({reason[len(schema):]})", "response_format", "invalid_value")
     return BadRequest(f"generation failed: {reason}", None, "generation_failed", status=500,
                       kind="server_error")
 
@@ -629,14 +654,62 @@ class Guard:
         await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
 
 
-def timed_protocol(read_timeout: float):
-    """uvicorn's HTTP/1.1 protocol (httptools) with a deadline for each request to arrive:
-    from the connection or the first byte of a request until its body is complete. A client
-    that sends its headers or body slowly, or connects and says nothing, is disconnected."""
+def timed_protocol(limits: Limits):
+    """uvicorn's HTTP/1.1 protocol (httptools) with a deadline for each request to arrive and a
+    bound on its head. The deadline runs from the connection or the first byte of a request
+    until its body is complete: a client that sends its headers or body slowly, or connects
+    and says nothing, is disconnected. A request line and headers over
+    ``limits.max_header_bytes``, or more than ``limits.max_headers`` headers, are answered 431
+    and the connection closed as soon as the excess arrives: nothing more of them is read or
+    kept (uvicorn itself has no such limit with httptools)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    read_timeout = limits.read_timeout
 
     class Protocol(HttpToolsProtocol):
         deadline: asyncio.TimerHandle | None = None
+        head_open = True  # between a request's first byte and the end of its headers
+        head_bytes = 0  # bytes received while the head was open (a bound, not an exact count)
+        header_count = 0
+        refused = False
+
+        def refuse(self, message: str) -> None:
+            """Answer 431 and close the connection (once)."""
+            if self.refused or self.transport.is_closing():
+                return
+            self.refused = True
+            body = orjson.dumps(BadRequest(message, None, "header_too_large", 431).body())
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                 b"content-type: application/json\r\ncontent-length: "
+                                 + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
+                                 + body)
+            self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if self.refused:
+                return
+            if self.head_open:
+                self.head_bytes += len(data)
+            super().data_received(data)
+            if self.head_open and self.head_bytes > limits.max_header_bytes:
+                self.refuse(f"the request line and headers are over {limits.max_header_bytes} "
+                            "bytes, the most the server takes (--max-header-bytes)")
+
+        def send_400_response(self, msg: str) -> None:
+            if not self.refused:  # a refusal stops the parser, which reports an error
+                super().send_400_response(msg)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.header_count += 1
+            if self.header_count > limits.max_headers:
+                self.refuse(f"the request has over {limits.max_headers} headers, the most the "
+                            "server takes (--max-headers)")
+                raise ValueError("too many headers")  # stops the parser
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self.head_open = False
+            super().on_headers_complete()
 
         def arm(self) -> None:
             if self.deadline is None:
@@ -662,6 +735,7 @@ def timed_protocol(read_timeout: float):
 
         def on_message_complete(self) -> None:
             self.disarm()
+            self.head_open, self.head_bytes, self.header_count = True, 0, 0  # the next request
             super().on_message_complete()
 
         def connection_lost(self, exc) -> None:
@@ -749,7 +823,7 @@ def create_app(server: Server, host: str = "127.0.0.1"):
         try:
             raw = await body_of(request)
             gen = await asyncio.get_running_loop().run_in_executor(
-                server.workers, server.prepare, raw, chat)
+                server.chat_workers if chat else server.workers, server.prepare, raw, chat)
             job, queue = server.start(gen)
             watcher = asyncio.create_task(cancel_on_disconnect(request, job))
         finally:
@@ -844,7 +918,7 @@ def uvicorn_config(server: Server, host: str, port: int):
     import uvicorn
 
     return uvicorn.Config(create_app(server, host), host=host, port=port, log_level="warning",
-                          http=timed_protocol(server.limits.read_timeout),
+                          http=timed_protocol(server.limits),
                           timeout_keep_alive=server.limits.idle_timeout)
 
 
@@ -884,6 +958,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-timeout", type=_positive(float), default=d.idle_timeout,
                         help="seconds an idle kept-alive connection stays open (default "
                              f"{d.idle_timeout:g})")
+    parser.add_argument("--max-header-bytes", type=_positive(int), default=d.max_header_bytes,
+                        help="largest request line and headers in bytes; larger get 431 "
+                             f"(default {d.max_header_bytes})")
+    parser.add_argument("--max-headers", type=_positive(int), default=d.max_headers,
+                        help=f"most headers in a request; more get 431 (default "
+                             f"{d.max_headers})")
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="a Host name to accept besides the bound address (repeatable; "
                              "'*' accepts any)")
@@ -897,7 +977,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--queue {args.queue}: must be >= 0")
     limits = Limits(max_body=args.max_body, queue=args.queue, read_timeout=args.read_timeout,
                     idle_timeout=args.idle_timeout, allow_hosts=tuple(args.allow_host),
-                    cors=tuple(args.cors))
+                    cors=tuple(args.cors), max_header_bytes=args.max_header_bytes,
+                    max_headers=args.max_headers)
     try:
         import httptools  # noqa: F401
         import uvicorn

@@ -24,6 +24,7 @@ openai = pytest.importorskip("openai")
 
 from iron.lm.chat import ChatTemplate  # noqa: E402
 from iron.lm.generate import Sampler  # noqa: E402
+from iron.lm.render import Budget  # noqa: E402
 from iron.lm.serve import (GATHER_SECONDS, LLAMA_SERVER_SAMPLING, Limits,  # noqa: E402
                            Server, allowed_host, main, sampling_defaults, uvicorn_config)
 
@@ -750,7 +751,177 @@ def test_slow_and_idle_clients_are_disconnected(served):
 
 def test_command_line_limits_are_checked():
     for flag, value in (("--max-body", "0"), ("--read-timeout", "nan"), ("--queue", "-1"),
-                        ("--idle-timeout", "inf"), ("--slots", "0")):
+                        ("--idle-timeout", "inf"), ("--slots", "0"), ("--max-headers", "0"),
+                        ("--max-header-bytes", "-1")):
         with pytest.raises(SystemExit) as e:
             main(["nowhere", flag, value])
         assert e.value.code == 2, flag
+
+
+# ---- hostile conversations, templates, heads and schemas ----------------------------------------
+
+def timed_call(url: str, body: dict) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    status, reply = call(url, body)
+    return status, reply, time.monotonic() - started
+
+
+def test_a_conversation_of_control_tokens_beside_ordinary_requests(served):
+    """4000 messages holding ``<|im_end|>`` are refused before rendering (more messages than
+    the context has positions); 1500 are prepared (in linear time: 0.2 s here, where the
+    rescan per message took about 30 s) and refused for their length; an ordinary completion
+    and chat sent beside them are answered as usual. The bounds are loose: the host is
+    shared, and an unloaded one answers each in well under a second."""
+    _, url = served
+    ordinary = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+
+    def conversation(n):
+        return {"messages": [{"role": ("user", "assistant")[i % 2],
+                              "content": f"turn {i} <|im_end|>"} for i in range(n)],
+                "max_tokens": 1}
+
+    with ThreadPoolExecutor(4) as pool:
+        big = pool.submit(timed_call, url + "/v1/chat/completions", conversation(4000))
+        long = pool.submit(timed_call, url + "/v1/chat/completions", conversation(1500))
+        time.sleep(0.05)
+        beside = pool.submit(timed_call, url + "/v1/completions", ordinary)
+        beside_chat = pool.submit(timed_call, url + "/v1/chat/completions", chat)
+        (s1, r1, t1), (s2, r2, t2) = big.result(timeout=120), long.result(timeout=120)
+        (s3, _, t3), (s4, _, t4) = beside.result(timeout=120), beside_chat.result(timeout=120)
+    assert s1 == 400 and "4000 messages" in r1["error"]["message"], r1
+    assert s2 == 400 and r2["error"]["code"] == "context_length_exceeded", r2
+    assert "tokens" in r2["error"]["message"]  # tokenized, then found too long
+    assert s3 == s4 == 200
+    assert max(t1, t2, t3, t4) < 10, (t1, t2, t3, t4)
+
+
+@pytest.mark.parametrize("source, reason", [
+    ("{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}",
+     "2 s of CPU time, the render budget"),
+    ("{{ messages | tojson(indent=10**9) }}", "more memory than the render budget"),
+    ("{% for i in range(10**9) %}{% endfor %}", "OverflowError"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply")],
+    ids=["nested-loops", "huge-indent", "huge-range", "macro-recursion"])
+def test_a_template_past_its_budget_is_a_400(served, source, reason):
+    server, url = served
+    kept = server.template
+    server.template = ChatTemplate(source, where="hostile.jinja")
+    try:
+        status, reply = call(url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    finally:
+        server.template = kept
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    message = reply["error"]["message"]
+    assert message.startswith("hostile.jinja: ") and reason in message, reply
+    assert call(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                               "max_tokens": 1})[0] == 200
+
+
+def test_a_completion_beside_a_looping_template_is_served(served):
+    """The completion is answered while the template still runs (its budget here: 5 s of
+    CPU time)."""
+    server, url = served
+    kept = server.template
+    server.template = ChatTemplate("{% for a in range(99999) %}{% for b in range(99999) %}"
+                                   "{% endfor %}{% endfor %}", where="loop.jinja",
+                                   budget=Budget(seconds=5))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            hostile = pool.submit(call, url + "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            time.sleep(0.5)  # the template is rendering
+            status, _ = call(url + "/v1/completions", {"prompt": "Once upon a time",
+                                                       "max_tokens": 2, "temperature": 0})
+            assert status == 200 and not hostile.done()
+            status, reply = hostile.result(timeout=60)
+    finally:
+        server.template = kept
+    assert status == 400 and reply["error"]["message"].startswith("loop.jinja: "), reply
+
+
+def send_head(port: int, size: int, line: bytes) -> tuple[bytes, int]:
+    """Send a request head of ``size`` bytes of ``line`` headers; (the reply, bytes sent
+    before the server closed the connection)."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(30)
+        head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        try:
+            s.sendall(head)
+            sent = len(head)
+            chunk = line * (max(1, (1 << 20) // max(len(line), 1)))
+            while sent < size:
+                s.sendall(chunk)
+                sent += len(chunk)
+            s.sendall(b"\r\n")
+        except OSError:  # refused: the server closed the connection
+            pass
+        reply = b""
+        try:
+            while part := s.recv(65536):
+                reply += part
+        except OSError:
+            pass
+    return reply, sent
+
+
+def test_heads_over_the_header_limits_are_refused_early(served):
+    """Four connections of 200 MB of headers each: answered 431 and closed after a few MB
+    (a socket's buffers), not read to the end; the process does not grow; one over the
+    header count is refused too, and ordinary requests are served."""
+    _, url = served
+    port = int(url.rsplit(":", 1)[1])
+    before = rss_mb()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: send_head(port, 200 << 20, b"X-Pad: " + b"a" *
+                                                    (1 << 20) + b"\r\n"), range(4)))
+    grown = rss_mb() - before
+    for reply, sent in results:
+        assert reply.startswith(b"HTTP/1.1 431") and b"--max-header-bytes" in reply, reply[:200]
+        assert sent < 64 << 20, sent
+    assert grown < 100, f"the process grew by {grown:.0f} MB"
+    reply, _ = send_head(port, 0, b"")
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:100]
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(LIMITS.max_headers + 1))
+    reply, _ = send_head(port, len(many), many)
+    assert reply.startswith(b"HTTP/1.1 431") and b"--max-headers" in reply, reply[:200]
+    assert call(url + "/health")[0] == 200
+
+
+HOSTILE_SCHEMAS = {
+    "ref-loop": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                 "$ref": "#/$defs/a"},
+    "self-reference": {"$ref": "#"},
+    "recursive-property": {"type": "object", "properties": {"x": {"$ref": "#"}},
+                           "required": ["x"]},
+    "5000-way-anyOf": {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
+                                  "required": [f"k{i}"]} for i in range(5000)]},
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_SCHEMAS)
+def test_schemas_the_grammar_engine_gives_up_on_are_400s(served, name):
+    _, url = served
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": HOSTILE_SCHEMAS[name]}}
+    body = {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 8,
+            "temperature": 0, "response_format": fmt}
+    status, reply = call(url + "/v1/chat/completions", body)
+    assert status == 400, reply
+    error = reply["error"]
+    assert (error["param"], error["type"]) == ("response_format", "invalid_request_error")
+    assert "\n" not in error["message"] and "schema" in error["message"], error
+    assert call(url + "/v1/completions", {"prompt": "hi", "max_tokens": 1})[0] == 200
+
+
+def test_more_slots_than_memory_holds_are_refused_before_allocating(smollm2_bundle):
+    """``--slots 100000``: one line naming the slots, the memory needed and what fits."""
+    process = subprocess.run(
+        [sys.executable, "-m", "iron.lm.serve", str(smollm2_bundle), "--slots", "100000"],
+        capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2, process.stderr
+    lines = process.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: slots=100000: the KV cache of "
+                                                   "100000 sequences"), process.stderr
+    assert "give at most" in lines[0]
