@@ -35,6 +35,11 @@ class BuildFailed(Exception):
 
 MODEL_HELP = ("a bundle folder, a Hugging Face checkpoint folder or a .gguf file (default: "
               "the embedded SmolLM2-135M-Instruct)")
+TRUST = ("A bundle is native code: its kernels are shared libraries loaded into this process. "
+         "Trust a bundle as you would a wheel, and run only those you built or got from someone "
+         "you trust. With IRON_REMOTE_CACHE_KEY set, bundles are signed with it when built, and "
+         "one that is not signed with it, or was changed after signing, is refused before any "
+         "of its code is loaded.")
 
 
 def build_options(p: argparse.ArgumentParser, context: bool = True, model: bool = True) -> None:
@@ -229,14 +234,14 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     parsers = {}
     for name, help in (("run", "generate text from a prompt (-p, -f or standard input)"),
                        ("chat", "a conversation in the checkpoint's chat template")):
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, epilog=TRUST)
         build_options(p, context=False)
         add_flags(p)
         parsers[name] = p
     serve = sub.add_parser("serve", help="the OpenAI-compatible server (other flags: "
                            "python -m iron.lm.serve --help)", add_help=False,
                            usage="iron serve [MODEL] [options] [server options]",
-                           description=f"MODEL (first, if given): {MODEL_HELP}")
+                           description=f"MODEL (first, if given): {MODEL_HELP}", epilog=TRUST)
     build_options(serve, model=False)
     parsers["serve"] = serve
     sub.add_parser("tune", help="tune the application's operators (flags: iron tune --help)",

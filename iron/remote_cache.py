@@ -115,6 +115,23 @@ def unseal(key: str, data: bytes, secret: bytes | None) -> bytes:
     return body
 
 
+def signing_key(environ=os.environ) -> bytes | None:
+    """``IRON_REMOTE_CACHE_KEY`` as a key, or None when it is unset; too short a key is refused
+    in one line. Bundles are signed with the same key (``iron.pipeline.bundle``)."""
+    secret = environ.get("IRON_REMOTE_CACHE_KEY") or None
+    return check_key(secret.encode()) if secret is not None else None
+
+
+def check_key(secret: bytes) -> bytes:
+    """``secret``, if it is long enough to sign with."""
+    if len(secret) < MIN_KEY_CHARS:
+        raise RemoteCacheError(
+            f"IRON_REMOTE_CACHE_KEY is {len(secret)} characters; a signing key needs at "
+            f"least {MIN_KEY_CHARS} (make one with: python -c 'import secrets; "
+            "print(secrets.token_hex(32))')")
+    return secret
+
+
 def is_local(url: str) -> bool:
     """Whether ``url`` names a directory on this machine (or a mount of it)."""
     scheme = url.split("://", 1)[0] if "://" in url else "file"
@@ -132,11 +149,8 @@ class RemoteCache:
         where = f"IRON_REMOTE_CACHE={url}"
         if mode not in ("rw", "ro"):
             raise RemoteCacheError(f"IRON_REMOTE_CACHE_MODE={mode!r}: must be rw or ro")
-        if secret is not None and len(secret) < MIN_KEY_CHARS:
-            raise RemoteCacheError(
-                f"IRON_REMOTE_CACHE_KEY is {len(secret)} characters; a signing key needs at "
-                f"least {MIN_KEY_CHARS} (make one with: python -c 'import secrets; "
-                "print(secrets.token_hex(32))')")
+        if secret is not None:
+            check_key(secret)
         if not secret and not is_local(url):
             raise RemoteCacheError(
                 f"{where}: without IRON_REMOTE_CACHE_KEY only a local directory (file://) can "

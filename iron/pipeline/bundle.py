@@ -16,6 +16,16 @@ kernels' ``-march`` level needs (the manifest lists them).  The weights are hash
 as they are read, which costs a few percent of the read; a mismatch anywhere is a one-line
 ``BundleError``.
 
+Nothing in a bundle is trusted because it is there, but a bundle is native code: its
+kernels are shared libraries that the process loads, and whoever can write the folder can
+replace one and recompute every hash above. Trust a bundle as you would a wheel: run those you
+built or got from someone you trust. With ``IRON_REMOTE_CACHE_KEY`` set (the remote cache's
+signing key, ``iron.remote_cache``), a bundle is signed when it is written (``signature``: the
+HMAC-SHA256 of the manifest's digest, which covers every file's hash) and opening one verifies
+the signature before any other file is read: a bundle without one, or whose files or manifest
+were changed after signing, is refused in one line, before any of its code is loaded. Without
+the key nothing is signed or verified.
+
 A bundle is written into a temporary folder beside its destination and swapped into place, so
 an interrupted build leaves the previous bundle intact.
 """
@@ -23,6 +33,7 @@ an interrupted build leaves the previous bundle intact.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -40,6 +51,7 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
 from ..targets.cpu import host
 from ..errors import BundleError, IronError
 from ..jsonfile import loads
+from ..remote_cache import signing_key
 from ..util import atomic_write_bytes, read_bounded, sha256_file, umask
 from ..store import Store, locked_temp_folder
 
@@ -58,10 +70,12 @@ STAMP = ".weights-mtime"  # the weights' mtime as written
 
 
 def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None,
-                 build: dict[str, Any] | None = None) -> Path:
+                 build: dict[str, Any] | None = None, key: bytes | None = None) -> Path:
     """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``;
     ``build`` (the selection it was built from: application, checkpoint, variables) is kept in
-    the manifest so that a bundle can be rebuilt with one variable changed."""
+    the manifest so that a bundle can be rebuilt with one variable changed. The bundle is
+    signed with ``key``, by default ``IRON_REMOTE_CACHE_KEY`` when it is set."""
+    secret = key or signing_key()  # (``key`` names artifacts below)
     from safetensors.numpy import save_file
 
     from ..targets import target_for
@@ -105,6 +119,8 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
         if build:
             manifest["build"] = build
         manifest["digest"] = manifest_digest(manifest)
+        if secret is not None:
+            manifest["signature"] = sign(secret, manifest["digest"])
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         # outside the manifest (which stays reproducible): lets `doit` skip re-hashing
         (tmp / STAMP).write_text(json.dumps(weights.stat().st_mtime_ns))
@@ -178,9 +194,30 @@ def collect_weights() -> int:
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's canonical JSON without its own ``digest`` field."""
-    body = {k: v for k, v in manifest.items() if k != "digest"}
+    """sha256 of the manifest's canonical JSON without its ``digest`` and ``signature``."""
+    body = {k: v for k, v in manifest.items() if k not in ("digest", "signature")}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def sign(key: bytes, digest: str) -> str:
+    """A manifest's signature: the HMAC-SHA256 of its digest."""
+    return hmac.new(key, f"iron-bundle:{digest}".encode(), hashlib.sha256).hexdigest()
+
+
+def check_signature(path: Path, manifest: dict[str, Any], key: bytes | None) -> None:
+    """Refuse a bundle whose manifest is not signed with ``key`` (when there is one)."""
+    if key is None:
+        return
+    signature = manifest.get("signature")
+    if signature is None:
+        raise BundleError(f"{path}: not signed, and IRON_REMOTE_CACHE_KEY is set: a bundle is "
+                          "native code, so only bundles signed with the key are run; rebuild "
+                          "it with the key set")
+    if not (isinstance(signature, str) and re.fullmatch(r"[0-9a-f]{64}", signature)
+            and hmac.compare_digest(signature, sign(key, manifest["digest"]))):
+        raise BundleError(f"{path}: its signature does not verify with IRON_REMOTE_CACHE_KEY: "
+                          "it was changed after it was signed, or signed with another key; "
+                          "rebuild it")
 
 
 def xxh3_file(path: Path) -> str:
@@ -215,13 +252,16 @@ class Bundle:
     manifest: dict[str, Any]
 
     @classmethod
-    def open(cls, path: str | os.PathLike, verify: bool = False, flags=None) -> Bundle:
+    def open(cls, path: str | os.PathLike, verify: bool = False, flags=None,
+             key: bytes | None = None) -> Bundle:
         """Open and check a bundle (see the module docstring); ``verify`` also re-hashes the
         weights now rather than as they are read; ``flags`` stand in for this host's CPU
-        features."""
+        features; the signature is checked with ``key``, by default
+        ``IRON_REMOTE_CACHE_KEY`` when it is set."""
         path = Path(path)
         recover(path)
         manifest = read_manifest(path)
+        check_signature(path, manifest, key or signing_key())
         missing = host.missing_features(manifest["isa"], flags)
         if missing:
             raise BundleError(
@@ -314,6 +354,7 @@ def check(path: Path) -> bool:
     included: by size and time when those are as written, else by their hash."""
     try:
         manifest = read_manifest(path)
+        check_signature(path, manifest, signing_key())
         for name, digest in manifest["files"].items():
             if name != WEIGHTS and sha256_file(path / name) != digest:
                 return False
