@@ -362,7 +362,7 @@ class Checkpoint:
         if not tokenizer_path.is_file():
             raise CheckpointError(f"{tokenizer_path}: missing; a checkpoint directory needs "
                                   "the Hugging Face tokenizer.json")
-        load_tokenizer(_inside(directory, "tokenizer.json"))
+        _check_vocabulary(directory, config, load_tokenizer(_inside(directory, "tokenizer.json")))
         infos: dict[str, tuple[Path, TensorInfo]] = {}
         data_start: dict[Path, int] = {}
         shards = _shards(directory)
@@ -440,6 +440,30 @@ def load_tokenizer(path: Path, error: type[IronError] = CheckpointError):
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise error(f"{path}: not a tokenizer the tokenizers library can load "
                     f"({first})") from None
+
+
+def _check_vocabulary(directory: Path, config: LlamaConfig, tokenizer) -> None:
+    """The embedding (``vocab_size`` rows) must cover every id the tokenizer gives, and each
+    special token id must be a row of it and a token of the tokenizer: otherwise higher ids
+    embed as nothing and generation stops on a token that cannot occur."""
+    ids = tokenizer.get_vocab(with_added_tokens=True)
+    highest = max(ids.values(), default=-1)
+    where = directory / "config.json"
+    if highest >= config.vocab_size:
+        token = next(t for t, i in ids.items() if i == highest)
+        raise CheckpointError(f"{where}: vocab_size = {config.vocab_size} is too small for "
+                              f"tokenizer.json, which gives {token!r} the id {highest}; the "
+                              "embedding needs a row for every token id")
+    eos = config.eos_token_id if isinstance(config.eos_token_id, tuple) else (
+        config.eos_token_id,)
+    for field, values in (("bos_token_id", (config.bos_token_id,)), ("eos_token_id", eos)):
+        for value in values:
+            if value is not None and (value >= config.vocab_size
+                                      or tokenizer.id_to_token(value) is None):
+                raise CheckpointError(
+                    f"{where}: {field} = {value} is not a token id of this model: the "
+                    f"embedding has {config.vocab_size} rows and tokenizer.json's ids end at "
+                    f"{highest}")
 
 
 #: Tensors a checkpoint holds besides its layers: the embedding, the final norm, lm_head.

@@ -187,6 +187,25 @@ def test_bad_config_field(tiny: Path, field, value, words):
         assert w in msg
 
 
+@pytest.mark.parametrize("changes, words", [
+    ({"vocab_size": 200}, "vocab_size = 200 is too small for tokenizer.json, which gives "
+                          "'<|pad|>' the id 259; the embedding needs a row for every token id"),
+    ({"eos_token_id": 10**9}, f"eos_token_id = {10**9} is not a token id of this model: the "
+                              "embedding has 260 rows and tokenizer.json's ids end at 259"),
+    ({"eos_token_id": [257, 260]}, "eos_token_id = 260 is not a token id of this model"),
+    ({"bos_token_id": 300}, "bos_token_id = 300 is not a token id of this model"),
+])
+def test_vocabulary_and_special_ids_are_checked_against_the_tokenizer_and_embedding(
+        tiny: Path, changes, words):
+    """A vocab_size below the tokenizer's ids once embedded the higher ids as nothing, without
+    a word; an eos_token_id of 10^9 was accepted."""
+    _rewrite_config(tiny, **changes)
+    with pytest.raises(CheckpointError) as info:
+        Checkpoint.open(tiny)
+    assert words in str(info.value), str(info.value)
+    assert str(info.value).startswith(f"{tiny / 'config.json'}: ")
+
+
 def _write_raw_safetensors(path: Path, header: dict, data: bytes) -> None:
     raw = json.dumps(header).encode()
     path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
