@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps([asdict(r) for r in reports], indent=1))
+        print(json.dumps([{**asdict(r), "total": {form: getattr(r, form).total for form in
+                                                  ("unfolded", "folded", "packed")}}
+                          for r in reports], indent=1))
         return 0
     print(markdown(reports[0]))
     print()
