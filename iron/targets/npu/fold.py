@@ -17,8 +17,9 @@ with nothing of its own:
 
 - the designs never share the array: each ``aiex.configure`` reloads it, so their tiles,
   channels, locks and memories are checked per design (``check``) and cannot collide; the cost
-  is a reconfiguration per change of design, the same number as when each step is its own
-  dispatch of its own configuration;
+  is a reconfiguration per change of design (``resources.SWITCH_SECONDS``), the same number as
+  when each step is its own dispatch of its own configuration (``coresidence`` counts them,
+  and what packing designs side by side would save);
 - a design's runtime sequence must end with a wait (``aiex.npu.dma_wait`` on an output):
   reconfiguring under a transfer still running would reprogram its buffer descriptors, so a
   design whose last phase waits on nothing ends its fold.  Each run's sequence keeps its own
