@@ -18,13 +18,13 @@ take a bundle folder and do the same as ``run`` / ``serve`` without building.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
 from .errors import IronError
+from .jsonfile import loads
 
 APP = "llama"
 
@@ -196,7 +196,7 @@ def cmd_list() -> int:
     for manifest in sorted(root.glob("*/*/manifest.json")):
         folder = manifest.parent
         try:
-            doc = json.loads(manifest.read_text())
+            doc = loads(manifest.read_text())
             if not isinstance(doc, dict) or "programs" not in doc:
                 continue  # an artifact cache entry, not a bundle
             meta = doc.get("meta", {})
@@ -209,7 +209,7 @@ def cmd_list() -> int:
         if folder.is_dir():
             source = ""
             try:
-                source = json.loads((folder / "iron-manifest.json").read_text())["source"]["file"]
+                source = loads((folder / "iron-manifest.json").read_text())["source"]["file"]
             except (OSError, ValueError, KeyError, TypeError):
                 pass
             rows.append((str(folder), size(folder),

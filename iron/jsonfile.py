@@ -4,8 +4,10 @@ Python's ``json`` parser recurses once per nested array or object, so a file of 
 ends in a ``RecursionError`` traceback wherever it is read (a safetensors header, config.json,
 tokenizer_config.json, generation_config.json, a profile, a bundle manifest).  The nesting is
 measured first, without recursion: strings are blanked (a bracket inside one does not count)
-and the running count of brackets is summed with numpy.  Real files nest a few levels (a
-safetensors header 3, a profile 3, a model config 4), far below the limit::
+and the running count of brackets is summed (by numpy when there are many: it is imported
+only then, so that a no-op ``doit`` reading its small records does not load it).  Real files
+nest a few levels (a safetensors header 3, a profile 3, a model config 4), far below the
+limit::
 
     data = loads(text)                        # ValueError subclass if nested beyond the limit
     data = read_json(path, "a model config")  # read_bounded + loads
@@ -13,12 +15,11 @@ safetensors header 3, a profile 3, a model config 4), far below the limit::
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 from typing import Any
-
-import numpy as np
 
 from .util import MAX_USER_FILE, read_bounded
 
@@ -28,6 +29,8 @@ MAX_DEPTH = 64
 # a JSON string (escapes included), matched possessively: no backtracking over its characters
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_FEW = 1 << 16  # brackets summed in Python up to here
 
 
 class JSONDepthError(ValueError):
@@ -42,6 +45,10 @@ def depth(text: str | bytes) -> int:
     brackets = _STRING.sub(b'""', raw).translate(None, _NOT_BRACKETS)
     if not brackets:
         return 0
+    if len(brackets) <= _FEW:
+        return max(itertools.accumulate(_STEP[c] for c in brackets))
+    import numpy as np
+
     codes = np.frombuffer(brackets, np.uint8)
     steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int8)
     return int(np.cumsum(steps, dtype=np.int64).max())

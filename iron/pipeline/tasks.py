@@ -57,6 +57,7 @@ from doit.reporter import ConsoleReporter
 from ..targets.cpu import host
 from ..devices import DEVICE_NAMES, affinity_cores, device as get_device
 from ..errors import IronError
+from ..jsonfile import loads
 from ..paths import PACKAGE_DIR, build_dir, project_root
 from ..remote_cache import from_env as remote_cache_from_env
 from ..util import atomic_write_bytes, read_bounded
@@ -424,7 +425,7 @@ class BuildGraph:
     def _load_record(self) -> dict[str, Any]:
         path = build_dir() / ".programs" / f"{self._fingerprint()}.json"
         try:
-            record = json.loads(path.read_bytes())
+            record = loads(path.read_bytes())
             if _file_stamp(record["inputs"]) == record["inputs"]:
                 return record
         except (OSError, ValueError, KeyError, TypeError):

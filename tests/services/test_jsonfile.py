@@ -26,6 +26,7 @@ SAYS = f"nest 100000 levels deep; iron reads JSON nested at most {MAX_DEPTH} lev
     ('["\\\\", ["x"]]', 2),  # an escaped backslash ends before the closing quote
     ('"just a string"', 0),
     ("[" + ", ".join(["[]"] * 1000) + "]", 2),
+    ("[" + ", ".join(["[]"] * 50_000) + "]", 2),  # summed by numpy
 ])
 def test_depth_counts_brackets_outside_strings(text, levels):
     assert depth(text) == levels == depth(text.encode())
@@ -91,6 +92,19 @@ def _manifest(tmp_path: Path) -> None:
     read_manifest(tmp_path)
 
 
+def _remote_archive(tmp_path: Path) -> None:
+    """An artifact archive from the shared remote cache: data from elsewhere."""
+    import io
+    import zipfile
+
+    from iron.store import MANIFEST, unpack
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(MANIFEST, DEEP)
+    unpack("0" * 64, buffer.getvalue())
+
+
 @pytest.mark.parametrize("read, error, file", [
     (_safetensors, CheckpointError, "model.safetensors"),
     (_config, CheckpointError, "config.json"),
@@ -99,6 +113,7 @@ def _manifest(tmp_path: Path) -> None:
     (_generation_config, IronError, "generation_config.json"),
     (_profile, ProfileError, "cpu.json"),
     (_manifest, BundleError, "manifest.json"),
+    (_remote_archive, ValueError, ""),  # BadObject: the remote tier logs it and rebuilds
 ], ids=lambda v: getattr(v, "__name__", "").strip("_") or None)
 def test_every_reader_refuses_deep_nesting_in_one_line(tmp_path, read, error, file):
     with pytest.raises(error) as e:
@@ -106,3 +121,22 @@ def test_every_reader_refuses_deep_nesting_in_one_line(tmp_path, read, error, fi
     message = str(e.value)
     assert SAYS in message and "\n" not in message, message
     assert file in message.split(":")[0], message
+
+
+def test_a_deep_cache_entry_manifest_is_a_miss_not_a_traceback(tmp_path):
+    from iron.store import MANIFEST, Store
+
+    store = Store(tmp_path / "cache")
+    (store.path("k" * 64)).mkdir(parents=True)
+    (store.path("k" * 64) / MANIFEST).write_text(DEEP)
+    assert store.lookup("k" * 64) is None
+
+
+def test_iron_list_reports_a_deep_bundle_manifest_as_damaged(tmp_path, monkeypatch, capsys):
+    from iron.cli import main
+
+    (tmp_path / "app" / "cpu").mkdir(parents=True)
+    (tmp_path / "app" / "cpu" / "manifest.json").write_text(DEEP)
+    monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path))
+    assert main(["list"]) == 0
+    assert "damaged manifest" in capsys.readouterr().out
