@@ -11,9 +11,10 @@ ODS states as ``ConfinedAttr`` (``IntMinValue``, ``DenseArrayCount``) and the en
 rely on are carried over: ``SymbolTable`` on ``aie.device`` (so ``func.call`` resolves its
 callee there, as in mlir-aie), ``Symbol``, ``HasParent``, ``IsTerminator`` / ``NoTerminator``.
 
-Only what iron emits is transcribed, and only the ODS-level rules: mlir-aie's C++ verifiers
-(``hasVerifier = 1``: tile coordinates against the device's target model, DMA strides and
-wraps) are not; ``check`` measures designs against the same limits before any MLIR is written.
+Only what iron emits is transcribed, and only the ODS-level rules here: mlir-aie's C++
+verifiers (``hasVerifier = 1``: tile coordinates against the device's target model, links)
+and its passes' preconditions are ``preconditions``' rules, and the custom syntax is
+``custom``'s; ``check`` measures designs against the same limits before any MLIR is written.
 Inherent attributes are properties (mlir-aie's dialects use MLIR's default, properties), so a
 module printed by mlir-aie's ``--mlir-print-op-generic`` carries them in ``<{...}>``.
 """

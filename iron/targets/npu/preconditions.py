@@ -168,7 +168,9 @@ class Device:
         """Whether ``tile`` holds buffers of its own for this end of ``fifo``: every
         non-shim end does, except on a link's memory tile, where only the link's single
         side (the input of a distribute or forward, the output of a join) gets buffers and
-        the others' DMAs address them (the lowering's ``objFifoLinks`` target)."""
+        the others' DMAs address them (the lowering's ``objFifoLinks`` target).  Which side
+        of a forward holds them is not modelled beyond this: in iron's forwards both sides
+        have the same depth and element, so the count is the same either way."""
         if tile.kind == "shim":
             return False
         link = self.link_of.get(fifo.name)
