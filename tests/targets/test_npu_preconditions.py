@@ -8,6 +8,9 @@ design of the emulation sweep passing them all is tested with the op definitions
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -184,3 +187,17 @@ def test_buffers_are_counted_as_the_pinned_lowering_allocates_them(fifo, depth, 
     (d,) = devices(parse(text, "design.generic.mlir"))
     assert d.fifos[fifo].depth == depth
     assert d.buffers_at(d.fifos[fifo], Tile(*tile)) == buffers
+
+
+def test_the_verify_command_checks_a_step_files_custom_form_against_its_generic_one(tmp_path):
+    generic, custom = gemm_module("npu2"), gemm_module("npu2", False)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"placement": "npu", "mlir": custom, "mlir_generic": generic}))
+    bad.write_text(json.dumps({"placement": "npu", "mlir": custom.replace(CUSTOM_WAIT, ""),
+                               "mlir_generic": generic}))
+    run = [sys.executable, "-m", "iron.targets.npu.verify"]
+    ok = subprocess.run(run + [str(good)], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "1 module(s) verify" in ok.stdout, ok.stderr
+    failed = subprocess.run(run + [str(bad)], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and failed.stderr.startswith(f"error: {bad} (custom form):")
+    assert failed.stderr.rstrip().endswith("[custom_form]"), failed.stderr
