@@ -186,6 +186,27 @@ def test_reader_agrees_with_the_gguf_package(tmp_path):
         assert np.array_equal(a.data, b.data), a.name
 
 
+@pytest.mark.parametrize("name", ["llama-bpe", "llama-spm", "phi-3", "qwen2"])
+def test_real_vocabularies_meet_every_metadata_rule(name):
+    """No false refusal: llama.cpp's own vocabulary files of the Llama family pass the table,
+    the token types and ids, and every merge (the embedding check needs tensors they lack)."""
+    import llama_vocab
+    from iron.lm import gguf_meta
+
+    try:
+        folder = llama_vocab.vocab_dir(REPO / "build")
+    except llama_vocab.Unavailable as e:
+        pytest.skip(str(e))
+    f = GGUFFile.open(folder / f"ggml-vocab-{name}.gguf")
+    gguf_meta.check_metadata(f)
+    tokens = gguf_meta.value(f, T + "tokens")
+    assert set(gguf_meta.value(f, T + "token_type")) <= set(gguf_meta.TOKEN_TYPES)
+    for key, kind in gguf_meta.LLAMA_KEYS.items():
+        if kind == "token id" and key in f.fields:
+            assert gguf_meta.value(f, key) < len(tokens), key
+    gguf_meta._check_merges(f, tokens)
+
+
 # ---- from outside: the command line, capped --------------------------------------------------
 
 def _convert_capped(path: Path, out: Path, timeout: float = 60):
