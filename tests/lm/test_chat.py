@@ -337,3 +337,33 @@ def test_strftime_now_gives_todays_date_as_transformers_does():
     assert text.split("|")[0] in (before, datetime.date.today().isoformat())
     assert text.split("|")[1] == json.dumps([{"content": "é", "role": "user"}], indent=1,
                                             ensure_ascii=False)
+
+
+@pytest.mark.slow  # the command on a copy of the bundle
+@pytest.mark.parametrize("name", ["nested loops", "huge indent", "macro recursion"])
+def test_the_chat_command_refuses_a_hostile_template_in_one_line(smollm2_bundle, tmp_path,
+                                                                 name):
+    """``iron.lm.run --chat`` on a bundle whose template loops, grows or recurses: rc 2, one
+    line naming the template, within the budget and in bounded memory."""
+    import shutil
+
+    from iron.pipeline import bundle as bundles
+
+    bundle = tmp_path / "bundle"  # a copy, its weights a hard link, its hashes recomputed
+    shutil.copytree(smollm2_bundle, bundle, ignore=shutil.ignore_patterns(bundles.WEIGHTS))
+    (bundle / bundles.WEIGHTS).hardlink_to(smollm2_bundle / bundles.WEIGHTS)
+    config = json.loads((bundle / "tokenizer_config.json").read_text())
+    config["chat_template"] = HOSTILE[name][0]
+    (bundle / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"]["tokenizer_config.json"] = bundles.sha256_file(
+        bundle / "tokenizer_config.json")
+    manifest["digest"] = bundles.manifest_digest(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    started = time.monotonic()
+    r = run_cli(bundle, "--chat", "-p", "hi", "-n", "1", timeout=Budget.wall + 60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {bundle / 'tokenizer_config.json'}: chat_template: "
+                               f"{HOSTILE[name][1]}"), r.stderr
+    assert time.monotonic() - started < Budget.wall + 30

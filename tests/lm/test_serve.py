@@ -912,6 +912,18 @@ def test_schemas_the_grammar_engine_gives_up_on_are_400s(served, name):
     error = reply["error"]
     assert (error["param"], error["type"]) == ("response_format", "invalid_request_error")
     assert "\n" not in error["message"] and "schema" in error["message"], error
+    # streamed: a 400, or (when decoding reaches the failure) the stream's error event says so
+    request = urllib.request.Request(url + "/v1/chat/completions",
+                                     json.dumps({**body, "stream": True}).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            events = [json.loads(line[6:]) for line in r.read().decode().splitlines()
+                      if line.startswith("data: {")]
+        assert events[-1]["error"]["type"] == "invalid_request_error", events[-1]
+        assert events[-1]["error"]["param"] == "response_format"
+    except urllib.error.HTTPError as e:
+        assert e.code == 400
     assert call(url + "/v1/completions", {"prompt": "hi", "max_tokens": 1})[0] == 200
 
 
