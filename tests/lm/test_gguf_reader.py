@@ -221,9 +221,14 @@ def _convert_capped(path: Path, out: Path, timeout: float = 60):
     return result, time.monotonic() - start
 
 
-@pytest.mark.parametrize("case", ["array count 2^40", "block_count 2^32-1",
-                                  "tensor offset wrapping into the header"])
+FAST_CLI = ("array count 2^40", "block_count 2^32-1", "tensor offset wrapping into the header")
+
+
+@pytest.mark.parametrize("case", [c if c in FAST_CLI else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in HOSTILE])
 def test_hostile_gguf_on_the_command_line(tiny_gguf, tmp_path, case):
+    """Every hostile case from outside (three in the fast lane): status 1, one line, no
+    traceback, within 60 s and 2 GiB."""
     result, _ = _convert_capped(_hostile(tiny_gguf, tmp_path, case), tmp_path / "ckpt")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
