@@ -172,3 +172,48 @@ def test_each_device_runs_its_own_architectures_kernels():
         assert np.all(np.abs(got - want) <= (d + 5) * 2.0 ** -8 * want), dev
         results[dev] = out.view(np.uint16)
     assert not np.array_equal(results["npu1"], results["npu2"])
+
+
+def host_library(dev: str) -> ctypes.CDLL:
+    target = target_for(iron.device(dev))
+    return ctypes.CDLL(str(target.artifact(target.compile(target.recipe(None)))))
+
+
+def pointer(a: np.ndarray) -> ctypes.c_void_p:
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+#: The quantized formats the kernels take: (4-bit code sets per chunk, a minimum per group).
+QFORMATS = {"q4_0": (1, False), "q4_1": (1, True), "q8_0": (2, False), "uint4": (1, True)}
+
+
+@pytest.mark.parametrize("dev", ("npu1", "npu2"))
+def test_the_quantized_mmul_gives_each_vectors_lane_result_bit_for_bit(dev):
+    """qmatrix.cc takes 4 or more vectors through the architecture's int8 MMUL (AIE2 4x16x8,
+    AIE2P 8x8x8); its integer sums and float steps are those of one vector at a time, so 7
+    vectors in one call (AIE2: an MMUL group of 4, then 3 alone; AIE2P: one group of 7) give
+    each vector's own single-vector result, bit for bit, for every format."""
+    lib = host_library(dev)
+    rng = np.random.default_rng(7)
+    k, group, vectors = 64, 32, 7
+    x = rng.standard_normal((vectors, k)).astype(iron.bfloat16)
+    xq = np.zeros((vectors, k), np.int8)
+    dx, xs = np.zeros((vectors, 16), np.float32), np.zeros((vectors, 16), np.float32)
+    lib.qmatrix_quantize(pointer(x), pointer(xq), pointer(dx), pointer(xs), k, vectors, group, 0)
+    for fmt, (nib, has_min) in QFORMATS.items():
+        group_bytes = nib * 256 + 2 * 16 * (1 + has_min)
+        w = rng.integers(0, 256, (k // group, group_bytes), dtype=np.uint8)
+        w[:, nib * 256:].view(np.uint16)[:] &= 0x3bff  # finite fp16 / bf16 parameters
+        kernel = getattr(lib, f"qmatrix_{fmt}")
+        for accumulate in (0, 1):
+            start = rng.standard_normal((vectors, 16)).astype(np.float32)
+            together = start.copy()
+            kernel(pointer(w), pointer(xq), pointer(dx), pointer(xs), pointer(together), k,
+                   vectors, group, 0, k, accumulate)
+            for b in range(vectors):
+                alone = start[b].copy()
+                kernel(pointer(w), pointer(xq[b]), pointer(dx[b]), pointer(xs[b]),
+                       pointer(alone), k, 1, group, 0, k, accumulate)
+                assert np.array_equal(together[b].view(np.uint32), alone.view(np.uint32)), (
+                    f"{fmt} on {dev}, vector {b}, accumulate {accumulate}")
+            assert np.all(np.isfinite(together)) and np.any(together != start)

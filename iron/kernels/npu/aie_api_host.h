@@ -85,6 +85,14 @@ struct vector {
     T get(unsigned i) const { return v[i]; }
     void set(T x, unsigned i) { v[i] = x; }
     T operator[](unsigned i) const { return v[i]; }
+    // Lanes idx * M .. (idx + 1) * M - 1 as a vector of their own.
+    template <unsigned M>
+    vector<T, M> extract(unsigned idx) const {
+        static_assert(N % M == 0, "extract takes whole parts of the vector");
+        vector<T, M> r;
+        std::memcpy(r.v, v + idx * M, sizeof(r.v));
+        return r;
+    }
     // The same bits as a vector of another element type (the register reinterpreted).
     template <typename U>
     vector<U, N * sizeof(T) / sizeof(U)> cast_to() const {
@@ -99,7 +107,10 @@ struct vector {
 // sums stay far inside its range).
 template <typename Tag, unsigned N>
 struct accum {
-    static_assert(N == 8 || N == 16 || N == 32,
+    // 8 to 32 lanes (UG1583); AIE2P's int8 8x8x8 MMUL (mlir-aie's aie_kernels/aie2p/mm.cc)
+    // fills 64 acc32 lanes
+    static_assert(N == 8 || N == 16 || N == 32 ||
+                      (IRON_AIE_ARCH == 21 && N == 64 && std::is_same<Tag, acc32>::value),
                   "aie::accum<accfloat or acc32, N> must have 8, 16 or 32 lanes");
     using value_type = typename std::conditional<std::is_same<Tag, acc32>::value, int64_t,
                                                  float>::type;
@@ -108,6 +119,14 @@ struct accum {
     vector<T, N> to_vector() const {
         vector<T, N> r;
         for (unsigned i = 0; i < N; i++) r.v[i] = T(v[i]);
+        return r;
+    }
+    // Lanes idx * M .. (idx + 1) * M - 1 as an accumulator of their own.
+    template <unsigned M>
+    accum<Tag, M> extract(unsigned idx) const {
+        static_assert(N % M == 0, "extract takes whole parts of the accumulator");
+        accum<Tag, M> r;
+        for (unsigned i = 0; i < M; i++) r.v[i] = v[idx * M + i];
         return r;
     }
     // Returns nothing, as on the device: it cannot be chained on a temporary accumulator.

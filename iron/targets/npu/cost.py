@@ -88,6 +88,29 @@ QMATRIX_BLOCK_OPS = 2 + 6
 #: multiply, the two MACs into the rows' sums, the group sum's load and the sum's conversion.
 QMATRIX_GROUP_OPS = {"qmatrix_q4_0": 9 + 1 + 4, "qmatrix_q4_1": 9 + 9 + 4,
                      "qmatrix_q8_0": 9 + 1 + 4, "qmatrix_uint4": 4 + 4 + 4}
+#: The MMUL path of the quantized kernels (``vectors_times``, 4 or more vectors at a time,
+#: ``kernels.qmatrix_mmul``), per block of 16 values and one 16-row tile: each plane's codes
+#: extracted once for all the vectors (a load and 8 operations, q8_0 two loads and 14), the
+#: MMUL's B operands built from them (16 pieces of two value rows: two lane filters, two
+#: extracts, a concat, the offset's subtract and the narrowing, 7 each), the A operand (a load
+#: per vector and the concats: 1 + vectors, AIE2P's half blocks also two filters per pair of
+#: vectors), the MMULs (two per 16 / K), and per vector the x code sum (a load, a widening, a
+#: reduction), the two halves' extracts, conversions and concat, the offset's add and
+#: broadcast, the scales' load, the conversion to float and the scaled MAC (13).
+QMMUL_PLANE_OPS = {"qmatrix_q4_0": 9, "qmatrix_q4_1": 9, "qmatrix_q8_0": 16, "qmatrix_uint4": 9}
+QMMUL_PIECES, QMMUL_PIECE_OPS, QMMUL_VECTOR_OPS = 16, 7, 13
+
+
+def qmatrix_mmul_cycles(f: str, k: int, n: int, group: int, device: str) -> float:
+    """Cycles of one MMUL group of ``n`` vectors times a tile of ``k`` values."""
+    m, kk, _ = kernels.qmatrix_mmul(device)
+    block = kernels.qmatrix_block()
+    a_ops = (1 + n) * block // kk + (m if kk < block else 0)
+    per_block = (2 * QMMUL_PLANE_OPS[f] + QMMUL_PIECES * QMMUL_PIECE_OPS + a_ops
+                 + 2 * block // kk + n * QMMUL_VECTOR_OPS)
+    return k // block * per_block + n * (k // group * QMATRIX_GROUP_OPS[f] + 2)
+
+
 #: Rounding x, per block of 16 values: a load, the absolute value, the lane maximum, the two
 #: scalar divisions (counted as one operation each: an assumption), the multiply, the add and
 #: subtract that round, the conversion, the narrowing and the store; then the block's sum (a
@@ -121,12 +144,17 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return rows * k * batches / lanes + rows * batches * ROW_CYCLES
     if f == "gemm_bf16":  # tile_m x tile_k x tile_n: one MMUL per cycle
         return n[0] * n[1] * n[2] / math.prod(kernels.mmul_shape(res.name))
-    if f in QMATRIX_EXTRACT_OPS:  # k of the tile, vectors, group, K of x
-        k, vectors, group = n[0], n[1], n[2]
+    if f in QMATRIX_EXTRACT_OPS:  # k of the tile, vectors, group, K of x: MMUL groups of
+        k, vectors, group = n[0], n[1], n[2]  # up to its M vectors, the rest one at a time
         block = kernels.qmatrix_block()
         macs = block * 16 // kernels.qmatrix_lanes()
         per_block = macs * (1 + QMATRIX_EXTRACT_OPS[f]) + QMATRIX_LOADS[f] + QMATRIX_BLOCK_OPS
-        return vectors * (k // block * per_block + k // group * QMATRIX_GROUP_OPS[f] + 2)
+        cycles, m = 0.0, kernels.qmatrix_mmul(res.name)[0]
+        while vectors >= kernels.qmatrix_mmul_min_vectors():
+            cycles += qmatrix_mmul_cycles(f, k, min(m, vectors), group, res.name)
+            vectors -= min(m, vectors)
+        return cycles + vectors * (k // block * per_block + k // group * QMATRIX_GROUP_OPS[f]
+                                   + 2)
     if f == "qmatrix_quantize":  # K, vectors, group
         return n[1] * n[0] / kernels.qmatrix_block() * QUANTIZE_BLOCK_OPS
     if f == "qmatrix_store":  # vectors: a load, a rounding and a store each

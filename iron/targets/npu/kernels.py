@@ -80,3 +80,17 @@ def qmatrix_lanes() -> int:
 def qmatrix_block() -> int:
     """Values of x per int8 scale in the quantized matrix kernels."""
     return _constant("qmatrix.cc", r"constexpr int32_t QBLOCK = (\d+);")[0]
+
+
+@functools.lru_cache(maxsize=4)
+def qmatrix_mmul(device: str) -> tuple[int, int, int]:
+    """The quantized kernels' int8 ``aie::mmul`` shape on ``device`` (vectors, K, rows)."""
+    name = arch(device).upper()
+    m, k, n = _constant("qmatrix.cc", r"QMM_" + name + r"\[3\] = \{(\d+), (\d+), (\d+)\}")
+    return m, k, n
+
+
+@functools.lru_cache(maxsize=1)
+def qmatrix_mmul_min_vectors() -> int:
+    """Vectors from which the quantized kernels take the MMUL (fewer: the lane path)."""
+    return _constant("qmatrix.cc", r"constexpr int32_t QMMUL_MIN_VECTORS = (\d+);")[0]
