@@ -219,6 +219,22 @@ def test_iron_errors_in_tasks_are_one_line(project):
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_a_profile_value_past_its_kernels_range_stops_doit_in_one_line(project):
+    """prefetch: 2**70 once reached gcc as a literal it truncated to 0; it is refused before
+    any compile, naming the entry, the value and the range the kernel states."""
+    profile = project / "profiles" / "demo" / f"cpu-{host.class_name()}.json"
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    profile.write_text('{"device": "cpu", "entries": [\n'
+                       f'  {{"operator": "GEMV", "prefetch": {2**70}}}\n]}}\n')
+    result = doit(project, check=False)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in said
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"prefetch={2**70} (from profile entry" in errors[0], said
+    assert "breaks the rule 1 <= prefetch <= 65536 (the range qmatmul.h states" in errors[0]
+    assert "compile:" not in result.stdout, result.stdout
+
+
 def test_damaged_bundle_is_rebuilt(project):
     doit(project)
     out = project / "build" / "demo" / "cpu"
