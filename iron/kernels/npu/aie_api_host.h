@@ -3,11 +3,12 @@
 // that the emulator runs the kernels' own source.  Only the semantics the kernels rely on are
 // reproduced: element-wise arithmetic with float32 accumulators ("accfloat"), one rounding to
 // bfloat16 (to nearest even) where the API converts an accumulator to a bf16 vector, lane
-// reductions, and the MMUL of bf16 tiles; for the quantized matrix kernels (qmatrix.cc) int16
-// vectors with 32-bit integer accumulators ("acc32", exact), shifts and masks, lane filters,
-// reinterpretation (cast_to), and conversions between float and fixed point.  Transcendental functions (exp2, inv,
-// invsqrt) are computed in float32 and rounded to their result type; on the device they are
-// approximations whose error is not modelled here.
+// reductions, and the MMUL of bf16 and int8 tiles; for the quantized matrix kernels
+// (qmatrix.cc) int16 vectors with 32-bit integer accumulators ("acc32", exact), shifts and
+// masks, lane filters, reinterpretation (cast_to), and conversions between float and fixed
+// point.  Transcendental functions (exp2, inv, invsqrt) are computed in float32 and rounded to
+// their result type; on the device they are approximations whose error is not modelled here.
+// AIE2's lookup-table exponential (getExpBf16, below) is computed as the device does.
 //
 // Every vector load and store checks its address range against the buffers the running call
 // was given (iron_npu_set_bounds, called by the emulator before each call): a kernel reading
@@ -347,7 +348,8 @@ vector<int16_t, N> unpack(const vector<int8_t, N> &a) {
 template <unsigned N>
 vector<int8_t, N> pack(const vector<int16_t, N> &a) {
     vector<int8_t, N> r;
-    for (unsigned i = 0; i < N; i++) r.v[i] = int8_t(a.v[i] < -128 ? -128 : a.v[i] > 127 ? 127 : a.v[i]);
+    for (unsigned i = 0; i < N; i++)
+        r.v[i] = int8_t(a.v[i] < -128 ? -128 : a.v[i] > 127 ? 127 : a.v[i]);
     return r;
 }
 

@@ -4,9 +4,9 @@
 // unit's key tiles one tile at a time with an online softmax, as upstream IRON's MHA kernels
 // keep a running maximum and sum per query: scores q.k * scale in float32, the tile's maximum,
 // weights e^(s - max) with iron_exp (bf16; the lookup table on AIE2, exp2 on AIE2P), the
-// accumulator (float32, a core buffer) and the sum rescaled by e^(old max - new max).  Query row r of the unit attends
-// keys 0 .. its position (causal); keys past it, and keys an earlier tile already scored (the
-// last tile is read shifted back to end at ctx), weigh nothing.
+// accumulator (float32, a core buffer) and the sum rescaled by e^(old max - new max).  Query
+// row r of the unit attends keys 0 .. its position (causal); keys past it, and keys an earlier
+// tile already scored (the last tile is read shifted back to end at ctx), weigh nothing.
 #include "iron_aie.h"
 
 namespace {

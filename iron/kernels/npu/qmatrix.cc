@@ -14,7 +14,8 @@
 // 4-bit codes is a 32-lane int16 vector whose lanes 2i and 2i + 1 are the low and high half of
 // row i's word, so one shift and one mask give every row's codes 8j + 2s (even lanes) and
 // 8j + 2s + 1 (odd lanes); the block's x codes are widened to int16 (aie::unpack), so the
-// matching pair of x codes is one 32-bit word, broadcast to the 32 lanes; an int16 x int16 MAC into 32-bit lanes (exact) sums the block's 16 products, the
+// matching pair of x codes is one 32-bit word, broadcast to the 32 lanes; an int16 x int16 MAC
+// into 32-bit lanes (exact) sums the block's 16 products, the
 // even and odd lanes are added, converted to float and scaled by the block's x scale. Per group
 // the 16 rows' d and offset (the minimum, or -zero * d) come as one 16-lane vector each:
 // value = d * (u - zero) + m, u the stored unsigned code, so the result is
