@@ -151,7 +151,7 @@ CUSTOM_WAIT = "      aiex.npu.dma_wait {symbol = @C_0}\n"
      "'aie.objectfifo.acquire' property port = 0 : i32 where the generic form has 1 : i32"),
     ("issue_token = true", "issue_token = false", "property issue_token = false"),
     (CUSTOM_WAIT, "", "'aie.end' is aie.end where the generic form has aiex.npu.dma_wait"),
-    ("%acc_0_0, %c7, %c8, %c9)", "%acc_0_0, %c8, %c7, %c9)",
+    ("%acc_0_0, %c6, %c7, %c8)", "%acc_0_0, %c7, %c6, %c8)",
      "'func.call' takes other operands than in the generic form"),
 ])
 def test_a_custom_form_that_differs_from_the_generic_one_is_refused(old, new, message):

@@ -148,10 +148,10 @@ def test_transfers_carry_whole_blocks_and_words():
 
 def test_a_tile_that_does_not_fit_l1_is_refused_with_the_figures():
     """A GEMV of K = 8192 in q8_0: two 16-row tiles of the whole row are 2 x 139264 bytes."""
-    with pytest.raises(iron.ResolveError, match=r"L1 of core tile \(0, 2\): x_0 1 x 16384 B \+ "
-                       r"W_0 2 x 139264 B \+ y_0 1 x 64 B \+ xq_0 8192 B .* <= 65536 B \(64 KiB\) "
+    with pytest.raises(iron.ResolveError, match=r"L1 of core tile \(0, 2\): x_0 2 x 16384 B \+ "
+                       r"W_0 2 x 139264 B \+ y_0 2 x 32 B \+ xq_0 8192 B .* <= 65536 B \(64 KiB\) "
                        r"of data memory on npu2"):
-        qgemv(M=32, K=8192, weight_format="q8_0", tile_size_output=32)
+        qgemv(M=16, K=8192, weight_format="q8_0")
 
 
 def test_every_design_verifies_and_fits_the_shim_descriptors():

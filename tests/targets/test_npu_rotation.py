@@ -35,8 +35,20 @@ def with_depth(design, depth, *names):
 
 
 def add_576():
-    """Nine tiles of 64 per dispatch: one buffer each way, as ``designs`` draws it."""
+    """Nine tiles of 64 per dispatch, double-buffered: ``designs`` writes the first tile's
+    iteration out ahead of the loop over the other eight (``rotation.peeled``)."""
     return design_of(ElementwiseAdd(size=576, tile_size=64, num_aie_columns=1, num_channels=1))
+
+
+def as_one_loop(design):
+    """``design`` with each core's peeled iteration folded back into its loop, as the
+    designs were drawn before: a program that is one loop of the nine tiles."""
+    cores = []
+    for core in design.cores:
+        loop = core.body[-1]
+        assert isinstance(loop, Loop) and core.body[:-1] == loop.body
+        cores.append(dataclasses.replace(core, body=(Loop(loop.count + 1, loop.body),)))
+    return dataclasses.replace(design, cores=tuple(cores))
 
 
 def bf16(rng, n):
@@ -46,7 +58,7 @@ def bf16(rng, n):
 def test_a_loop_is_unrolled_by_the_depth_and_its_acquires_get_buffers_in_program_order():
     """Nine iterations at depth 2: four of a pair of copies (buffers 0, 1), then one more copy
     (buffer 0 again), so the next dispatch's code starts at buffer 0 where the DMA is at 1."""
-    d = with_depth(add_576(), 2)
+    d = as_one_loop(add_576())
     (copy,) = lower(d, d.cores[0])
     unrolled, rest = copy
     assert isinstance(unrolled, Unrolled) and unrolled.count == 4
@@ -57,7 +69,7 @@ def test_a_loop_is_unrolled_by_the_depth_and_its_acquires_get_buffers_in_program
 
 
 def test_a_drifting_design_computes_wrong_data_from_its_second_dispatch_and_says_so():
-    d = with_depth(add_576(), 2)
+    d = as_one_loop(add_576())
     loaded = Emulation(d, host_cores())
     rng = np.random.default_rng(3)
     for dispatch in (1, 2):
@@ -75,7 +87,7 @@ def test_a_drifting_design_computes_wrong_data_from_its_second_dispatch_and_says
             loaded.dispatch([a, b, out])
         assert not np.array_equal(out.view(np.uint16), expected.view(np.uint16))
     fixed = Emulation(add_576(), host_cores())
-    for _ in range(3):  # as drawn: one buffer, the rotation closes every dispatch
+    for _ in range(3):  # as drawn: the loop until reconfiguration unrolled by two
         fixed.dispatch([bf16(rng, 576), bf16(rng, 576), np.zeros(576, iron.bfloat16)])
 
 
@@ -86,7 +98,6 @@ def test_a_loop_repeating_an_odd_rotation_drifts_inside_the_first_dispatch():
     op = GEMV(M=64, K=64, batches=1, weight_format="q4_1", group_size=32, tile_size_input=16,
               tile_size_output=64, num_aie_columns=1)
     d = design_of(op)
-    (outer,) = d.cores[0].body
 
     def nested(body):
         out = []
@@ -100,8 +111,8 @@ def test_a_loop_repeating_an_odd_rotation_drifts_inside_the_first_dispatch():
             out.append(o)
         return out
 
-    drawn = dataclasses.replace(d, cores=(dataclasses.replace(d.cores[0],
-                                                              body=tuple(nested((outer,)))),))
+    drawn = dataclasses.replace(d, cores=(dataclasses.replace(
+        d.cores[0], body=tuple(nested(d.cores[0].body))),))
     assert drawn != d
     assert problems(d) == []
     assert any("the code of each iteration of a loop of 4, as unrolled, acquires W_0 (consume) "
@@ -114,19 +125,24 @@ def test_a_loop_repeating_an_odd_rotation_drifts_inside_the_first_dispatch():
 
 
 def test_the_loop_until_reconfiguration_unrolls_when_it_acquires_directly():
-    """A bf16 GEMV acquires x right in the loop around its program: at depth 2 that loop is
-    unrolled into two copies, so one x per dispatch still closes the rotation, every two."""
+    """A bf16 GEMV of one output tile: its y acquired right in the loop around its program
+    (the loop over the tiles, of one, written out), which the lowering unrolls into two
+    copies, so one y per dispatch still closes the rotation, every two dispatches.  Kept in
+    its loop of one, that loop has y's acquire, but the loop around it has none."""
     d = design_of(GEMV(M=64, K=32, batches=1, tile_size_input=2, tile_size_output=64,
                        num_aie_columns=1))
-    assert d.fifo("x_0").depth == 1 and d.fifo("y_0").depth == 1
-    two = with_depth(d, 2, "x_0", "y_0")
-    copies = lower(two, two.cores[0])
-    assert [[op.index for op in c if isinstance(op, Slot) and op.fifo == "x_0"]
+    assert d.fifo("x_0").depth == 1 and d.fifo("y_0").depth == 2
+    copies = lower(d, d.cores[0])
+    assert [[op.index for op in c if isinstance(op, Slot) and op.fifo == "y_0"]
             for c in copies] == [[0], [1]]
-    assert problems(two) == []
-    assert problems(with_depth(d, 2, "y_0"))  # y alone: one per dispatch at depth 2 drifts
+    assert problems(d) == []
+    take, *tile, give = d.cores[0].body
+    kept = dataclasses.replace(d, cores=(dataclasses.replace(
+        d.cores[0], body=(take, Loop(1, tuple(tile)), give)),))
+    assert any("acquires y_0 (produce) 1 time(s)" in p for p in problems(kept))
+    assert problems(with_depth(d, 2, "x_0")) == []  # x in that loop too: both unrolled
     rng = np.random.default_rng(5)
-    loaded = Emulation(two, host_cores())
+    loaded = Emulation(d, host_cores())
     for _ in range(3):
         w, x, y = bf16(rng, 64 * 32), bf16(rng, 32), np.zeros(64, iron.bfloat16)
         loaded.dispatch([w, x, y])
@@ -140,7 +156,8 @@ def test_the_rule_rejects_a_design_edited_to_drift_citing_the_lowering():
     with pytest.raises(RotationError, match=r"ElementwiseAdd.*in0_0_0 \(consume\) 3 time\(s\), "
                        r"not a multiple of its 2 buffers.*AIEObjectFifoStatefulTransform.cpp: "
                        r"unrollForLoops"):
-        check(with_depth(d, 2))
+        check(as_one_loop(d))
+    check(with_depth(as_one_loop(d), 1))  # one buffer: any count is whole rotations
 
 
 @pytest.mark.slow
@@ -176,11 +193,10 @@ def test_every_design_the_llama_bundles_place_keeps_its_rotation(smollm2):
 
 
 def test_verify_rejects_a_module_edited_to_drift_unless_its_core_lowers_dynamically():
-    """The same rule on the parsed module (``preconditions.RULES``): the FIFOs of the nine
-    tiles of 64 edited from one buffer to two."""
-    text = render(add_576(), generic=True)
-    check_text(text)
-    drifting = text.replace("elemNumber = 1 : i32", "elemNumber = 2 : i32")
+    """The same rule on the parsed module (``preconditions.RULES``): the nine tiles of 64 in
+    one loop."""
+    check_text(render(add_576(), generic=True))
+    drifting = render(as_one_loop(add_576()), generic=True)
     with pytest.raises(Problem, match=r":\d+: 'aie.core': core tile \(0, 2\): the code of each "
                        r"iteration of its loop until reconfiguration \(a dispatch\), as unrolled, "
                        r"acquires in0_0_0 \(consume\) 3 time\(s\), not a multiple of its 2 "

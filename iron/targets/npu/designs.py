@@ -3,8 +3,7 @@
 
 - Elementwise (AXPY, add, mul, SiLU) and SwiGLU: per column ``num_channels`` compute tiles,
   each fed by one FIFO per input straight from the column's shim tile and drained by one
-  output FIFO; tiles of ``tile_size`` elements, double-buffered when a worker takes an even
-  number of them per dispatch (else one buffer: ``rotation``); each worker takes a contiguous
+  output FIFO; double-buffered tiles of ``tile_size`` elements; each worker takes a contiguous
   share of the tensor.
 - RMSNorm, Softmax: per column one compute tile taking ``tile_size`` rows at a time; the
   norm's weight reaches every column once (depth 1).
@@ -17,10 +16,12 @@
 - QKVRoPE, Attention: ``attention`` (the KV cache in DRAM, the position read by the cores and
   rendered into each dispatch's transfers).
 
-A FIFO a core acquires has two buffers only where each loop repeating its acquires, and each
-dispatch, takes a whole number of rotations of two (``rotation.rotating``): mlir-aie's static
-lowering fixes the buffer of every acquire in the core's code, and an odd count would leave
-the next dispatch's code on the other buffer than its DMA (``rotation``).
+mlir-aie's static lowering fixes the buffer of every acquire in a core's code, so a dispatch
+taking an odd number of elements of a double-buffered FIFO would leave the next dispatch's
+code on the other buffer than its DMA (``rotation``).  Each core's program therefore starts
+with its main loop's first iteration written out (``rotation.peeled``): the program then
+acquires right in the loop until reconfiguration, which the lowering unrolls by two, and two
+dispatches' code take a whole rotation whatever the count.
 
 ``design_for`` returns ``None`` for an operator without a design: it is placed on the host.
 """
@@ -38,7 +39,7 @@ from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Transfer, consume, linear, produce, release, shim)
 from .kernels import gemm_row_lanes, lanes, mmul_shape
 from .resources import NpuResources
-from .rotation import rotating
+from .rotation import peeled
 
 ELEMENTWISE = {AXPY: "axpy_bf16", ElementwiseAdd: "add_bf16", ElementwiseMul: "mul_bf16",
                SiLU: "silu_bf16"}
@@ -103,18 +104,17 @@ def elementwise(op, res: NpuResources) -> Design:
     per = op.size // (cols * chans)
     extra = (float(op.scalar_factor),) if isinstance(op, AXPY) else ()
     fifos, cores, phase = [], [], []
-    depth = rotating(per // tile)
     for c in range(cols):
         for k in range(chans):
             core, w = Tile(c, 2 + k), c * chans + k
             ins = [f"in{i}_{c}_{k}" for i in range(arity)]
             out = f"out_{c}_{k}"
-            fifos += [Fifo(n, shim(c), (core,), depth, (tile,)) for n in ins]
-            fifos.append(Fifo(out, core, (shim(c),), depth, (tile,)))
+            fifos += [Fifo(n, shim(c), (core,), 2, (tile,)) for n in ins]
+            fifos.append(Fifo(out, core, (shim(c),), 2, (tile,)))
             body = (*consume(*ins), *produce(out),
                     Call(ELEMENTWISE[type(op)], (*ins, out, tile, *extra)),
                     *release("consume", *ins), *release("produce", out))
-            cores.append(Core(core, (Loop(per // tile, body),)))
+            cores.append(Core(core, peeled(Loop(per // tile, body))))
             phase += [Transfer("in", i, n, shim(c), linear(w * per, per)) for i, n in
                       enumerate(ins)]
             phase.append(Transfer("out", arity, out, shim(c), linear(w * per, per)))
@@ -127,16 +127,15 @@ def swiglu(op: SwiGLU, res: NpuResources) -> Design:
     cols, tile, rows, size = op.num_aie_columns, op.tile_size, op.rows, op.size
     share = size // cols
     fifos, cores, phase = [], [], []
-    depth = rotating(rows * share // tile)
     for c in range(cols):
         core = Tile(c, 2)
         gate, up, out = f"gate_{c}", f"up_{c}", f"out_{c}"
-        fifos += [Fifo(gate, shim(c), (core,), depth, (tile,)),
-                  Fifo(up, shim(c), (core,), depth, (tile,)),
-                  Fifo(out, core, (shim(c),), depth, (tile,))]
+        fifos += [Fifo(gate, shim(c), (core,), 2, (tile,)),
+                  Fifo(up, shim(c), (core,), 2, (tile,)),
+                  Fifo(out, core, (shim(c),), 2, (tile,))]
         body = (*consume(gate, up), *produce(out), Call("swiglu_bf16", (gate, up, out, tile)),
                 *release("consume", gate, up), *release("produce", out))
-        cores.append(Core(core, (Loop(rows * share // tile, body),)))
+        cores.append(Core(core, peeled(Loop(rows * share // tile, body))))
         sizes = (1, rows, share // tile, tile)
         row = (0, 2 * size, tile, 1)
         phase += [Transfer("in", 0, gate, shim(c), Pattern(c * share, sizes, row)),
@@ -153,12 +152,11 @@ def rowwise(op, res: NpuResources) -> Design:
     weighted = isinstance(op, RMSNorm) and op.weighted
     fifos, cores, phase = [], [], []
     out_arg = 2 if weighted else 1
-    depth = rotating(share // tile)
     for c in range(cols):
         core = Tile(c, 2)
         x, out, w = f"x_{c}", f"out_{c}", f"w_{c}"
-        fifos += [Fifo(x, shim(c), (core,), depth, (tile, size)),
-                  Fifo(out, core, (shim(c),), depth, (tile, size))]
+        fifos += [Fifo(x, shim(c), (core,), 2, (tile, size)),
+                  Fifo(out, core, (shim(c),), 2, (tile, size))]
         if isinstance(op, Softmax):
             call = Call("softmax_bf16", (x, out, tile, size))
         elif weighted:
@@ -167,13 +165,13 @@ def rowwise(op, res: NpuResources) -> Design:
             call = Call("rmsnorm_bf16", (x, out, tile, size, float(op.eps)))
         body = (*consume(x), *produce(out), call, *release("consume", x),
                 *release("produce", out))
-        loop = Loop(share // tile, body)
+        loop = peeled(Loop(share // tile, body))
         if weighted:
             fifos.append(Fifo(w, shim(c), (core,), 1, (size,)))
-            cores.append(Core(core, (*consume(w), loop, *release("consume", w))))
+            cores.append(Core(core, (*consume(w), *loop, *release("consume", w))))
             phase.append(Transfer("in", 1, w, shim(c), linear(0, size)))
         else:
-            cores.append(Core(core, (loop,)))
+            cores.append(Core(core, loop))
         phase += [Transfer("in", 0, x, shim(c), linear(c * share * size, share * size)),
                   Transfer("out", out_arg, out, shim(c), linear(c * share * size, share * size))]
     args = (Arg("x", rows * size),) + ((Arg("w", size),) if weighted else ()) + (
@@ -192,14 +190,13 @@ def gemv(op: GEMV, res: NpuResources) -> Design:
     for c in range(cols):
         core = Tile(c, 2)
         a, x, y = f"A_{c}", f"x_{c}", f"y_{c}"
-        fifos += [Fifo(a, shim(c), (core,), rotating(outer * inner), (tsi, K)),
-                  Fifo(x, shim(c), (core,), 1, (B, K)),
-                  Fifo(y, core, (shim(c),), rotating(outer), (B, tso))]
+        fifos += [Fifo(a, shim(c), (core,), 2, (tsi, K)), Fifo(x, shim(c), (core,), 1, (B, K)),
+                  Fifo(y, core, (shim(c),), 2, (B, tso))]
         rows = Loop(inner, (*consume(a), Call("gemv_bf16", (a, x, y, tsi, K, B, tso,
                                                             Iv(0, tsi))),
                             *release("consume", a)))
         tiles = Loop(outer, (*produce(y), rows, *release("produce", y)))
-        cores.append(Core(core, (*consume(x), tiles, *release("consume", x))))
+        cores.append(Core(core, (*consume(x), *peeled(tiles), *release("consume", x))))
         phase += [Transfer("in", 0, a, shim(c), linear(c * share * K, share * K)),
                   Transfer("in", 1, x, shim(c), linear(0, B * K)),
                   Transfer("out", 2, y, shim(c), Pattern(c * share, (1, share // tso, B, tso),
@@ -215,7 +212,6 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
     rows = res.compute_rows
     share = N // cols
     mt, nt, kt = M // (rows * tm), share // tn, K // tk
-    per_k, per_tile = rotating(mt * nt * kt), rotating(mt * nt)  # the cores' ends
     fifos, links, buffers, cores = [], [], [], []
     for c in range(cols):
         mem = Tile(c, 1)
@@ -225,10 +221,9 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
         c_r = [f"C_{c}_{r}" for r in range(rows)]
         bw = f"B_{c}_cores"
         fifos += [Fifo(a, shim(c), (mem,), 2, (rows * tm, tk)),
-                  *(Fifo(n, mem, (w,), per_k, (tm, tk)) for n, w in zip(a_r, workers)),
-                  Fifo(b, shim(c), (mem,), 2, (tn, tk)),
-                  Fifo(bw, mem, workers, per_k, (tn, tk)),
-                  *(Fifo(n, w, (mem,), per_tile, (tm, tn)) for n, w in zip(c_r, workers)),
+                  *(Fifo(n, mem, (w,), 2, (tm, tk)) for n, w in zip(a_r, workers)),
+                  Fifo(b, shim(c), (mem,), 2, (tn, tk)), Fifo(bw, mem, workers, 2, (tn, tk)),
+                  *(Fifo(n, w, (mem,), 2, (tm, tn)) for n, w in zip(c_r, workers)),
                   Fifo(cc, mem, (shim(c),), 2, (rows * tm, tn))]
         links += [Link((a,), tuple(a_r), tuple(r * tm * tk for r in range(rows))),
                   Link((b,), (bw,)),
@@ -242,7 +237,7 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
             body = (*produce(c_r[r]), Call("zero_f32", (Buf(acc), tm * tn)), k_loop,
                     Call("store_bf16", (Buf(acc), c_r[r], tm, tn)),
                     *release("produce", c_r[r]))
-            cores.append(Core(w, (Loop(mt * nt, body),)))
+            cores.append(Core(w, peeled(Loop(mt * nt, body))))
     sequence = []
     for m in range(mt):
         phase = []

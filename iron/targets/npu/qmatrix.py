@@ -4,8 +4,8 @@
 - the weight streams from host memory as the bundle stores it (the tiled layout: per 16-row
   tile, group after group, the codes then the 16 rows' scales and minimums), one FIFO element
   a 16-row tile times ``tile_k`` values (whole groups, contiguous in the layout, so every
-  transfer carries whole blocks and whole 32-bit words), double-buffered where the tiles (or
-  the elements over K) per dispatch are even (``rotation.rotating``); columns split the rows;
+  transfer carries whole blocks and whole 32-bit words), double-buffered (a GEMM of several
+  blocks of rows only where its counts are even: ``rotation``); columns split the rows;
 - the vectors of x (GEMV) or the rows of A (GEMM) arrive one at a time and are rounded on the
   core to int8 codes per 16 values, as the cpu rounds them (``iron.quant.activation_values``),
   into core buffers: codes, block scales, group sums;
@@ -29,7 +29,7 @@ from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Lo
                      Release, Tile, Transfer, linear)
 from .kernels import qmatrix_block
 from .resources import NpuResources
-from .rotation import rotating
+from .rotation import peeled, rotating
 
 KERNEL_SOURCE = "qmatrix.cc"
 
@@ -89,10 +89,14 @@ def design(op, res: NpuResources) -> Design:
     vectors, tm, rows, tn, tk = shape(op)
     share, kt, mt = rows // cols, K // tk, vectors // tm
     nt, t16 = share // tn, tn // TILE
-    # two buffers where every loop repeating a FIFO's acquires takes whole rotations: x in
-    # blocks of tm rows, y tile by tile, W over K (or, in one piece, over the 16-row tiles)
-    x_depth, y_depth = rotating(tm), rotating(nt)
-    w_depth = rotating(kt if kt > 1 else t16)
+    # One block of vectors (a GEMV): the first output tile written out ahead of the loop
+    # over the others puts an acquire right in the loop until reconfiguration, which the
+    # static lowering unrolls by two (``rotation.peeled``), so every FIFO keeps two buffers.
+    # Several blocks repeat x, y and W in a loop with no acquire of its own: two buffers
+    # only where that loop's code takes whole rotations (x in blocks of tm rows, y tile by
+    # tile, W over K or, in one piece, over the 16-row tiles).
+    x_depth, y_depth = (2, 2) if mt == 1 else (rotating(tm), rotating(nt))
+    w_depth = 2 if mt == 1 else rotating(kt if kt > 1 else t16)
     tile_bytes = TILE * row_bytes(fmt, tk, group)
     whole = TILE * row_bytes(fmt, K, group)  # one tile of W, all of K
     fifos, buffers, cores = [], [], []
@@ -124,7 +128,8 @@ def design(op, res: NpuResources) -> Design:
                                Release(w, "consume")))
             tiles = Loop(t16, (k_loop, store))
         out = Loop(nt, (Acquire(y, "produce"), tiles, Release(y, "produce")))
-        cores.append(Core(core, (Loop(mt, (take, out)),)))
+        program = (take, *peeled(out)) if mt == 1 else (Loop(mt, (take, out)),)
+        cores.append(Core(core, program))
     # runtime arguments: the step's inputs in its order (GEMV W, x; GEMM A, B), then the output
     xa, wa = (1, 0) if isinstance(op, GEMV) else (0, 1)
     sequence = []

@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 from ...errors import IronError
 from .check import buffers_at
-from .design import Acquire, Core, Design, Loop, Release
+from .design import Acquire, Call, Core, Design, Iv, Loop, Release
 
 SOURCE = "mlir-aie lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp"
 #: The trip count of a core's loop until reconfiguration (the largest ``index``).
@@ -63,6 +63,25 @@ def rotating(count: int) -> int:
     (and per dispatch): two buffers (double buffering) when that is a whole number of
     rotations, else one.  A design passes the count its own loops make."""
     return 2 if count % 2 == 0 else 1
+
+
+def peeled(loop: Loop) -> tuple:
+    """``loop`` with its first iteration written out before it, so that a program made of it
+    acquires right in the loop until reconfiguration: the static lowering then unrolls that
+    loop by the FIFOs' depths, and two dispatches' code (at depth 2) take a whole rotation of
+    every FIFO whatever the count per dispatch.  The body must not read the loop's index
+    (the written-out iteration has none)."""
+    if _reads_index(loop.body, 0):
+        raise ValueError(f"a loop of {loop.count} whose body reads its index cannot be peeled")
+    if loop.count <= 1:
+        return loop.body if loop.count == 1 else ()
+    return (*loop.body, Loop(loop.count - 1, loop.body))
+
+
+def _reads_index(body, level: int) -> bool:
+    return any(_reads_index(op.body, level + 1) if isinstance(op, Loop) else
+               isinstance(op, Call) and any(isinstance(a, Iv) and a.level == level
+                                            for a in op.args) for op in body)
 
 
 #: A core's FIFO name -> the buffers of that FIFO's end on the core's tile.
