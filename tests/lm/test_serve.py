@@ -820,13 +820,13 @@ def test_a_template_past_its_budget_is_a_400(served, source, reason):
 
 
 def test_a_completion_beside_a_looping_template_is_served(served):
-    """The completion is answered while the template still runs (its budget here: 5 s of
+    """The completion is answered while the template still runs (its budget here: 3 s of
     CPU time)."""
     server, url = served
     kept = server.template
     server.template = ChatTemplate("{% for a in range(99999) %}{% for b in range(99999) %}"
                                    "{% endfor %}{% endfor %}", where="loop.jinja",
-                                   budget=Budget(seconds=5))
+                                   budget=Budget(seconds=3))
     try:
         with ThreadPoolExecutor(1) as pool:
             hostile = pool.submit(call, url + "/v1/chat/completions", {
