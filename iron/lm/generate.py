@@ -339,19 +339,27 @@ class LlamaModel:
         return n
 
 
+CONTEXT_TOKENS = 4  # prompt tokens a TextStream decodes after
+
+
 class TextStream:
     """Turns tokens into the text each adds, holding back an incomplete multi-byte character.
 
     ``tokenizers``' ``DecodeStream`` decodes only the last few tokens at each step (the text
     of the tokens since the last complete character, minus that of the ones before it), so a
     token costs the same at any length of output; decoding the whole output at every token
-    grows with its length. The pieces join to ``tokenizer.decode`` of all the tokens.
+    grows with its length. The pieces join to the text the tokens add to ``context`` (the
+    prompt's last tokens), or without one to ``tokenizer.decode`` of all the tokens.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context: list[int] | tuple[int, ...] = ()):
         from tokenizers.decoders import DecodeStream
 
-        self.tokenizer, self.decoder = tokenizer, DecodeStream(skip_special_tokens=True)
+        # The stream continues ``context`` (the prompt's last tokens): a SentencePiece decoder
+        # drops the space in front of the text's first token, which the output's first token
+        # is not.
+        self.tokenizer = tokenizer
+        self.decoder = DecodeStream(ids=list(context[-CONTEXT_TOKENS:]), skip_special_tokens=True)
 
     def push(self, token: int) -> str:
         return self.decoder.step(self.tokenizer, token) or ""
@@ -362,8 +370,9 @@ class StopText:
     that is safe to show (text that could be the start of a stop string is held back until
     the next tokens decide), ``flush`` what is held back once the stream ends otherwise."""
 
-    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()):
-        self.stream, self.stop = TextStream(tokenizer), [s for s in stop if s]
+    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = (),
+                 context: list[int] | tuple[int, ...] = ()):
+        self.stream, self.stop = TextStream(tokenizer, context), [s for s in stop if s]
         self.held, self.stopped = "", False
 
     def push(self, token: int) -> str:

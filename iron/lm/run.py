@@ -121,7 +121,7 @@ class Chat:
         self.messages.append({"role": "user", "content": text})
         ids = self.template.tokenize(self.messages, self.tokenizer)  # message text stays text
         self.prompts.append(ids)
-        stream, pieces = StopText(self.tokenizer, stop), []
+        stream, pieces = StopText(self.tokenizer, stop, context=ids), []
 
         def on_token(token: int) -> bool:
             piece = stream.push(token)
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
             model.check_fits(len(ids), args.max_new_tokens)  # before the prompt is echoed
             if not args.json:
                 sys.stdout.write(prompt)
-            stream = StopText(tokenizer, args.stop)
+            stream = StopText(tokenizer, args.stop, context=ids)
 
             def on_token(token: int) -> bool:
                 piece = stream.push(token)

@@ -534,7 +534,7 @@ class Server:
         """Submit ``gen`` to the engine; its text pieces, then ("finish", reason, stats) arrive
         on the returned queue."""
         queue: asyncio.Queue = asyncio.Queue()  # filled on this thread: the loop runs the steps
-        text, put = StopText(self.tokenizer, gen.stop), queue.put_nowait
+        text, put = StopText(self.tokenizer, gen.stop, context=gen.prompt), queue.put_nowait
 
         def on_token(token: int) -> bool:
             piece = text.push(token)

@@ -139,3 +139,19 @@ def test_add_eos_token_puts_the_eos_behind(vocab_dir: Path):
     plain = tok.encode("Hello world", add_special_tokens=False).ids
     assert tok.encode("Hello world").ids == plain + [2]
     assert frame(tok, plain) == plain + [2] and frame(tok, plain + [2]) == plain + [2]
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "llama-bpe"])
+def test_streamed_text_continues_the_prompt(vocab_dir: Path, name: str):
+    """A reply streamed after a prompt keeps its first space (a SentencePiece decoder drops
+    the leading space of a text, which a reply's first token is not) and its characters."""
+    from iron.lm.generate import StopText
+
+    _, tok = _tokenizer(vocab_dir, name)
+    prompt = tok.encode("Hello, y'all! 😁").ids
+    reply = tok.encode(" world 😁 again", add_special_tokens=False).ids
+    if name == "llama-spm":
+        assert tok.id_to_token(reply[0]) == "\u2581"  # the prefix space, then "▁world"
+        reply = reply[1:]
+    stream = StopText(tok, context=prompt)
+    assert "".join(stream.push(t) for t in reply) + stream.flush() == " world 😁 again"

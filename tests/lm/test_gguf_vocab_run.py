@@ -1,6 +1,7 @@
 """End to end: ``iron run`` on small random-weight GGUF files that carry real vocabularies
 (``benchmarks/make_gguf.py --vocab``) tokenizes its prompt as llama.cpp's vocabulary tests
-expect, with the BOS the file asks for, and so do the server's completions."""
+expect, with the BOS the file asks for, and so do the server's completions; the reply's text
+continues the prompt's."""
 
 import importlib.util
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import llama_vocab
+from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～"  # a case of every .inp
@@ -49,6 +51,12 @@ def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, b
     ran = json.loads(result.stdout)
     assert ran["prompt_ids"] == [bos] + want
     assert ran["prompt_tokens"] == len(want) + 1 and ran["new_tokens"] == 2
+    # the reply's text is what its tokens add to the prompt's (its first space kept)
+    tok = build_tokenizer(GGUFVocab.from_metadata(llama_vocab.metadata(vocab), str(vocab)),
+                          str(vocab))
+    before = tok.decode(ran["prompt_ids"], skip_special_tokens=True)
+    after = tok.decode(ran["prompt_ids"] + ran["tokens"], skip_special_tokens=True)
+    assert after.startswith(before) and ran["text"] == after[len(before):]
 
     # the server's completions tokenize the same way (the bundle iron run built)
     from iron.lm.serve import Server
