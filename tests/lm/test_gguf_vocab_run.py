@@ -19,9 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 TEXT = "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～"  # a case of every .inp
 
 
-def _make_gguf():
-    spec = importlib.util.spec_from_file_location(
-        "make_gguf", REPO / "benchmarks" / "make_gguf.py")
+# text with the file's own special tokens, which a prompt's tokenization matches whole
+SPECIAL_TEXT = {
+    "llama-spm": "<s>[INST] Hi there [/INST]</s>  two  spaces",
+    "llama-bpe": "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>",
+}
+
+
+def _benchmark(name: str):
+    """A module of benchmarks/ (the GGUF writer, the llama.cpp wrapper), loaded by path."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -39,7 +46,7 @@ def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, b
         pytest.skip(f"llama.cpp's vocabulary test data unavailable offline: {e}")
     vocab = vocab_dir / f"ggml-vocab-{name}.gguf"
     want = llama_vocab.cases(vocab)[TEXT]
-    make = _make_gguf()
+    make = _benchmark("make_gguf")
     model = make.write(tmp_path / f"tiny-{name}.gguf", make.Shape(
         hidden=256, layers=2, heads=4, kv_heads=2, ffn=256, context=256), "Q8_0", vocab=vocab)
     env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
@@ -67,3 +74,15 @@ def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, b
         assert server._completion_prompt({"prompt": TEXT}) == [bos] + want
     finally:
         server.workers.shutdown()
+
+    # and the bundle's tokenizer agrees with llama.cpp itself on the same file, with special
+    # tokens added and parsed as llama.cpp's server does, on every case and on special text
+    pytest.importorskip("xllamacpp")
+    from tokenizers import Tokenizer
+
+    bundled = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    texts = [t for t in llama_vocab.cases(vocab) if t] + [SPECIAL_TEXT[name]]
+    with _benchmark("llamacpp").LlamaCpp(model, n_ctx=256, warmup=False) as llama_cpp:
+        for text in texts:
+            assert bundled.encode(text).ids == llama_cpp.tokenize(
+                text, add_special=True, parse_special=True), text
