@@ -41,7 +41,8 @@ def test_emulated_npu2_decode_meets_the_kl_gate_against_float32(smollm2, smollm2
     """The gate the cpu decode meets (``test_llama``: KL mean <= 0.02, p90 <= 0.04, max <= 0.2,
     top-1 >= 95%), teacher-forced through the emulated npu2 bundle's decode program, whose
     RMSNorm, QKVRoPE, Attention, residual adds and SwiGLU run as their designs (KV cache in the
-    emulated DRAM, the key tiles of each position rendered per dispatch).  20 positions of one
+    emulated DRAM; Attention runs one compiled sequence at every position, reading every key
+    tile and masking past the position).  20 positions of one
     text (each emulated token takes seconds), at a 2048-position context."""
     from test_llama import assert_accurate, decode_logits, kl_stats, token_ids
     from iron.lm.generate import LlamaModel

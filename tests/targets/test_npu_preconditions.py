@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from iron.operators import GEMM, Attention
+from iron.operators import GEMM, SlotAttention
 from iron.resolution import resolve
 from iron.targets import npu
 from iron.targets.npu import custom, ods
@@ -122,10 +122,10 @@ def test_the_target_models_follow_mlir_aies_device_cases():
 
 
 def test_the_custom_form_reads_as_the_generic_module_and_is_checked_alone_too():
-    """A GEMM and an attention design (runtime parameters, a loop bounded by a kernel's
-    result): the custom form aiecc reads is, op by op, the module the checks saw."""
-    attention = npu.design_of(Attention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64,
-                                        tile_size=16, num_aie_columns=1), "npu2")
+    """A GEMM and a slotted attention design (runtime parameters, a loop bounded by a
+    kernel's result): the custom form aiecc reads is, op by op, the module the checks saw."""
+    attention = npu.design_of(SlotAttention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64,
+                                            tile_size=16, num_aie_columns=1), "npu2")
     assert attention.rtps and "aiex.npu.rtp_write" in render(attention)
     for generic, custom in ((gemm_module("npu2"), gemm_module("npu2", False)),
                             (render(attention, generic=True), render(attention))):

@@ -7,19 +7,26 @@ and the slotted ``SlotQKVRoPE`` / ``SlotAttention`` of batched decode.
 so position ``p`` of KV head ``h`` in slot ``s`` is the ``head_dim`` elements at
 ``((s * kv_heads + h) * ctx + p) * head_dim``.  The designs write it in place.
 
-**The position is data of the dispatch.**  The cores read it as a runtime parameter: each
-compute tile has an ``i32`` buffer the runtime sequence writes first (``Rtp``,
-``aiex.npu.rtp_write``), and a kernel reads it after the core's first acquire of the dispatch
-(whose data the sequence sends only after the write) and returns the trip count of the loop
-over key tiles or stored rows (``Call.result``, ``Loop.dynamic``).  The transfers that depend
-on it (the key and value tiles of ``0 .. pos``, the cache rows a write lands on) and the
-parameter values are rendered by the host per dispatch (``render``): the runtime sequence is
-the instruction stream XRT sends with each run, host data.  A design's ``sequence`` is the one
-at the bound (the last rows of the context, every key tile, the shifted last tile included):
-what the legality rules measure and ``mlir`` writes; every position's has the same transfers
-with smaller sizes.  So a decode token reads ``ceil((pos + 1) / tile_size)`` key and value
-tiles per KV head, never the whole context, and the cost model prices a design at the middle
-of its context (``PRICED_AT``).
+**Attention runs what was compiled.**  Its core loops have constant trip counts (every key
+tile of the context, ``ceil(ctx / tile_size)`` per unit), and its runtime sequence is the
+same at every position: the positions travel as data of the ``pos`` argument, to a relay core
+on the tile above the attention core and on through a FIFO the two share in memory
+(``position_relay``: the attention core's two input channels carry the queries and the keys),
+and the kernel scores only the keys up to each query row's position.  So a decode token
+reads the whole context of its KV heads: ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys
+and values per layer (SmolLM2's 3 x 64 at ctx 8192: 6 MiB), whatever the position.
+(``aiex.npu.rtp_write`` cannot carry a position instead: its value is an ``I32Attr``, a
+constant of the compiled instruction stream.)
+
+**The other designs still follow the position on the host** (``render``, ``RENDERERS``):
+``QKVRoPE``, ``SlotQKVRoPE``, ``SlotAttention`` and ``CacheWrite`` write it as runtime
+parameters (``Rtp``, ``aiex.npu.rtp_write``) that a kernel reads after the core's first
+acquire and turns into a loop's trip count (``Call.result``, ``Loop.dynamic``), and their
+transfers (the key tiles of ``0 .. pos``, the cache rows a write lands on, a row's slot) are
+drawn per dispatch.  A design's ``sequence`` is the one at the bound (the last rows of the
+context, every key tile): what the legality rules measure and ``mlir`` writes; the cost model
+prices them at the middle of the context (``PRICED_AT``).  ``trip_rules`` names what the
+pinned toolchain would refuse in them.
 
 **Attention.** A work unit is a block of ``row_block`` query rows of one KV head with its
 ``heads // kv_heads`` query heads, so each key tile is read once for the group; columns split
@@ -43,6 +50,7 @@ memory tile to the cache rows they land on.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
@@ -54,6 +62,7 @@ from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop,
                      Scalar, Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
 from .resources import NpuResources
+from .rotation import rotating
 
 #: Where the cost model prices a design whose transfers follow the position: the middle of
 #: its context (a decode token at position ctx / 2 reads half of its keys).
@@ -125,47 +134,119 @@ def rtp_words(rows: int) -> int:
 
 
 def attention(op: Attention, res: NpuResources) -> Design:
-    rows, kvh, hd, ctx, tile = op.rows, op.kv_heads, op.head_dim, op.ctx, op.tile_size
-    group, rb, cols = op.heads // kvh, row_block(op), op.num_aie_columns
-    per = units(op) // cols
-    follow = 0 if slotted(op) else 1
-    most = -(-ctx // tile)
+    if slotted(op):
+        return slot_attention(op, res)
+    rows, cols = op.rows, op.num_aie_columns
     fifos, links, buffers, cores = [], [], [], []
     for c in range(cols):
-        core, mem, feed = Tile(c, 2), Tile(c, 1), shim(cols + c)
-        q, k, v, kv, out = (f"{n}_{c}" for n in ("q", "k", "v", "kv", "out"))
-        rtp, acc, ml, scores = f"rtp_{c}", f"acc_{c}", f"ml_{c}", f"scores_{c}"
-        fifos += [Fifo(q, shim(c), (core,), 2, (rb * group, hd)),
-                  Fifo(k, feed, (mem,), 2, (tile, hd)),
-                  Fifo(v, feed, (mem,), 2, (tile, hd)),
-                  Fifo(kv, mem, (core,), 2, (2 * tile, hd)),
-                  Fifo(out, core, (shim(c),), 2, (rb * group, hd))]
-        links.append(Link((k, v), (kv,), (0, tile * hd)))
-        buffers += [Buffer(rtp, core, (rtp_words(rows),), "i32"),
-                    Buffer(acc, core, (rb * group, hd)),
-                    Buffer(ml, core, (2 * rb * group + (-2 * rb * group) % 16,)),
-                    Buffer(scores, core, (tile + (-tile) % lanes(),))]
-        shape = (kvh, rb, follow, group, hd, tile, ctx)
-        tiles = Loop(most, (*consume(kv),
-                            Call("attn_tile", (q, kv, Buf(acc), Buf(ml), Buf(scores), Buf(rtp),
-                                               c * per, Iv(1, 1), Iv(0, 1), *shape,
-                                               float(1 / math.sqrt(hd)))),
-                            *release("consume", kv)), dynamic="tiles")
-        body = (*consume(q), *produce(out),
-                Call("attn_tiles", (Buf(rtp), c * per, Iv(0, 1), kvh, rb, follow, tile, ctx),
-                     "tiles"),
-                Call("attn_init", (Buf(acc), Buf(ml), rb * group, hd)),
-                tiles,
-                Call("attn_finish", (Buf(acc), Buf(ml), out, rb * group, hd)),
-                *release("consume", q), *release("produce", out))
-        cores.append(Core(core, (Loop(per, body),)))
-    cache = 0 if slotted(op) else kvh * ctx * hd  # 0: as many slots as the caller's cache has
-    args = (Arg("q", rows * op.heads * hd), Arg("k_cache", cache), Arg("v_cache", cache),
-            Arg("pos", rows, "i32"), *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
-            Arg("out", rows * op.heads * hd))
-    params = (("cols", cols), ("ctx", ctx), ("head_dim", hd), ("heads", op.heads),
-              ("kind", "slot_attention" if slotted(op) else "attention"), ("kv_heads", kvh),
-              ("rb", rb), ("rows", rows), ("tile", tile))
+        pos = position_relay(fifos, cores, c, rows)
+        units_loop = attention_units(op, c, pos, fifos, links, buffers)
+        cores.append(Core(Tile(c, 2), (*consume(pos), units_loop, *release("consume", pos))))
+    cache = op.kv_heads * op.ctx * op.head_dim
+    args = (Arg("q", rows * op.heads * op.head_dim), Arg("k_cache", cache),
+            Arg("v_cache", cache), Arg("pos", rows, "i32"),
+            Arg("out", rows * op.heads * op.head_dim))
+    return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
+                  tuple(buffers), tuple(cores), attention_sequence(op), "attention.cc",
+                  ("tile_size",))
+
+
+def attention_units(op: Attention, c: int, pos, fifos: list, links: list, buffers: list,
+                    counted: bool = False) -> Loop:
+    """Column ``c``'s FIFOs, link and core buffers (added to the lists) and its core's loop
+    over its units: per unit the queries, the key tiles one by one, the output.  ``pos`` is
+    what the kernels read the positions from (a FIFO or a core buffer); ``counted``: the
+    slotted form, whose kernel counts the unit's key tiles from its row's position
+    (``attn_tiles``) and loops that many times, at most every tile."""
+    rows, kvh, hd, ctx, tile = op.rows, op.kv_heads, op.head_dim, op.ctx, op.tile_size
+    group, rb, cols = op.heads // kvh, row_block(op), op.num_aie_columns
+    per, most, follow = units(op) // cols, -(-ctx // tile), 0 if counted else 1
+    core, mem, feed = Tile(c, 2), Tile(c, 1), shim(cols + c)
+    q, k, v, kv, out = (f"{n}_{c}" for n in ("q", "k", "v", "kv", "out"))
+    acc, ml, scores = f"acc_{c}", f"ml_{c}", f"scores_{c}"
+    unit, key = (2, 2) if counted else (rotating(per), rotating(most))
+    fifos += [Fifo(q, shim(c), (core,), unit, (rb * group, hd)),
+              Fifo(k, feed, (mem,), 2, (tile, hd)),
+              Fifo(v, feed, (mem,), 2, (tile, hd)),
+              Fifo(kv, mem, (core,), key, (2 * tile, hd)),
+              Fifo(out, core, (shim(c),), unit, (rb * group, hd))]
+    links.append(Link((k, v), (kv,), (0, tile * hd)))
+    buffers += [Buffer(acc, core, (rb * group, hd)),
+                Buffer(ml, core, (2 * rb * group + (-2 * rb * group) % 16,)),
+                Buffer(scores, core, (tile + (-tile) % lanes(),))]
+    shape = (kvh, rb, follow, group, hd, tile, ctx)
+    tiles = Loop(most, (*consume(kv),
+                        Call("attn_tile", (q, kv, Buf(acc), Buf(ml), Buf(scores), pos, c * per,
+                                           Iv(1, 1), Iv(0, 1), *shape,
+                                           float(1 / math.sqrt(hd)))),
+                        *release("consume", kv)), dynamic="tiles" if counted else "")
+    count = (Call("attn_tiles", (pos, c * per, Iv(0, 1), kvh, rb, follow, tile, ctx),
+                  "tiles"),) if counted else ()
+    return Loop(per, (*consume(q), *produce(out), *count,
+                      Call("attn_init", (Buf(acc), Buf(ml), rb * group, hd)),
+                      tiles,
+                      Call("attn_finish", (Buf(acc), Buf(ml), out, rb * group, hd)),
+                      *release("consume", q), *release("produce", out)))
+
+
+def position_relay(fifos: list, cores: list, c: int, rows: int) -> str:
+    """The positions' way into column ``c``'s compute tile (c, 2), whose two input channels
+    carry the queries and the keys: the runtime sequence sends them (the ``pos`` argument, as
+    data: the same transfer at every position) to the tile above, (c, 3), whose core copies
+    them into a FIFO the two neighbours share in memory, with no DMA channel (mlir-aie's object
+    FIFO lowering, ``requiresDMAs``: one consumer sharing the producer's memory).  The FIFO's
+    locks are the handshake: the attention core acquires the positions before its first
+    query, after the copy released them.  Adds both FIFOs and the relay core; returns the
+    shared FIFO's name."""
+    relay, into, shared = Tile(c, 3), f"pos_in_{c}", f"pos_{c}"
+    fifos += [Fifo(into, shim(c), (relay,), 1, (rows,), "i32"),
+              Fifo(shared, relay, (Tile(c, 2),), 1, (rows,), "i32")]
+    cores.append(Core(relay, (*consume(into), *produce(shared),
+                              Call("attn_positions", (into, shared, rows)),
+                              *release("consume", into), *release("produce", shared))))
+    return shared
+
+
+def attention_sequence(op: Attention) -> tuple:
+    """The one sequence every dispatch runs: the positions to each column's relay first, then
+    per unit its queries, every key and value tile of its KV head (the whole context: the
+    kernel scores only the keys up to each row's position, so the data moved does not depend
+    on it) and its output, and a wait."""
+    rows, heads, kvh, hd, ctx, tile = (op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx,
+                                       op.tile_size)
+    group, rb, cols = heads // kvh, row_block(op), op.num_aie_columns
+    per, most = units(op) // cols, -(-ctx // tile)
+    phases = []
+    for i in range(per):
+        phase = [Transfer("in", 3, f"pos_in_{c}", shim(c), linear(0, rows))
+                 for c in range(cols)] if i == 0 else []
+        for c in range(cols):
+            b, h = divmod(c * per + i, kvh)
+            qp = Pattern(b * rb * heads * hd + h * group * hd, (1, 1, rb, group * hd),
+                         (0, 0, heads * hd, 1))
+            phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
+            for arg, name in ((1, "k"), (2, "v")):
+                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c), h * ctx * hd, most,
+                                        tile, hd, ctx)
+            phase.append(Transfer("out", 4, f"out_{c}", shim(c), qp))
+        phases.append(tuple(phase))
+    return tuple(phases)
+
+
+def slot_attention(op: Attention, res: NpuResources) -> Design:
+    rows, cols = op.rows, op.num_aie_columns
+    fifos, links, buffers, cores = [], [], [], []
+    for c in range(cols):
+        rtp = f"rtp_{c}"
+        buffers.append(Buffer(rtp, Tile(c, 2), (rtp_words(rows),), "i32"))
+        cores.append(Core(Tile(c, 2), (attention_units(op, c, Buf(rtp), fifos, links, buffers,
+                                                       counted=True),)))
+    args = (Arg("q", rows * op.heads * op.head_dim), Arg("k_cache", 0), Arg("v_cache", 0),
+            Arg("pos", rows, "i32"), Arg("slot", rows, "i32"),
+            Arg("out", rows * op.heads * op.head_dim))
+    params = (("cols", cols), ("ctx", op.ctx), ("head_dim", op.head_dim), ("heads", op.heads),
+              ("kind", "slot_attention"), ("kv_heads", op.kv_heads),
+              ("rows", rows), ("tile", op.tile_size))
     design = Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
                     tuple(buffers), tuple(cores), (), "attention.cc", ("tile_size",), params)
     return at_bound(design)
@@ -193,35 +274,27 @@ def tile_transfers(arg: int, fifo: str, feed: Tile, base: int, n: int, tile: int
     return head + [Transfer("in", arg, fifo, feed, linear(base + (ctx - tile) * hd, tile * hd))]
 
 
-def attention_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
-    """Attention: unit (row block b, KV head h) reads the key tiles of rows ``pos[0] + b * rb
-    ..``; slotted, unit (row r, h) those of ``pos[r]`` in slot ``slot[r]`` (out argument 5)."""
-    rows, heads, kvh, hd, ctx, tile, cols, rb = (p[k] for k in (
-        "rows", "heads", "kv_heads", "head_dim", "ctx", "tile", "cols", "rb"))
+def attention_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
+    """SlotAttention: unit (row r, KV head h) reads the key tiles of ``pos[r]`` in slot
+    ``slot[r]``."""
+    rows, heads, kvh, hd, ctx, tile, cols = (p[k] for k in (
+        "rows", "heads", "kv_heads", "head_dim", "ctx", "tile", "cols"))
     group = heads // kvh
-    per = rows // rb * kvh // cols
-    if slot is None:
-        rtps = tuple(Rtp(f"rtp_{c}", 0, int(pos[0])) for c in range(cols))
-    else:
-        rtps = tuple(Rtp(f"rtp_{c}", r, int(pos[r])) for c in range(cols) for r in range(rows))
-    out = 4 if slot is None else 5
+    per = rows * kvh // cols
+    rtps = tuple(Rtp(f"rtp_{c}", r, int(pos[r])) for c in range(cols) for r in range(rows))
     phases = []
     for i in range(per):
         phase = []
         for c in range(cols):
-            b, h = divmod(c * per + i, kvh)
-            qp = Pattern(b * rb * heads * hd + h * group * hd, (1, 1, rb, group * hd),
+            r, h = divmod(c * per + i, kvh)
+            qp = Pattern(r * heads * hd + h * group * hd, (1, 1, 1, group * hd),
                          (0, 0, heads * hd, 1))
             phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
-            if slot is None:
-                first, head = int(pos[0]) + b * rb, h * ctx * hd
-            else:
-                first, head = int(pos[b]), (int(slot[b]) * kvh + h) * ctx * hd
-            n = key_tiles(first, first + rb - 1, tile, ctx)
+            n = key_tiles(int(pos[r]), int(pos[r]), tile, ctx)
             for arg, name in ((1, "k"), (2, "v")):
-                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c), head, n, tile, hd,
-                                        ctx)
-            phase.append(Transfer("out", out, f"out_{c}", shim(c), qp))
+                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c),
+                                        (int(slot[r]) * kvh + h) * ctx * hd, n, tile, hd, ctx)
+            phase.append(Transfer("out", 5, f"out_{c}", shim(c), qp))
         phases.append(tuple(phase))
     return rtps, tuple(phases)
 
@@ -362,8 +435,7 @@ def cache_write_dispatch(p: dict, pos: np.ndarray, slot=None):
 
 #: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
 #: and the runtime argument holding the positions.
-RENDERERS = {"attention": (attention_dispatch, 3, None),
-             "slot_attention": (attention_dispatch, 3, 4),
+RENDERERS = {"slot_attention": (attention_dispatch, 3, 4),
              "qkv_rope": (qkv_rope_dispatch, 1, None),
              "slot_qkv_rope": (qkv_rope_dispatch, 1, 5),
              "cache_write": (cache_write_dispatch, 2, None)}
@@ -395,8 +467,6 @@ def positions(design: Design, start: int) -> list:
 def at_bound(design: Design) -> Design:
     """The design with the sequence of its bound: the last rows of the context, every key
     tile read (what the legality rules measure and ``mlir`` writes)."""
-    from dataclasses import replace
-
     p = dict(design.renderer)
     rtps, sequence = render(design, positions(design, max(0, p["ctx"] - p["rows"])))
     return replace(design, rtps=rtps, sequence=sequence)
@@ -405,24 +475,14 @@ def at_bound(design: Design) -> Design:
 def priced(design: Design) -> Design:
     """The design as the cost model prices it: its sequence at ``PRICED_AT`` of the context and
     each core's dynamic loops at the counts its kernel returns there (a column's mean)."""
-    from dataclasses import replace
-
     p = dict(design.renderer)
     start = int((p["ctx"] - p["rows"]) * PRICED_AT) if p["ctx"] > p["rows"] else 0
     rtps, sequence = render(design, positions(design, start))
     counts = {}
-    if p["kind"] in ("attention", "slot_attention"):
-        kvh, rb = p["kv_heads"], p["rb"]
-        per = p["rows"] // rb * kvh // p["cols"]
+    if p["kind"] == "slot_attention":
         pos = positions(design, start)[RENDERERS[p["kind"]][1]]
-        for c in range(p["cols"]):
-            blocks = [u // kvh for u in range(c * per, (c + 1) * per)]
-            if p["kind"] == "attention":
-                n = [key_tiles(start + b * rb, start + b * rb + rb - 1, p["tile"], p["ctx"])
-                     for b in blocks]
-            else:
-                n = [key_tiles(int(pos[b]), int(pos[b]), p["tile"], p["ctx"]) for b in blocks]
-            counts[Tile(c, 2)] = {"tiles": sum(n) / len(n)}
+        n = key_tiles(int(pos[0]), int(pos[0]), p["tile"], p["ctx"])
+        counts = {Tile(c, 2): {"tiles": n} for c in range(p["cols"])}
     elif p["kind"] == "cache_write":
         pass
     elif p["kind"] == "slot_qkv_rope":

@@ -106,12 +106,28 @@ def memory_rules(design: Design, res: NpuResources, fields: str) -> Iterator[Rul
                    f"{res.name}")
 
 
+def shares_memory(fifo: Fifo, linked: bool) -> bool:
+    """Whether ``fifo`` (in a link or not: ``linked``) joins two compute tiles of one column on
+    neighbouring rows, one producer and one consumer, outside any link: mlir-aie's object FIFO
+    lowering then places its buffers where both cores reach them and sets up no DMA
+    (``requiresDMAs`` in ``AIEObjectFifoStatefulTransform.cpp``; on AIE2 and AIE2P a core
+    reaches the memory of the tiles north and south of it,
+    ``AIE2TargetModel::isLegalMemAffinity``)."""
+    if len(fifo.consumers) != 1 or linked:
+        return False
+    a, b = fifo.producer, fifo.consumers[0]
+    return a.kind == b.kind == "core" and a.col == b.col and abs(a.row - b.row) == 1
+
+
 def dma_rules(design: Design, res: NpuResources, fields: str) -> Iterator[Rule]:
     """DMA channels per direction, buffer descriptors and locks per tile."""
     into: dict[Tile, list[str]] = defaultdict(list)
     out_of: dict[Tile, list[str]] = defaultdict(list)
     bds: dict[Tile, int] = defaultdict(int)
     for f in design.fifos:
+        if shares_memory(f, any(f.name in k.srcs + k.dsts for k in design.links)):
+            # no DMA channel, no buffer descriptor
+            continue
         out_of[f.producer].append(f.name)
         for t in f.consumers:
             into[t].append(f.name)

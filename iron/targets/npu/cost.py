@@ -168,6 +168,8 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
     if f in COUNTING:  # a few scalar operations
         return 0
+    if f == "attn_positions":  # positions: a scalar load and store each
+        return n[0] * 2
     if f in ("qkv_rope_row", "q_rope_row"):  # heads, kv_heads, hd: per rotated pair of
         heads, kvh, hd = n[-3:]  # vectors two multiplies and two MACs, and the angles' sine
         rotated = heads + (kvh if f == "qkv_rope_row" else 0)  # and cosine, ~40 scalar cycles

@@ -34,6 +34,7 @@ from xdsl.dialects.builtin import MemRefType
 from xdsl.ir import Operation, SSAValue
 
 from . import ods
+from .check import shares_memory
 from .design import DTYPE_BYTES, Fifo, Tile
 from .rotation import fifo_rotation
 from .traced import untraceable
@@ -345,6 +346,8 @@ def dma_channels(d: Device) -> Iterator[Violation]:
     ``WireBundle::DMA``: 2 on a core or shim tile, 6 on a memory tile, per direction)."""
     used: dict[tuple[Tile, str], list[str]] = defaultdict(list)
     for f in d.fifos.values():
+        if shares_memory(f, f.name in d.link_of):  # neighbours' shared memory: no DMA
+            continue
         used[(f.producer, "MM2S")].append(f.name)
         for t in f.consumers:
             used[(t, "S2MM")].append(f.name)
