@@ -114,6 +114,24 @@ def test_attention_runs_its_compiled_sequence_at_every_position():
     assert "aiex.npu.rtp_write" not in generic and violations(generic) == []
 
 
+def test_qkv_rope_runs_its_compiled_sequence_at_every_position():
+    """QKVRoPE moves the whole cache through its core at every position (the rows that land
+    in a tile replaced there), so its sequence and loops are fixed; its 8 buffers are still
+    more than aiecc's kernel takes."""
+    op = QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=2048)
+    d = npu.design_of(op, "npu2")
+    assert d.renderer == () and d.rtps == ()
+    for pos in (0, 100, 2047):
+        args = [None, np.arange(pos, pos + 8, dtype=np.int32)] + [None] * 6
+        assert d.dispatch_for(args) == ((), d.sequence)
+    moved = sum(t.pattern.numel for p in d.sequence for t in p if t.arg in (3, 4, 6, 7))
+    assert moved == 4 * 3 * 2048 * 64  # keys and values of every head, in and out
+    assert attention.cache_tile(2048) == 32 and attention.cache_tile(40) == 20
+    generic = render(d, generic=True)
+    assert "aiex.npu.rtp_write" not in generic
+    assert [m for m in violations(generic) if "takes 8 buffers" in m] == violations(generic)
+
+
 def test_the_last_tile_is_read_shifted_back_when_ctx_is_not_a_multiple():
     op = dataclasses.replace(DECODE, ctx=300, num_aie_columns=1)
     d = npu.design_of(op, "npu2")
@@ -158,7 +176,7 @@ def test_every_design_fits_its_descriptors_and_verifies_against_mlir_aies_op_def
             if d.renderer and d.cores:  # a kernel counts its loops from the positions
                 assert "aiex.npu.rtp_write" in generic and "-> i32" in generic
             for pos in (0, 4000):  # every dispatch's sequence within the descriptors too
-                args = attention.positions(d, pos) if d.renderer else position_args(d, pos)
+                args = attention.positions(d, pos) if d.renderer else [None] * len(d.args)
                 _, seq = d.dispatch_for(args)
                 assert allocate(dataclasses.replace(d, sequence=seq),
                                 resources(dev).shim_bds).overflow is None

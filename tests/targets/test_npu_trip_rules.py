@@ -5,7 +5,7 @@ buffers than aiecc's xclbin kernel declares.  Each is shown rejecting what it sh
 
 import dataclasses
 
-from iron.operators import Attention, QKVRoPE, SlotAttention
+from iron.operators import Attention, QKVRoPE, SlotAttention, SlotQKVRoPE
 from iron.targets import npu
 from iron.targets.npu.design import Arg, Call, Tile
 from iron.targets.npu.mlir import render
@@ -85,10 +85,14 @@ def test_more_buffers_than_aieccs_kernel_declares_are_refused():
     assert "python/compiler/aiecc/main.py, emit_design_kernel_json" in messages[0]
 
 
-def test_qkv_ropes_sequence_is_over_the_limit_as_drawn():
-    """QKVRoPE's sequence takes its three inputs, the two caches and its three outputs, and
-    loops on the count of rows stored and of rows past the cache."""
-    text = module(npu.design_of(QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=256),
-                                "npu2"))
+def test_the_designs_still_over_the_limits_are_named():
+    """QKVRoPE's sequence takes its three inputs, the two caches and its three outputs;
+    SlotQKVRoPE's the slots too, and it loops on the count of rows stored and past the
+    cache (a loop of 0 or 1 per row)."""
+    shape = dict(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=256)
+    text = module(npu.design_of(QKVRoPE(**shape), "npu2"))
+    assert found(text, constant_trip_counts) == []
     assert [m for m in found(text, sequence_arguments) if "takes 8 buffers" in m]
+    text = module(npu.design_of(SlotQKVRoPE(**shape), "npu2"))
     assert len(found(text, constant_trip_counts)) == 2
+    assert [m for m in found(text, sequence_arguments) if "takes 9 buffers" in m]

@@ -94,4 +94,42 @@ void q_rope_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq, 
     rotate(qkv, q, inv_freq, iron_load(pos + base + iv), heads, hd);
 }
 
+// QKVRoPE's pass over KV head h: row iv's query heads of group h rotated into q (group x hd),
+// its key head h rotated and its value head h copied into row iv of k_rows / v_rows (rows x hd).
+void qkv_head_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq, bfloat16 *q,
+                  bfloat16 *k_rows, bfloat16 *v_rows, int32_t h, int32_t iv, int32_t heads,
+                  int32_t kv_heads, int32_t hd) {
+    const int32_t p = iron_load(pos + iv), group = heads / kv_heads;
+    rotate(qkv + h * group * hd, q, inv_freq, p, group, hd);
+    rotate(qkv + (heads + h) * hd, k_rows + iv * hd, inv_freq, p, 1, hd);
+    const bfloat16 *v = qkv + (heads + kv_heads + h) * hd;
+    for (int32_t i = 0; i < hd; i += V) aie::store_v(v_rows + iv * hd + i, aie::load_v<V>(v + i));
+}
+
+// Cache tile t (rows t * tile .. of one head, tile x hd) through the core: copied, and the
+// chunk's rows that land in it (row r at position pos[0] + r, none when pos[0] < 0) replaced
+// by row r of `rows_in` (rows x hd).
+void cache_patch(const bfloat16 *in, bfloat16 *out, const bfloat16 *rows_in,
+                 const int32_t *pos, int32_t t, int32_t tile, int32_t hd, int32_t rows) {
+    for (int32_t i = 0; i < tile * hd; i += V) aie::store_v(out + i, aie::load_v<V>(in + i));
+    const int32_t start = iron_load(pos);
+    if (start < 0) return;
+    for (int32_t r = 0; r < rows; r++) {
+        const int32_t at = start + r - t * tile;
+        if (at < 0 || at >= tile) continue;
+        for (int32_t i = 0; i < hd; i += V)
+            aie::store_v(out + at * hd + i, aie::load_v<V>(rows_in + r * hd + i));
+    }
+}
+
+// The relay core of QKVRoPE's parameters: n positions, or n frequencies, from the FIFO the
+// runtime sequence fills into the FIFO the rotating core reads.
+void rope_positions(const int32_t *in, int32_t *out, int32_t n) {
+    for (int32_t i = 0; i < n; i++) iron_store(out + i, iron_load(in + i));
+}
+
+void rope_frequencies(const float *in, float *out, int32_t n) {
+    for (int32_t i = 0; i < n; i++) iron_store(out + i, iron_load(in + i));
+}
+
 }  // extern "C"

@@ -7,26 +7,28 @@ and the slotted ``SlotQKVRoPE`` / ``SlotAttention`` of batched decode.
 so position ``p`` of KV head ``h`` in slot ``s`` is the ``head_dim`` elements at
 ``((s * kv_heads + h) * ctx + p) * head_dim``.  The designs write it in place.
 
-**Attention runs what was compiled.**  Its core loops have constant trip counts (every key
-tile of the context, ``ceil(ctx / tile_size)`` per unit), and its runtime sequence is the
-same at every position: the positions travel as data of the ``pos`` argument, to a relay core
-on the tile above the attention core and on through a FIFO the two share in memory
-(``position_relay``: the attention core's two input channels carry the queries and the keys),
-and the kernel scores only the keys up to each query row's position.  So a decode token
-reads the whole context of its KV heads: ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys
-and values per layer (SmolLM2's 3 x 64 at ctx 8192: 6 MiB), whatever the position.
-(``aiex.npu.rtp_write`` cannot carry a position instead: its value is an ``I32Attr``, a
-constant of the compiled instruction stream.)
+**Attention and QKVRoPE run what was compiled.**  Their core loops have constant trip counts
+and their runtime sequences are the same at every position: the positions travel as data of
+the ``pos`` argument, to a relay core on the tile above the working core and on through a FIFO
+the two share in memory (``relay``: the working core's two input channels are taken), and the
+kernels use them where the data cannot: Attention reads every key tile of the context and
+scores only the keys up to each row's position; QKVRoPE passes every cache tile through its
+core and replaces the rows that land in it (``cache_patch``).  (``aiex.npu.rtp_write`` cannot
+carry a position instead: its value is an ``I32Attr``, a constant of the compiled instruction
+stream.)  The price is bytes moved per layer and dispatch, whatever the position:
+Attention reads ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys and values, QKVRoPE reads
+and writes them, twice that (SmolLM2's 3 x 64 at ctx 8192: 6 MiB and 12 MiB).  A sequence per
+context bucket (powers of two up to the context, the smallest covering the position chosen
+per dispatch) would cut both to the bucket's size; it is not built.
 
-**The other designs still follow the position on the host** (``render``, ``RENDERERS``):
-``QKVRoPE``, ``SlotQKVRoPE``, ``SlotAttention`` and ``CacheWrite`` write it as runtime
-parameters (``Rtp``, ``aiex.npu.rtp_write``) that a kernel reads after the core's first
-acquire and turns into a loop's trip count (``Call.result``, ``Loop.dynamic``), and their
-transfers (the key tiles of ``0 .. pos``, the cache rows a write lands on, a row's slot) are
-drawn per dispatch.  A design's ``sequence`` is the one at the bound (the last rows of the
-context, every key tile): what the legality rules measure and ``mlir`` writes; the cost model
-prices them at the middle of the context (``PRICED_AT``).  ``trip_rules`` names what the
-pinned toolchain would refuse in them.
+**The slotted forms and CacheWrite still follow the position on the host** (``render``,
+``RENDERERS``): they write it as runtime parameters (``Rtp``, ``aiex.npu.rtp_write``) that a
+kernel reads after the core's first acquire and turns into a loop's trip count
+(``Call.result``, ``Loop.dynamic``), and their transfers (a row's slot and key tiles, the cache
+rows a write lands on) are drawn per dispatch.  Their ``sequence`` is the one at the bound
+(the last rows of the context, every key tile): what the legality rules measure and ``mlir``
+writes; the cost model prices them at the middle of the context (``PRICED_AT``).
+``trip_rules`` names what the pinned toolchain would refuse in them, and QKVRoPE's 8 buffers.
 
 **Attention.** A work unit is a block of ``row_block`` query rows of one KV head with its
 ``heads // kv_heads`` query heads, so each key tile is read once for the group; columns split
@@ -39,12 +41,14 @@ runtime phase (queries, keys, values in, its output out, a wait).  When ``ctx`` 
 multiple of ``tile_size`` the last tile is read shifted back to end at ``ctx`` (a shim
 descriptor cannot pad) and the kernel skips the keys an earlier tile scored.
 
-**QKVRoPE.** One compute tile rotates q and k of each row (rotate-half RoPE, angle ``pos[r] *
-inv_freq`` in float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` /
-``cos`` exist only on the first-generation AIE) and emits the row whole; the memory tile splits
-it into q (to shim 0) and k, v (to shim 1, into the caches).  Rows past ``ctx`` leave as q only,
-through the core's second output.  **CacheWrite** has no core: the rows stream through the
-memory tile to the cache rows they land on.
+**QKVRoPE.** One pass per KV head on one compute tile: the chunk's rows in, their query heads
+of that head's group rotated out to q (rotate-half RoPE, angle ``pos[r] * inv_freq`` in
+float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` / ``cos`` exist
+only on the first-generation AIE), the rotated key head and the value head kept in core
+buffers, then the head's cache tiles of keys and of values through the core and back.
+**SlotQKVRoPE** rotates each row whole and splits it in the memory tile into q and the k, v
+rows of its slot.  **CacheWrite** has no core: the rows stream through the memory tile to the
+cache rows they land on.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from ...operator import Rule, rule
 from ...operators import Attention, CacheWrite, QKVRoPE
 from ...operators.llm import Slotted
 from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Rtp,
-                     Scalar, Tile, Transfer, consume, linear, produce, release, shim)
+                     Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
 from .resources import NpuResources
 from .rotation import rotating
@@ -139,7 +143,9 @@ def attention(op: Attention, res: NpuResources) -> Design:
     rows, cols = op.rows, op.num_aie_columns
     fifos, links, buffers, cores = [], [], [], []
     for c in range(cols):
-        pos = position_relay(fifos, cores, c, rows)
+        core, (pos,) = relay(fifos, shim(c), Tile(c, 3), Tile(c, 2),
+                             (("pos", (rows,), "i32", "attn_positions"),), f"_{c}")
+        cores.append(core)
         units_loop = attention_units(op, c, pos, fifos, links, buffers)
         cores.append(Core(Tile(c, 2), (*consume(pos), units_loop, *release("consume", pos))))
     cache = op.kv_heads * op.ctx * op.head_dim
@@ -189,22 +195,27 @@ def attention_units(op: Attention, c: int, pos, fifos: list, links: list, buffer
                       *release("consume", q), *release("produce", out)))
 
 
-def position_relay(fifos: list, cores: list, c: int, rows: int) -> str:
-    """The positions' way into column ``c``'s compute tile (c, 2), whose two input channels
-    carry the queries and the keys: the runtime sequence sends them (the ``pos`` argument, as
-    data: the same transfer at every position) to the tile above, (c, 3), whose core copies
-    them into a FIFO the two neighbours share in memory, with no DMA channel (mlir-aie's object
-    FIFO lowering, ``requiresDMAs``: one consumer sharing the producer's memory).  The FIFO's
-    locks are the handshake: the attention core acquires the positions before its first
-    query, after the copy released them.  Adds both FIFOs and the relay core; returns the
-    shared FIFO's name."""
-    relay, into, shared = Tile(c, 3), f"pos_in_{c}", f"pos_{c}"
-    fifos += [Fifo(into, shim(c), (relay,), 1, (rows,), "i32"),
-              Fifo(shared, relay, (Tile(c, 2),), 1, (rows,), "i32")]
-    cores.append(Core(relay, (*consume(into), *produce(shared),
-                              Call("attn_positions", (into, shared, rows)),
-                              *release("consume", into), *release("produce", shared))))
-    return shared
+def relay(fifos: list, feed: Tile, at: Tile, to: Tile, params,
+          suffix: str = "") -> tuple[Core, list[str]]:
+    """How data of the dispatch reach a compute tile ``to`` whose two input channels are taken
+    (Attention's queries and keys, QKVRoPE's rows and cache tiles): the runtime sequence sends
+    each parameter ``(stem, shape, dtype, function)`` (the positions, as data: the same
+    transfer at every position) from ``feed`` to the neighbouring tile ``at``, whose core
+    copies it (a call of ``function``) into a FIFO the two share in memory, with no DMA
+    channel (mlir-aie's object FIFO lowering, ``requiresDMAs``: one consumer sharing the
+    producer's memory).  The FIFO's locks are the handshake: ``to``'s core acquires the copy,
+    once per dispatch, after the relay released it.  Adds the FIFOs (``<stem>_in<suffix>`` from ``feed``,
+    ``<stem><suffix>`` shared); returns the relay core and the shared FIFOs' names."""
+    ins, shared, calls = [], [], []
+    for stem, shape, dtype, function in params:
+        into, out = f"{stem}_in{suffix}", f"{stem}{suffix}"
+        fifos += [Fifo(into, feed, (at,), 1, shape, dtype), Fifo(out, at, (to,), 1, shape, dtype)]
+        ins.append(into)
+        shared.append(out)
+        calls.append(Call(function, (into, out, math.prod(shape))))
+    core = Core(at, (*consume(*ins), *produce(*shared), *calls, *release("consume", *ins),
+                     *release("produce", *shared)))
+    return core, shared
 
 
 def attention_sequence(op: Attention) -> tuple:
@@ -303,9 +314,85 @@ def attention_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
 
 
 def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
-    """One compute tile; the rotated q|k|v rows are split in the memory tile into q (to shim
-    0) and k, v (to shim 1, where they land in the caches); the rows past ``ctx`` leave as q
-    only, through the core's second output channel."""
+    """One pass per KV head h on compute tile (0, 2): the chunk's rows in, their query heads of
+    group h rotated out to q, the rotated key head h and value head h kept in core buffers;
+    then every cache tile of head h's keys and values through the core, the rows that land in
+    it replaced (``cache_patch``), back to the cache.  The positions and frequencies reach the
+    core through the tile above it (``relay``), as Attention's positions do.  Every count is
+    constant: a dispatch moves the whole cache, at any position."""
+    if slotted(op):
+        return slot_qkv_rope(op, res)
+    rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
+    group, width, tile = heads // kvh, (heads + 2 * kvh) * hd, cache_tile(ctx)
+    tiles = ctx // tile
+    core = Tile(0, 2)
+    fifos: list = []
+    cores = []
+    relayed, (pos, freq) = relay(fifos, shim(1), Tile(0, 3), core, (
+        ("pos", (rows,), "i32", "rope_positions"),
+        ("freq", (hd // 2,), "f32", "rope_frequencies")))
+    cores.append(relayed)
+    fifos += [Fifo("qkv", shim(0), (core,), rotating(rows), (width,)),
+              Fifo("q", core, (shim(0),), rotating(rows), (group * hd,)),
+              Fifo("cache_in", shim(0), (core,), rotating(tiles), (tile, hd)),
+              Fifo("cache_out", core, (shim(0),), rotating(tiles), (tile, hd))]
+    buffers = (Buffer("k_rows", core, (rows, hd), "bf16"),
+               Buffer("v_rows", core, (rows, hd), "bf16"))
+
+    def patch(kept):
+        return Loop(tiles, (*consume("cache_in"), *produce("cache_out"),
+                            Call("cache_patch", ("cache_in", "cache_out", Buf(kept), pos,
+                                                 Iv(0, 1), tile, hd, rows)),
+                            *release("consume", "cache_in"), *release("produce", "cache_out")))
+
+    rotate = Loop(rows, (*consume("qkv"), *produce("q"),
+                         Call("qkv_head_row", ("qkv", pos, freq, "q", Buf("k_rows"),
+                                               Buf("v_rows"), Iv(1, 1), Iv(0, 1), heads, kvh,
+                                               hd)),
+                         *release("consume", "qkv"), *release("produce", "q")))
+    body = (*consume(pos, freq), Loop(kvh, (rotate, patch("k_rows"), patch("v_rows"))),
+            *release("consume", pos, freq))
+    cores.append(Core(core, body))
+    cache = kvh * ctx * hd
+    args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
+            Arg("k_cache", cache), Arg("v_cache", cache), Arg("q", rows * heads * hd),
+            Arg("k_cache_out", cache), Arg("v_cache_out", cache))
+    return Design(op.describe(True), res.name, args, tuple(fifos), (), buffers, tuple(cores),
+                  qkv_rope_sequence(op), "rope.cc")
+
+
+def cache_tile(ctx: int) -> int:
+    """Rows of a cache tile QKVRoPE patches: the largest divisor of ``ctx`` up to 32 (a tile
+    of 32 rows of 64 is 4 KiB; the tiles cover the cache exactly, so no row is written twice)."""
+    return max(d for d in range(1, min(ctx, 32) + 1) if ctx % d == 0)
+
+
+def qkv_rope_sequence(op: QKVRoPE) -> tuple:
+    """The one sequence every dispatch runs: the positions and frequencies to the relay, then
+    per KV head a phase: the chunk's rows in, the head group's rotated q out (strided into the
+    q rows), the head's keys and then its values through the core and back, a wait."""
+    rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
+    group, width = heads // kvh, (heads + 2 * kvh) * hd
+    phases = []
+    for h in range(kvh):
+        phase = [Transfer("in", 1, "pos_in", shim(1), linear(0, rows)),
+                 Transfer("in", 2, "freq_in", shim(1), linear(0, hd // 2))] if h == 0 else []
+        head = linear(h * ctx * hd, ctx * hd)
+        phase += [Transfer("in", 0, "qkv", shim(0), linear(0, rows * width)),
+                  Transfer("in", 3, "cache_in", shim(0), head),
+                  Transfer("in", 4, "cache_in", shim(0), head),
+                  Transfer("out", 5, "q", shim(0), Pattern(h * group * hd, (1, 1, rows,
+                                                                           group * hd),
+                                                          (0, 0, heads * hd, 1))),
+                  Transfer("out", 6, "cache_out", shim(0), head),
+                  Transfer("out", 7, "cache_out", shim(0), head)]
+        phases.append(tuple(phase))
+    return tuple(phases)
+
+
+def slot_qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
+    """SlotQKVRoPE: every row its own sequence, at ``pos[r]`` of slot ``slot[r]``, its cache
+    rows rendered per dispatch."""
     rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
     width = (heads + 2 * kvh) * hd
     core, mem = Tile(0, 2), Tile(0, 1)
@@ -319,42 +406,26 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
     links = (Link(("rot",), ("q", "k", "v"), (0, heads * hd, (heads + kvh) * hd)),)
     buffers = (Buffer("rtp", core, (rtp_words(rows),), "i32"),)
     shape = (heads, kvh, hd)
-    stored = Loop(rows, (*consume("qkv"), *produce("rot"),
-                         Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(0, 1),
-                                               *shape)),
-                         *release("consume", "qkv"), *release("produce", "rot")),
-                  dynamic="stored")
-    past = Loop(rows, (*consume("qkv"), *produce("q_past"),
-                       Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past",
-                                           Scalar("stored"), Iv(0, 1), *shape)),
-                       *release("consume", "qkv"), *release("produce", "q_past")),
+    # each row stored or not on its own position: loops of 0 or 1
+    one = Loop(1, (*consume("qkv"), *produce("rot"),
+                   Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(1, 1),
+                                         *shape)),
+                   *release("consume", "qkv"), *release("produce", "rot")),
+               dynamic="stored")
+    none = Loop(1, (*consume("qkv"), *produce("q_past"),
+                    Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past", 0, Iv(1, 1),
+                                        *shape)),
+                    *release("consume", "qkv"), *release("produce", "q_past")),
                 dynamic="past")
-    body = (*consume("freq"),  # the dispatch's first data: its runtime parameters are written
-            Call("qkv_stored", (Buf("rtp"), rows, ctx), "stored"), stored,
-            Call("qkv_past", (Buf("rtp"), rows, ctx), "past"), past,
-            *release("consume", "freq"))
-    if slotted(op):  # each row stored or not on its own position: loops of 0 or 1
-        one = Loop(1, (*consume("qkv"), *produce("rot"),
-                       Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(1, 1),
-                                             *shape)),
-                       *release("consume", "qkv"), *release("produce", "rot")),
-                   dynamic="stored")
-        none = Loop(1, (*consume("qkv"), *produce("q_past"),
-                        Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past", 0, Iv(1, 1),
-                                            *shape)),
-                        *release("consume", "qkv"), *release("produce", "q_past")),
-                    dynamic="past")
-        row = Loop(rows, (Call("slot_row_stored", (Buf("rtp"), Iv(0, 1), ctx), "stored"), one,
-                          Call("slot_row_past", (Buf("rtp"), Iv(0, 1), ctx), "past"), none))
-        body = (*consume("freq"), row, *release("consume", "freq"))
-    cache = 0 if slotted(op) else kvh * ctx * hd  # 0: as many slots as the caller's cache has
+    row = Loop(rows, (Call("slot_row_stored", (Buf("rtp"), Iv(0, 1), ctx), "stored"), one,
+                      Call("slot_row_past", (Buf("rtp"), Iv(0, 1), ctx), "past"), none))
+    body = (*consume("freq"), row, *release("consume", "freq"))
+    # caches of 0 elements: as many slots as the caller's cache has
     args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
-            Arg("k_cache", cache), Arg("v_cache", cache),
-            *((Arg("slot", rows, "i32"),) if slotted(op) else ()), Arg("q", rows * heads * hd),
-            Arg("k_cache_out", cache), Arg("v_cache_out", cache))
-    params = (("ctx", ctx), ("head_dim", hd), ("heads", heads),
-              ("kind", "slot_qkv_rope" if slotted(op) else "qkv_rope"), ("kv_heads", kvh),
-              ("rows", rows))
+            Arg("k_cache", 0), Arg("v_cache", 0), Arg("slot", rows, "i32"),
+            Arg("q", rows * heads * hd), Arg("k_cache_out", 0), Arg("v_cache_out", 0))
+    params = (("ctx", ctx), ("head_dim", hd), ("heads", heads), ("kind", "slot_qkv_rope"),
+              ("kv_heads", kvh), ("rows", rows))
     design = Design(op.describe(True), res.name, args, fifos, links, buffers,
                     (Core(core, body),), (), "rope.cc", (), params)
     return at_bound(design)
@@ -365,39 +436,26 @@ def stored_rows(start: int, rows: int, ctx: int) -> int:
     return 0 if start < 0 else max(0, min(rows, ctx - start))
 
 
-def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray | None = None):
-    """QKVRoPE: the chunk's stored rows to the caches at ``pos[0] ..``, q of every row;
-    slotted, one phase per row: q, and k, v at ``pos[r]`` of slot ``slot[r]`` when stored."""
+def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
+    """SlotQKVRoPE, one phase per row: q, and k, v at ``pos[r]`` of slot ``slot[r]`` when
+    stored."""
     rows, heads, kvh, hd, ctx = (p[k] for k in ("rows", "heads", "kv_heads", "head_dim", "ctx"))
     width, qw = (heads + 2 * kvh) * hd, heads * hd
     rtps = tuple(Rtp("rtp", r, int(pos[r])) for r in range(rows))
-    freq = Transfer("in", 2, "freq", shim(0), linear(0, hd // 2))
-    if slot is not None:
-        phases = []
-        for r in range(rows):
-            phase = [freq] if r == 0 else []
-            phase.append(Transfer("in", 0, "qkv", shim(0), linear(r * width, width)))
-            if 0 <= int(pos[r]) < ctx:
-                at = Pattern((int(slot[r]) * kvh * ctx + int(pos[r])) * hd, (1, 1, kvh, hd),
-                             (0, 0, ctx * hd, 1))
-                phase += [Transfer("out", 6, "q", shim(0), linear(r * qw, qw)),
-                          Transfer("out", 7, "k", shim(1), at),
-                          Transfer("out", 8, "v", shim(1), at)]
-            else:
-                phase.append(Transfer("out", 6, "q_past", shim(0), linear(r * qw, qw)))
-            phases.append(tuple(phase))
-        return rtps, tuple(phases)
-    start = int(pos[0])
-    n = stored_rows(start, rows, ctx)
-    phase = [freq, Transfer("in", 0, "qkv", shim(0), linear(0, rows * width))]
-    if n:
-        rows_at = Pattern(start * hd, (1, n, kvh, hd), (0, hd, ctx * hd, 1))
-        phase += [Transfer("out", 5, "q", shim(0), linear(0, n * qw)),
-                  Transfer("out", 6, "k", shim(1), rows_at),
-                  Transfer("out", 7, "v", shim(1), rows_at)]
-    if n < rows:
-        phase.append(Transfer("out", 5, "q_past", shim(0), linear(n * qw, (rows - n) * qw)))
-    return rtps, (tuple(phase),)
+    phases = []
+    for r in range(rows):
+        phase = [Transfer("in", 2, "freq", shim(0), linear(0, hd // 2))] if r == 0 else []
+        phase.append(Transfer("in", 0, "qkv", shim(0), linear(r * width, width)))
+        if 0 <= int(pos[r]) < ctx:
+            at = Pattern((int(slot[r]) * kvh * ctx + int(pos[r])) * hd, (1, 1, kvh, hd),
+                         (0, 0, ctx * hd, 1))
+            phase += [Transfer("out", 6, "q", shim(0), linear(r * qw, qw)),
+                      Transfer("out", 7, "k", shim(1), at),
+                      Transfer("out", 8, "v", shim(1), at)]
+        else:
+            phase.append(Transfer("out", 6, "q_past", shim(0), linear(r * qw, qw)))
+        phases.append(tuple(phase))
+    return rtps, tuple(phases)
 
 
 # ---- CacheWrite ----------------------------------------------------------------------------
@@ -436,7 +494,6 @@ def cache_write_dispatch(p: dict, pos: np.ndarray, slot=None):
 #: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
 #: and the runtime argument holding the positions.
 RENDERERS = {"slot_attention": (attention_dispatch, 3, 4),
-             "qkv_rope": (qkv_rope_dispatch, 1, None),
              "slot_qkv_rope": (qkv_rope_dispatch, 1, 5),
              "cache_write": (cache_write_dispatch, 2, None)}
 
@@ -485,11 +542,8 @@ def priced(design: Design) -> Design:
         counts = {Tile(c, 2): {"tiles": n} for c in range(p["cols"])}
     elif p["kind"] == "cache_write":
         pass
-    elif p["kind"] == "slot_qkv_rope":
+    else:  # slot_qkv_rope
         counts[Tile(0, 2)] = {"stored": 1, "past": 0}
-    else:
-        n = stored_rows(start, p["rows"], p["ctx"])
-        counts[Tile(0, 2)] = {"stored": n, "past": p["rows"] - n}
 
     def fix(body, mine):
         return tuple(replace(op, body=fix(op.body, mine), dynamic="",

@@ -168,8 +168,14 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
     if f in COUNTING:  # a few scalar operations
         return 0
-    if f == "attn_positions":  # positions: a scalar load and store each
-        return n[0] * 2
+    if f in ("attn_positions", "rope_positions", "rope_frequencies"):  # words: a scalar
+        return n[0] * 2  # load and store each
+    if f == "qkv_head_row":  # h, iv, heads, kv_heads, hd: one KV head's group of q and its k
+        heads, kvh, hd = n[-3:]  # rotated (as qkv_rope_row), its v copied
+        return (heads // kvh + 1) * hd / lanes * 2 + hd / 2 * 40 + hd / lanes
+    if f == "cache_patch":  # t, tile, hd, rows: the tile copied, the rows landing in it too
+        tile, hd, rows = n[-3:]
+        return tile * hd / lanes * 2 + rows * ROW_CYCLES
     if f in ("qkv_rope_row", "q_rope_row"):  # heads, kv_heads, hd: per rotated pair of
         heads, kvh, hd = n[-3:]  # vectors two multiplies and two MACs, and the angles' sine
         rotated = heads + (kvh if f == "qkv_rope_row" else 0)  # and cosine, ~40 scalar cycles
