@@ -18,6 +18,13 @@ mlir-aie's ``lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp`` (at
 - ``createDMA``: the tile's DMA walks a chain of one buffer descriptor per buffer, the last
   pointing back to the first, for as long as the array stays configured.
 
+No stored copy of the file is at the pin itself: the one read is newer (mlir-aie 00cfd45f,
+2026, which also has the dynamic lowering's peeling of cyclostatic acquires, a path a static
+core does not take) and one older (3acd8744, 2023, its own unroller instead of
+``loopUnrollByFactor``); both unroll by the LCM of the depths, fully when a loop runs no more
+times than that, copy the remainder iterations after the loop, number the acquires in
+program order modulo the depth and chain the descriptors in a cycle, so the pin does too.
+
 So the code names a buffer, while the data arrive (or leave) wherever the DMA chain has got
 to.  The two agree only if every loop body that runs more than once, as unrolled, acquires
 each FIFO a whole number of rotations; otherwise an iteration (at the latest the next
