@@ -24,11 +24,17 @@ more bits (the first and last eighth, every third between), Q4_K elsewhere.
     python benchmarks/make_gguf.py --hidden 576 --layers 30 --heads 9 --kv-heads 3 --ffn 1536
     python benchmarks/make_gguf.py --vocab ggml-vocab-llama-spm.gguf --hidden 256 --layers 2 \
         --heads 4 --kv-heads 2 --ffn 256 --type Q8_0
+
+RoPE scaling: ``--rope-scaling llama3`` writes the ``rope_freqs`` tensor of Llama 3.1/3.2 as
+llama.cpp's converter computes it from the llama3 parameters (``--rope-factor``, default 32,
+low/high frequency factors 1 and 4, ``--rope-original-context``, default 8192: Llama 3.2's),
+``--rope-scaling linear --rope-factor F`` the ``llama.rope.scaling.type``/``factor`` keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -64,6 +70,40 @@ class Shape:
         for ok, rule in rules:
             if not ok:
                 raise SystemExit(f"make_gguf: shape {self} breaks the rule {rule}")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's llama3 rule (written as the rope_freqs tensor) or linear scaling (keys)."""
+
+    kind: str = "llama3"  # or "linear"
+    factor: float = 32.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+
+def llama3_rope_factors(head_dim: int, base: float, s: RopeScaling) -> np.ndarray:
+    """The rope_freqs tensor of llama.cpp's converter (``LlamaModel.generate_extra_tensors`` in
+    convert_hf_to_gguf): per frequency, 1 where the wavelength is under
+    ``original / high_freq_factor``, ``factor`` where it is over ``original / low_freq_factor``,
+    and the reciprocal of the llama3 interpolation between; float32 throughout as it computes."""
+    freqs = np.float32(1.0) / (np.float32(base) ** (
+        np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    low_wavelen = s.original_context / s.low_freq_factor
+    high_wavelen = s.original_context / s.high_freq_factor
+    factors = []
+    for freq in freqs:
+        wavelen = np.float32(2 * np.pi) / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(s.factor)
+        else:
+            smooth = ((np.float32(s.original_context) / wavelen - np.float32(s.low_freq_factor))
+                      / np.float32(s.high_freq_factor - s.low_freq_factor))
+            factors.append(1 / ((1 - smooth) / np.float32(s.factor) + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def default_path(shape: Shape, qtype: str, vocab: Path | None = None) -> Path:
@@ -166,9 +206,10 @@ def tokenizer_fields(reader) -> list:
 
 
 def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
-          vocab: Path | None = None) -> Path:
+          vocab: Path | None = None, rope: RopeScaling | None = None) -> Path:
     """Write the file (atomically); ``std`` is the weights' standard deviation, ``vocab`` the
-    GGUF file whose tokenizer metadata it copies (default: the embedded SmolLM2 file's)."""
+    GGUF file whose tokenizer metadata it copies (default: the embedded SmolLM2 file's),
+    ``rope`` the RoPE scaling (default none)."""
     import gguf
     from gguf.quants import quantize
 
@@ -204,6 +245,12 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for name, value, vtype, sub in tokenizer_fields(reader):
             w.add_key_value(name, value, vtype, sub_type=sub)
+        if rope is not None and rope.kind == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope.factor)
+        elif rope is not None:  # llama.cpp's converter writes the factors and no scaling keys
+            w.add_tensor("rope_freqs.weight", llama3_rope_factors(
+                shape.hidden // shape.heads, shape.rope_base, rope))
         for name, dims in tensor_shapes(shape, vocab):
             if len(dims) == 1:
                 w.add_tensor(name, np.ones(dims, np.float32))
@@ -245,12 +292,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=Path, metavar="FILE.gguf",
                         help="copy this GGUF file's tokenizer metadata (default: SmolLM2's)")
+    parser.add_argument("--rope-scaling", choices=("none", "llama3", "linear"), default="none",
+                        help="llama3: a rope_freqs tensor; linear: the scaling keys")
+    parser.add_argument("--rope-factor", type=float, default=RopeScaling.factor)
+    parser.add_argument("--rope-original-context", type=int,
+                        default=RopeScaling.original_context,
+                        help="llama3's original_max_position_embeddings")
     parser.add_argument("--out", type=Path,
                         help="default: build/gguf/<shape>[-<vocab>]-<type>.gguf")
     args = parser.parse_args(argv)
     shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
-    path = write(args.out or default_path(shape, args.type, args.vocab), shape, args.type,
-                 args.seed, vocab=args.vocab)
+    rope = None if args.rope_scaling == "none" else RopeScaling(
+        args.rope_scaling, args.rope_factor, original_context=args.rope_original_context)
+    if rope is not None and not (math.isfinite(rope.factor) and rope.factor > 0
+                                 and rope.original_context > 0):
+        raise SystemExit(f"make_gguf: {rope} breaks the rule: the factor and the original "
+                         "context must be positive")
+    out = args.out or default_path(shape, args.type, args.vocab)
+    if rope is not None and args.out is None:
+        out = out.with_name(f"{out.stem}-rope-{rope.kind}{out.suffix}")
+    path = write(out, shape, args.type, args.seed, vocab=args.vocab, rope=rope)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

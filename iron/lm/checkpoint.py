@@ -38,8 +38,9 @@ from iron.tensorfile import (TensorInfo, read_safetensors, read_safetensors_head
 from iron.jsonfile import loads
 from iron.util import read_bounded
 
-__all__ = ["CheckpointError", "Checkpoint", "LlamaConfig", "Llama3RopeScaling", "TensorInfo",
-           "expected_tensors", "inv_freq", "read_safetensors", "read_safetensors_header"]
+__all__ = ["CheckpointError", "Checkpoint", "FrequencyFactors", "LinearRopeScaling",
+           "LlamaConfig", "Llama3RopeScaling", "RopeScaling", "TensorInfo", "expected_tensors",
+           "inv_freq", "read_safetensors", "read_safetensors_header"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +54,47 @@ class Llama3RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+    def to_json_dict(self, max_position_embeddings: int) -> dict[str, Any]:
+        return {"rope_type": "llama3", **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    """``rope_type: linear`` (position interpolation): every frequency divided by ``factor``.
+
+    llama.cpp's ``rope.scaling.type = linear`` is the same rule: it multiplies each angle by
+    ``freq_scale = 1 / rope.scaling.factor`` (``llama_model::load_hparams``, ``rope_yarn``).
+    """
+
+    factor: float
+
+    def to_json_dict(self, max_position_embeddings: int) -> dict[str, Any]:
+        return {"rope_type": "linear", "factor": self.factor}
+
+
+@dataclass(frozen=True)
+class FrequencyFactors:
+    """One divisor per RoPE frequency, ``inv_freq[i] = theta ** (-2i / head_dim) / factors[i]``.
+
+    This is what a llama.cpp GGUF stores for Llama 3.1 scaling: llama.cpp's converter evaluates
+    the llama3 rule into the ``rope_freqs`` tensor and ``ggml_rope_ext`` divides each angle by
+    its entry, so keeping the entries (not parameters guessed back from them) reproduces
+    llama.cpp's frequencies exactly.  In ``config.json`` it is transformers' ``longrope`` with
+    equal short and long factors and ``attention_factor`` 1, which computes the same
+    frequencies; other longrope configs (two factor sets, a cos/sin scale) are refused.
+    """
+
+    factors: tuple[float, ...]
+
+    def to_json_dict(self, max_position_embeddings: int) -> dict[str, Any]:
+        factors = list(self.factors)
+        return {"rope_type": "longrope", "short_factor": factors, "long_factor": factors,
+                "attention_factor": 1.0, "factor": 1.0,
+                "original_max_position_embeddings": max_position_embeddings}
+
+
+RopeScaling = Llama3RopeScaling | LinearRopeScaling | FrequencyFactors
 
 
 @dataclass(frozen=True)
@@ -68,7 +110,7 @@ class LlamaConfig:
     vocab_size: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: Llama3RopeScaling | None
+    rope_scaling: RopeScaling | None
     tie_word_embeddings: bool
     max_position_embeddings: int
     bos_token_id: int | None
@@ -100,7 +142,7 @@ class LlamaConfig:
         """The Hugging Face ``config.json`` contents describing this config."""
         scaling = None
         if self.rope_scaling is not None:
-            scaling = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+            scaling = self.rope_scaling.to_json_dict(self.max_position_embeddings)
         eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
         return {
             "architectures": ["LlamaForCausalLM"],
@@ -246,6 +288,10 @@ def _parse_config(data: Any, source: str) -> LlamaConfig:
         values["head_dim"] = hidden // heads
     if values["head_dim"] % 2:
         raise _bad(source, "head_dim", values["head_dim"], "must be even (RoPE rotates pairs)")
+    scaling = values["rope_scaling"]
+    if isinstance(scaling, FrequencyFactors) and len(scaling.factors) != values["head_dim"] // 2:
+        raise _bad(source, "rope_scaling.short_factor", list(scaling.factors),
+                   f"must hold head_dim / 2 = {values['head_dim'] // 2} factors")
     return LlamaConfig(**values)
 
 
@@ -253,7 +299,7 @@ _LLAMA3_FIELDS = {"factor": "pos_float", "low_freq_factor": "pos_float",
                   "high_freq_factor": "pos_float", "original_max_position_embeddings": "pos_int"}
 
 
-def _parse_rope_scaling(raw: Any, source: str) -> Llama3RopeScaling | None:
+def _parse_rope_scaling(raw: Any, source: str) -> RopeScaling | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -261,21 +307,46 @@ def _parse_rope_scaling(raw: Any, source: str) -> Llama3RopeScaling | None:
     rope_type = raw.get("rope_type", raw.get("type", "default"))
     if rope_type == "default":
         return None
+    if rope_type == "linear":
+        return LinearRopeScaling(_scaling_field(raw, "factor", "pos_float", "linear", source))
+    if rope_type == "longrope":
+        return _parse_frequency_factors(raw, source)
     if rope_type != "llama3":
-        raise _bad(source, "rope_scaling.rope_type", rope_type,
-                   "is not supported: only 'default' and 'llama3' are implemented")
-    vals = {}
-    for key, kind in _LLAMA3_FIELDS.items():
-        if key not in raw:
-            raise CheckpointError(f"{source}: rope_scaling of type llama3 lacks {key!r} "
-                                  f"(it {_KIND_RULES[kind]})")
-        if not _kind_ok(kind, raw[key]):
-            raise _bad(source, f"rope_scaling.{key}", raw[key], _KIND_RULES[kind])
-        vals[key] = float(raw[key]) if kind == "pos_float" else raw[key]
+        raise _bad(source, "rope_scaling.rope_type", rope_type, "is not supported: only "
+                   "'default', 'llama3', 'linear' and single-factor 'longrope' are implemented")
+    vals = {key: _scaling_field(raw, key, kind, "llama3", source)
+            for key, kind in _LLAMA3_FIELDS.items()}
     if not vals["high_freq_factor"] > vals["low_freq_factor"]:
         raise _bad(source, "rope_scaling.high_freq_factor", vals["high_freq_factor"],
                    f"must exceed low_freq_factor = {vals['low_freq_factor']}")
     return Llama3RopeScaling(**vals)
+
+
+def _scaling_field(raw: dict, key: str, kind: str, rope_type: str, source: str) -> Any:
+    """``raw[key]``, required and of ``kind``."""
+    if key not in raw:
+        raise CheckpointError(f"{source}: rope_scaling of type {rope_type} lacks {key!r} "
+                              f"(it {_KIND_RULES[kind]})")
+    if not _kind_ok(kind, raw[key]):
+        raise _bad(source, f"rope_scaling.{key}", raw[key], _KIND_RULES[kind])
+    return float(raw[key]) if kind == "pos_float" else raw[key]
+
+
+def _parse_frequency_factors(raw: dict, source: str) -> FrequencyFactors:
+    """A ``longrope`` config iron's RoPE can run: one set of per-frequency divisors (short and
+    long factors equal) and no cos/sin scale (``attention_factor`` 1)."""
+    short = raw.get("short_factor")
+    if not (isinstance(short, list) and short and all(_kind_ok("pos_float", f) for f in short)):
+        raise _bad(source, "rope_scaling.short_factor", short,
+                   "must be a non-empty list of positive finite numbers")
+    if raw.get("long_factor") != short:
+        raise _bad(source, "rope_scaling.long_factor", raw.get("long_factor"),
+                   "is not supported: it must equal short_factor (iron's RoPE has one set of "
+                   "frequencies for every context length)")
+    if raw.get("attention_factor") != 1.0:
+        raise _bad(source, "rope_scaling.attention_factor", raw.get("attention_factor"),
+                   "is not supported: it must be 1.0 (iron's RoPE does not scale cos/sin)")
+    return FrequencyFactors(tuple(float(f) for f in short))
 
 
 def inv_freq(config: LlamaConfig) -> np.ndarray:
@@ -284,7 +355,9 @@ def inv_freq(config: LlamaConfig) -> np.ndarray:
     With llama3 rope_scaling, wavelengths longer than ``original / low_freq_factor`` are slowed
     by ``factor``, those shorter than ``original / high_freq_factor`` kept, and those between
     interpolated: the rule of transformers' ``_compute_llama3_parameters``, step by step in
-    float32 as it does (the power is rounded from float64, so it may differ by an ulp).
+    float32 as it does (the power is rounded from float64, so it may differ by an ulp).  Linear
+    scaling divides every frequency by its factor, frequency factors each by its own (in
+    float32, as ``ggml_rope_ext`` divides each angle by ``freq_factors[i]``).
     """
     d = config.head_dim
     exponent = (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d))
@@ -293,6 +366,10 @@ def inv_freq(config: LlamaConfig) -> np.ndarray:
     s = config.rope_scaling
     if s is None:
         return inv
+    if isinstance(s, LinearRopeScaling):
+        return inv / np.float32(s.factor)
+    if isinstance(s, FrequencyFactors):
+        return inv / np.asarray(s.factors, np.float32)
     old_len = s.original_max_position_embeddings
     low_freq_wavelen = old_len / s.low_freq_factor
     high_freq_wavelen = old_len / s.high_freq_factor

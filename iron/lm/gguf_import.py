@@ -49,6 +49,7 @@ import numpy as np
 from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expected_tensors)
 from iron.lm.gguf_file import GGUFFile
 from iron.lm.gguf_meta import check_layers, check_metadata, check_vocabulary
+from iron.lm.gguf_rope import ROPE_FREQS, gguf_rope_scaling
 from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer, tokenizer_metadata
 from iron.jsonfile import loads
 from iron.util import sha256_file
@@ -287,12 +288,8 @@ def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
     if rope_dims != head_dim:
         raise CheckpointError(f"{source}: rope.dimension_count = {rope_dims} differs from "
                               f"head_dim = {head_dim}; partial RoPE is not supported")
-    if opt(a + "rope.scaling.type", None) not in (None, "none"):
-        raise CheckpointError(f"{source}: rope scaling in GGUF metadata is not supported")
     names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise CheckpointError(f"{source}: has a rope_freqs tensor (Llama 3.1 rope scaling), "
-                              "which this converter does not translate")
+    rope_scaling = gguf_rope_scaling(reader, head_dim)
     layers = int(req(a + "block_count"))
     check_layers(reader, layers)
     vocab = check_vocabulary(reader, hidden)
@@ -316,7 +313,7 @@ def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
         "vocab_size": vocab,
         "rms_norm_eps": _float32_decimal(req(a + "attention.layer_norm_rms_epsilon")),
         "rope_theta": _float32_decimal(opt(a + "rope.freq_base", 10000.0)),
-        "rope_scaling": None,
+        "rope_scaling": rope_scaling,
         "tie_word_embeddings": "output.weight" not in names,
         "max_position_embeddings": int(_field(reader, source, a + "context_length")),
         "bos_token_id": extra["bos_token_id"],
@@ -363,6 +360,8 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
         if n % 25 == 0 or n == len(reader.tensors):
             progress(f"dequantizing tensors: {n}/{len(reader.tensors)}", end="\r"
                      if n < len(reader.tensors) else "\n")
+        if t.name == ROPE_FREQS:  # in the config's rope_scaling (gguf_config)
+            continue
         name = hf_name(t.name)
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w = np.asarray(t.data, dtype=np.float32)

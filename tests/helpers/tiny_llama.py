@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
@@ -117,10 +118,12 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
-                     types: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+                     types: dict[str, str] | None = None,
+                     extra: Callable[[Any], None] | None = None) -> dict[str, np.ndarray]:
     """A float32 Llama GGUF as llama.cpp's converter would write the tiny model (no scaling);
     with ``quantize``, projections in Q4_1 and the embedding in Q8_0, like SmolLM2's file;
-    ``types`` stores the tensors whose name ends with a key as that GGML type instead.
+    ``types`` stores the tensors whose name ends with a key as that GGML type instead;
+    ``extra(writer)`` adds keys or tensors (RoPE scaling) before the file is written.
     Returns the float32 weights written (the blocks' values when quantized)."""
     import gguf
     from gguf.quants import dequantize, quantize as gguf_quantize
@@ -177,6 +180,8 @@ def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
         heads = 4 if name.endswith("q_proj.weight") else 2
         weights[name] = (gguf_import.unpermute_rows(values, heads, 16)
                          if name.endswith(("q_proj.weight", "k_proj.weight")) else values)
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

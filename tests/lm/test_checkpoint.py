@@ -166,6 +166,12 @@ def test_index_and_shard_disagree(tiny: Path):
         Checkpoint.open(tiny)
 
 
+# per-frequency divisors (a GGUF's rope_freqs) in transformers' single-factor longrope form
+FACTORS_ROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.0, 1.5, 3.0, 8.0, 8.0, 8.0, 8.0],
+                "long_factor": [1.0, 1.0, 1.5, 3.0, 8.0, 8.0, 8.0, 8.0],
+                "attention_factor": 1.0, "original_max_position_embeddings": 512}
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("hidden_size", "64", ["'hidden_size'", "'64'", "positive integer"]),
     ("num_key_value_heads", 3, ["'num_key_value_heads'", "3", "divide num_attention_heads"]),
@@ -175,6 +181,14 @@ def test_index_and_shard_disagree(tiny: Path):
     ("hidden_act", "gelu", ["'hidden_act'", "'gelu'", "'silu'"]),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0},
      ["'rope_scaling.rope_type'", "'yarn'", "llama3"]),
+    ("rope_scaling", {"rope_type": "linear", "factor": 0},
+     ["'rope_scaling.factor'", "= 0", "positive finite"]),
+    ("rope_scaling", {**FACTORS_ROPE, "long_factor": [2.0] * 8},
+     ["'rope_scaling.long_factor'", "equal short_factor"]),
+    ("rope_scaling", {**FACTORS_ROPE, "attention_factor": 1.2},
+     ["'rope_scaling.attention_factor'", "1.2", "must be 1.0"]),
+    ("rope_scaling", {**FACTORS_ROPE, "short_factor": [1.0] * 7, "long_factor": [1.0] * 7},
+     ["'rope_scaling.short_factor'", "head_dim / 2 = 8"]),
     ("vocab_size", _DELETE, ["required field 'vocab_size' is missing"]),
 ])
 def test_bad_config_field(tiny: Path, field, value, words):
@@ -277,14 +291,18 @@ LLAMA31_ROPE = {"rope_theta": 500000.0, "hidden_size": 4096, "num_attention_head
                                  "original_max_position_embeddings": 8192}}
 
 
-@pytest.mark.parametrize("changes", [{}, LLAMA31_ROPE, {"rope_scaling": None}],
-                         ids=["tiny-llama3", "llama3.1-8b", "no-scaling"])
+@pytest.mark.parametrize("changes", [
+    {}, LLAMA31_ROPE, {"rope_scaling": None},
+    {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, {"rope_scaling": FACTORS_ROPE}],
+    ids=["tiny-llama3", "llama3.1-8b", "no-scaling", "linear", "frequency-factors"])
 def test_inv_freq_matches_transformers(changes):
+    """Also through iron's own config.json: what ``to_json_dict`` writes, transformers reads
+    into the same frequencies (a converted GGUF's folder runs in transformers as in iron)."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    cfg = {**TINY_CONFIG, **changes}
+    cfg = LlamaConfig.from_dict({**TINY_CONFIG, **changes}).to_json_dict()
     ours = inv_freq(LlamaConfig.from_dict(cfg))
     theirs = LlamaRotaryEmbedding(transformers.LlamaConfig(**cfg)).inv_freq.numpy()
     assert ours.dtype == np.float32 and ours.shape == theirs.shape
