@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from iron.operators import GEMM, SlotAttention
+from iron.operators import GEMM, Attention, SlotAttention
 from iron.resolution import resolve
 from iron.targets import npu
 from iron.targets.npu import custom, ods
@@ -201,3 +201,17 @@ def test_the_verify_command_checks_a_step_files_custom_form_against_its_generic_
     failed = subprocess.run(run + [str(bad)], capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1 and failed.stderr.startswith(f"error: {bad} (custom form):")
     assert failed.stderr.rstrip().endswith("[custom_form]"), failed.stderr
+
+
+def test_a_fifo_between_neighbouring_cores_holds_its_depth_on_the_producer_only():
+    """Attention's position goes from core (0, 3) to core (0, 2) through shared memory: the
+    pin creates the declared depth of buffers on the producer's tile, none on the consumer's,
+    and no DMA (no channel, no descriptor)."""
+    design = npu.design_of(Attention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64,
+                                     tile_size=16, num_aie_columns=1), "npu2")
+    (d,) = devices(parse(render(design, generic=True), "design.generic.mlir"))
+    shared = [f for f in d.fifos.values() if d.shared(f)]
+    assert [f.name for f in shared] == ["pos_0"]
+    f = shared[0]
+    assert (d.holds_buffers(f, f.producer), d.holds_buffers(f, f.consumers[0])) == (True, False)
+    assert d.buffers_at(f, f.producer) == f.depth

@@ -149,11 +149,12 @@ class Device:
         once, except one buffer when that is one and the depth is 1.  That exception is the
         pin's: PR #2986 (opened 2026-03-18, after the pin) removes it, so a scalar depth of
         1 then gives two buffers and only a ``[1, 1]`` depth array gives one.  A core tile
-        with no acquire of the FIFO keeps the declared depth."""
+        with no acquire of the FIFO keeps the declared depth, and so does a FIFO between
+        neighbouring cores (``shared``), which is not split into two ends."""
         kind = tile.kind
         if kind == "shim":
             return 0
-        if kind == "memtile":
+        if kind == "memtile" or self.shared(fifo):
             return fifo.depth
         most = self.most_acquired.get((tile, fifo.name), 0)
         if most == 0:
@@ -174,11 +175,20 @@ class Device:
         have the same depth and element, so the count is the same either way."""
         if tile.kind == "shim":
             return False
+        if self.shared(fifo):
+            return tile == fifo.producer
         link = self.link_of.get(fifo.name)
         if link is None or tile.kind != "memtile":
             return True
         single = link.fifoOuts.data[0] if len(link.fifoIns.data) > 1 else link.fifoIns.data[0]
         return single.root_reference.data == fifo.name
+
+    def shared(self, fifo: Fifo) -> bool:
+        """A FIFO between neighbouring cores of a column (``check.shares_memory``): no DMA,
+        one set of buffers, on the producer's tile (``isSharedMemory`` gives direction -1
+        when the consumer reaches the producer's memory, and ``createObjectFifoElements``
+        then creates the buffers there)."""
+        return shares_memory(fifo, fifo.name in self.link_of)
 
     def ends(self) -> Iterator[tuple[Fifo, Tile]]:
         for f in self.fifos.values():
@@ -312,7 +322,7 @@ def descriptors(d: Device) -> Iterator[Violation]:
     m = d.model
     for f, tile in d.ends():
         kind = tile.kind
-        if kind == "shim":
+        if kind == "shim" or d.shared(f):  # a shared-memory FIFO has no DMA
             continue
         owner = f
         link = d.link_of.get(f.name)
@@ -346,7 +356,7 @@ def dma_channels(d: Device) -> Iterator[Violation]:
     ``WireBundle::DMA``: 2 on a core or shim tile, 6 on a memory tile, per direction)."""
     used: dict[tuple[Tile, str], list[str]] = defaultdict(list)
     for f in d.fifos.values():
-        if shares_memory(f, f.name in d.link_of):  # neighbours' shared memory: no DMA
+        if d.shared(f):  # neighbours' shared memory: no DMA
             continue
         used[(f.producer, "MM2S")].append(f.name)
         for t in f.consumers:
