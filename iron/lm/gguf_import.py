@@ -16,10 +16,13 @@ Q4_0, Q4_1, Q8_0, Q4_K or Q6_K are also kept as they are, in ``quantized.safeten
 the blocks' fields moved into the planes of ``iron.quant``, q/k rows un-permuted as whole rows,
 no byte changed; the metadata names each tensor's format), so a bundle can run the file's own
 blocks; F32, F16 and BF16 tensors become bf16, and any other type (Q5_0, Q5_K, ...) is
-dequantized to bf16 with one line saying so.  A file whose architecture is not ``llama`` is
-refused in one line.  The directory is built beside its destination and renamed into place;
-``iron-manifest.json``, written last, records the source hash and every file's hash, and a
-directory whose manifest checks out is reused as is::
+dequantized to bf16 with one line saying so.  RoPE scaling becomes the config's
+``rope_scaling`` with llama.cpp's frequencies (``iron.lm.gguf_rope``): Llama 3.1/3.2's
+``rope_freqs`` tensor and linear ``llama.rope.scaling.*`` keys; YaRN and LongRoPE files are
+refused in one line.  A file whose architecture is not ``llama`` is refused in one line.
+The directory is built beside its destination and renamed into place; ``iron-manifest.json``,
+written last, records the source hash and every file's hash, and a directory whose manifest
+checks out is reused as is::
 
     python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
     doit checkpoint=model.gguf        # ensure_checkpoint: build/checkpoints/model-<digest>
