@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rope_scaling, args.rope_factor, original_context=args.rope_original_context)
     if rope is not None and not (math.isfinite(rope.factor) and rope.factor > 0
                                  and rope.original_context > 0):
-        raise SystemExit(f"make_gguf: {rope} breaks the rule: the factor and the original "
-                         "context must be positive")
+        raise SystemExit(f"make_gguf: --rope-factor {rope.factor} --rope-original-context "
+                         f"{rope.original_context} breaks the rule: both must be positive")
     out = args.out or default_path(shape, args.type, args.vocab)
     if rope is not None and args.out is None:
         out = out.with_name(f"{out.stem}-rope-{rope.kind}{out.suffix}")
