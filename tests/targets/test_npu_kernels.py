@@ -76,6 +76,10 @@ CASES = [
      "\nm.mac(a, aie::zeros<bfloat16, 32>());", "aie::mmul<4, 8, 8, bfloat16, bfloat16, "
      "accfloat> m;\nm.mac(aie::zeros<bfloat16, 32>(), aie::zeros<bfloat16, 64>());", (AIE2P,),
      "not an MMUL of the architecture"),
+    ("AIE2's int8 x int4 MMUL on AIE2P", "aie::mmul<4, 16, 8, int8, int4, acc32> m;",
+     "aie::mmul<8, 8, 8, int8, int8, acc32> m;", (AIE2P,), "not an MMUL of the architecture"),
+    ("a 64-bit int4 vector", "aie::vector<int4, 16> v;", "aie::vector<int4, 32> v;",
+     (AIE2, AIE2P), "must be 128, 256, 512 or 1024 bits"),
     ("AIE2P's bf16 4x8x8 MMUL on AIE2", "aie::mmul<4, 8, 8, bfloat16, bfloat16, accfloat> m;",
      "aie::mmul<4, 8, 4, bfloat16, bfloat16, accfloat> m;", (AIE2,),
      "not an MMUL of the architecture"),
@@ -189,8 +193,8 @@ QFORMATS = {"q4_0": (1, False), "q4_1": (1, True), "q8_0": (2, False), "uint4": 
 
 @pytest.mark.parametrize("dev", ("npu1", "npu2"))
 def test_the_quantized_mmul_gives_each_vectors_lane_result_bit_for_bit(dev):
-    """qmatrix.cc takes 4 or more vectors through the architecture's int8 MMUL (AIE2 4x16x8,
-    AIE2P 8x8x8); its integer sums and float steps are those of one vector at a time, so 7
+    """qmatrix.cc takes 4 or more vectors through the architecture's MMUL (AIE2 4x16x8, int8 x
+    int4 for 4-bit codes, int8 x int8 for q8_0; AIE2P int8 8x8x8); its integer sums and float steps are those of one vector at a time, so 7
     vectors in one call (AIE2: an MMUL group of 4, then 3 alone; AIE2P: one group of 7) give
     each vector's own single-vector result, bit for bit, for every format."""
     lib = host_library(dev)

@@ -64,6 +64,13 @@ struct bfloat16 {
 
 // The AIE compiler's names of the integer element types.
 using int8 = int8_t;
+// A signed 4-bit lane (-8 .. 7), one per byte on the host; vectors of it count 4 bits a lane.
+struct int4 {
+    int8_t value;
+    int4() = default;
+    explicit int4(int x) : value(int8_t(x)) {}
+    operator int() const { return value; }
+};
 using uint8 = uint8_t;
 using int16 = int16_t;
 using uint16 = uint16_t;
@@ -75,10 +82,16 @@ struct acc32 {};
 
 namespace aie {
 
+// Bits of one lane of an element type.
+template <typename T>
+constexpr unsigned lane_bits() {
+    return std::is_same<T, int4>::value ? 4 : unsigned(sizeof(T) * 8);
+}
+
 template <typename T, unsigned N>
 struct vector {
-    static_assert(sizeof(T) * 8 * N == 128 || sizeof(T) * 8 * N == 256 ||
-                      sizeof(T) * 8 * N == 512 || sizeof(T) * 8 * N == 1024,
+    static_assert(lane_bits<T>() * N == 128 || lane_bits<T>() * N == 256 ||
+                      lane_bits<T>() * N == 512 || lane_bits<T>() * N == 1024,
                   "aie::vector<T, N> must be 128, 256, 512 or 1024 bits (bf16: 8, 16, 32 or "
                   "64 lanes; float and int32: 4 to 32; int8: 16 to 128)");
     T v[N];
@@ -345,6 +358,14 @@ vector<int16_t, N> unpack(const vector<int8_t, N> &a) {
     return r;
 }
 
+// int8 lanes narrowed to int4, saturating.
+template <unsigned N>
+vector<int4, N> pack(const vector<int8_t, N> &a) {
+    vector<int4, N> r;
+    for (unsigned i = 0; i < N; i++) r.v[i] = int4(a.v[i] < -8 ? -8 : a.v[i] > 7 ? 7 : a.v[i]);
+    return r;
+}
+
 template <unsigned N>
 vector<int8_t, N> pack(const vector<int16_t, N> &a) {
     vector<int8_t, N> r;
@@ -424,6 +445,7 @@ template <unsigned M, unsigned K, unsigned N, typename TA, typename TB>
 constexpr bool mmul_shape_exists() {
     constexpr bool bf16 = std::is_same<TA, bfloat16>::value && std::is_same<TB, bfloat16>::value;
     constexpr bool i8 = std::is_same<TA, int8_t>::value && std::is_same<TB, int8_t>::value;
+    constexpr bool i8x4 = std::is_same<TA, int8_t>::value && std::is_same<TB, int4>::value;
     constexpr bool i16 = std::is_same<TA, int16_t>::value && std::is_same<TB, int16_t>::value;
     if (IRON_AIE_ARCH == 20) {
         if (bf16)
@@ -435,6 +457,9 @@ constexpr bool mmul_shape_exists() {
                    (M == 4 && K == 8 && N == 8) || (M == 8 && K == 8 && N == 8) ||
                    (M == 1 && K == 16 && N == 8) || (M == 2 && K == 16 && N == 8) ||
                    (M == 4 && K == 16 && N == 8);
+        if (i8x4)
+            return (M == 4 && K == 16 && N == 8) || (M == 8 && K == 16 && N == 8) ||
+                   (M == 4 && K == 32 && N == 8);
         if (i16)
             return (M == 4 && K == 4 && N == 4) || (M == 2 && K == 4 && N == 8) ||
                    (M == 4 && K == 4 && N == 8) || (M == 4 && K == 2 && N == 8) ||
@@ -447,6 +472,15 @@ constexpr bool mmul_shape_exists() {
     return false;
 }
 
+// One lane's value in the accumulator's type.
+template <typename V, typename T>
+V lane(const T &x) {
+    if constexpr (std::is_same<T, int4>::value)
+        return V(x.value);
+    else
+        return V(x);
+}
+
 // C (M x N) += A (M x K) * B (K x N), operands as row-major vectors; bf16 operands accumulate
 // in float32 (accfloat), integer ones exactly (acc32).
 template <unsigned M, unsigned K, unsigned N, typename TA, typename TB, typename TAcc>
@@ -454,7 +488,8 @@ struct mmul {
     static_assert(mmul_shape_exists<M, K, N, TA, TB>(),
                   "aie::mmul: this M x K x N shape and operand types are not an MMUL of the "
                   "architecture being built (AIE2 bf16: 4x8x4, 8x8x4, 4x16x8, 8x8x8; AIE2P "
-                  "bf16: 4x8x8; AIE2P int8: 8x8x8)");
+                  "bf16: 4x8x8; AIE2 int8 x int4: 4x16x8, 8x16x8, 4x32x8; AIE2P int8: "
+                  "8x8x8)");
     using Tag = typename std::conditional<std::is_same<TA, bfloat16>::value, accfloat,
                                           acc32>::type;
     accum<Tag, M * N> c;
@@ -466,7 +501,8 @@ struct mmul {
         for (unsigned i = 0; i < M; i++)
             for (unsigned j = 0; j < N; j++) {
                 V s = c.v[i * N + j];
-                for (unsigned k = 0; k < K; k++) s += V(a.v[i * K + k]) * V(b.v[k * N + j]);
+                for (unsigned k = 0; k < K; k++)
+                    s += lane<V>(a.v[i * K + k]) * lane<V>(b.v[k * N + j]);
                 c.v[i * N + j] = s;
             }
     }

@@ -22,16 +22,18 @@
 // d * sum(u x) + (m - zero d) * sum(x). fp16 parameters (q4_0, q4_1, q8_0) are widened exactly
 // (bits << 13 times 2^112), bf16 ones (uint4) by a 16-bit shift.
 //
-// Four or more vectors at a time take the architecture's int8 MMUL instead of the int16 lane
-// MACs (vectors_times, AIE2 4x16x8, AIE2P 8x8x8): the codes, less 8 (q8_0: 128) so that they
-// are int8, become its B operand, the vectors' x codes its A, and 8 (128) times the block's x
-// code sum is added back: the same integer sums, then the same float steps in the same order,
-// so each vector's result is the one-vector result bit for bit.
+// Four or more vectors at a time take the architecture's MMUL instead of the int16 lane MACs
+// (vectors_times: AIE2 4x16x8 int8 x int4, q8_0 int8 x int8; AIE2P 8x8x8 int8): the codes,
+// less 8 (q8_0: 128) so that they are int4 (int8), become its B operand, the vectors' x codes
+// its A, and 8 (128) times the block's x code sum is added back: the same integer sums, then
+// the same float steps in the same order, so each vector's result is the one-vector result bit
+// for bit.
 //
 // Buffers per vector: xq k int8 codes; dx the k/16 block scales padded to a multiple of 16
 // floats, xs the k/group group sums padded likewise, so that both are read as aligned 16-lane
 // vectors. k, group multiples of 32; the tile's k a multiple of group.
 #include <cfloat>
+#include <type_traits>
 
 #include "iron_aie.h"
 
@@ -148,18 +150,40 @@ void vector_times(const uint8_t *w, const int8 *xv, const float *dxv, const floa
     aie::store_v(out, y.template to_vector<float>());
 }
 
-// The MMUL of the quantized kernels: int8 x codes (MM vectors x MK values) times int8 codes
-// (MK values x MN rows) into exact 32-bit sums.  AIE2: 4x16x8, one activation block per MMUL
-// (an AIE-ML shape of UG1529's 8b x 8b table); AIE2P: 8x8x8, mlir-aie's
-// aie_kernels/aie2p/mm.cc int8 shape, two per block.  The codes are the weights' unsigned
-// codes less OFF (8, or q8_0's 128), so that they are int8; OFF times the block's x code sum
-// is added back, which gives the lane path's integer sums exactly.
+// The MMUL of the quantized kernels: int8 x codes (MM vectors x MK values) times the weights'
+// codes (MK values x MN rows) into exact 32-bit sums.  AIE2: 4x16x8, one activation block per
+// MMUL, int8 x int4 for 4-bit codes and int8 x int8 for q8_0's (AIE-ML shapes of UG1529's
+// 8b x 4b and 8b x 8b tables); AIE2P: int8 x int8 8x8x8, mlir-aie's aie_kernels/aie2p/mm.cc
+// int8 shape, two per block.  The codes are the weights' unsigned codes less OFF (8, or q8_0's
+// 128), so that they are int4 (int8); OFF times the block's x code sum is added back, which
+// gives the lane path's integer sums exactly.
 constexpr unsigned QMM_AIE2[3] = {4, 16, 8}, QMM_AIE2P[3] = {8, 8, 8};
 constexpr unsigned MM = IRON_AIE_ARCH == 20 ? QMM_AIE2[0] : QMM_AIE2P[0];
 constexpr unsigned MK = IRON_AIE_ARCH == 20 ? QMM_AIE2[1] : QMM_AIE2P[1];
 constexpr unsigned MN = IRON_AIE_ARCH == 20 ? QMM_AIE2[2] : QMM_AIE2P[2];
 constexpr int32_t QMMUL_MIN_VECTORS = 4;  // fewer vectors take the lane path
-using QMMUL = aie::mmul<MM, MK, MN, int8, int8, acc32>;
+// The element type of the codes in the MMUL: int4 for 4-bit codes on AIE2, else int8.
+template <int NIB>
+struct QCode {
+    using type = int8;
+};
+#if IRON_AIE_ARCH == 20
+template <>
+struct QCode<1> {
+    using type = int4;
+};
+#endif
+template <int NIB>
+using QMMUL = aie::mmul<MM, MK, MN, int8, typename QCode<NIB>::type, acc32>;
+
+// B as the MMUL's code type: narrowed to int4 where the codes are 4-bit on AIE2.
+template <int NIB>
+aie::vector<typename QCode<NIB>::type, MK * MN> as_codes(const aie::vector<int8, MK * MN> &b) {
+    if constexpr (std::is_same<typename QCode<NIB>::type, int8>::value)
+        return b;
+    else
+        return aie::pack(b);
+}
 
 // B rows (values) k0 .. k0 + MK of one block, for tile rows half * MN .. + MN, as int8 codes
 // less off, from the block's two planes of codes (u[p][s], plane p).
@@ -228,11 +252,11 @@ void vectors_times(const uint8_t *w, const int8 *const *xv, const float *const *
                 const int32_t at = gx + 32 * c + 16 * blk;
                 aie::vector<int16, QL> u[2][4];
                 for (int32_t p = 0; p < 2; p++) plane_codes<NIB>(cp, 2 * blk + p, u[p]);
-                QMMUL lo, hi;  // tile rows 0..7 and 8..15
+                QMMUL<NIB> lo, hi;  // tile rows 0..7 and 8..15
                 for (unsigned v0 = 0; v0 < QBLOCK; v0 += MK) {
                     aie::vector<int8, MM * MK> a = block_x(xv, n, at, v0);
-                    lo.mac(a, block_codes(u, v0, 0, off));
-                    hi.mac(a, block_codes(u, v0, 1, off));
+                    lo.mac(a, as_codes<NIB>(block_codes(u, v0, 0, off)));
+                    hi.mac(a, as_codes<NIB>(block_codes(u, v0, 1, off)));
                 }
                 for (int32_t b = 0; b < n; b++) {
                     const int32_t xsum = int32_t(aie::reduce_add(

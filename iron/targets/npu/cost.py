@@ -94,7 +94,8 @@ QMATRIX_GROUP_OPS = {"qmatrix_q4_0": 9 + 1 + 4, "qmatrix_q4_1": 9 + 9 + 4,
 #: MMUL's B operands built from them (16 pieces of two value rows: two lane filters, two
 #: extracts, a concat, the offset's subtract and the narrowing, 7 each), the A operand (a load
 #: per vector and the concats: 1 + vectors, AIE2P's half blocks also two filters per pair of
-#: vectors), the MMULs (two per 16 / K), and per vector the x code sum (a load, a widening, a
+#: vectors), the MMULs (two per 16 / K; on AIE2 each 4-bit B operand narrowed to int4 first),
+#: and per vector the x code sum (a load, a widening, a
 #: reduction), the two halves' extracts, conversions and concat, the offset's add and
 #: broadcast, the scales' load, the conversion to float and the scaled MAC (13).
 QMMUL_PLANE_OPS = {"qmatrix_q4_0": 9, "qmatrix_q4_1": 9, "qmatrix_q8_0": 16, "qmatrix_uint4": 9}
@@ -106,8 +107,9 @@ def qmatrix_mmul_cycles(f: str, k: int, n: int, group: int, device: str) -> floa
     m, kk, _ = kernels.qmatrix_mmul(device)
     block = kernels.qmatrix_block()
     a_ops = (1 + n) * block // kk + (m if kk < block else 0)
+    narrow = 1 if kernels.arch(device) == "aie2" and f != "qmatrix_q8_0" else 0
     per_block = (2 * QMMUL_PLANE_OPS[f] + QMMUL_PIECES * QMMUL_PIECE_OPS + a_ops
-                 + 2 * block // kk + n * QMMUL_VECTOR_OPS)
+                 + 2 * block // kk * (1 + narrow) + n * QMMUL_VECTOR_OPS)
     return k // block * per_block + n * (k // group * QMATRIX_GROUP_OPS[f] + 2)
 
 
