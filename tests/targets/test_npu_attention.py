@@ -132,6 +132,17 @@ def test_qkv_rope_runs_its_compiled_sequence_at_every_position():
     assert [m for m in violations(generic) if "takes 8 buffers" in m] == violations(generic)
 
 
+def test_cache_write_runs_its_compiled_sequence_at_every_position():
+    """CacheWrite, as QKVRoPE's cache half: every cache tile through a core that replaces the
+    rows landing in it; four buffers, constant loops."""
+    d = npu.design_of(CacheWrite(kv_heads=3, ctx=2048, head_dim=64, rows=8), "npu2")
+    assert d.renderer == () and d.rtps == () and len(d.args) == 4
+    assert d.dispatch_for([None] * 4) == ((), d.sequence)
+    moved = sum(t.pattern.numel for p in d.sequence for t in p if t.arg in (0, 3))
+    assert moved == 2 * 3 * 2048 * 64
+    assert violations(render(d, generic=True)) == []
+
+
 def test_the_last_tile_is_read_shifted_back_when_ctx_is_not_a_multiple():
     op = dataclasses.replace(DECODE, ctx=300, num_aie_columns=1)
     d = npu.design_of(op, "npu2")

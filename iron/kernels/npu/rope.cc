@@ -122,6 +122,14 @@ void cache_patch(const bfloat16 *in, bfloat16 *out, const bfloat16 *rows_in,
     }
 }
 
+// CacheWrite's pass over KV head h: head h of the row x (kv_heads * hd), the chunk's row iv,
+// into row iv of rows_out (rows x hd).
+void cache_rows_head(const bfloat16 *x, bfloat16 *rows_out, int32_t h, int32_t iv,
+                     int32_t hd) {
+    for (int32_t i = 0; i < hd; i += V)
+        aie::store_v(rows_out + iv * hd + i, aie::load_v<V>(x + h * hd + i));
+}
+
 // The relay core of QKVRoPE's parameters: n positions, or n frequencies, from the FIFO the
 // runtime sequence fills into the FIFO the rotating core reads.
 void rope_positions(const int32_t *in, int32_t *out, int32_t n) {

@@ -7,25 +7,25 @@ and the slotted ``SlotQKVRoPE`` / ``SlotAttention`` of batched decode.
 so position ``p`` of KV head ``h`` in slot ``s`` is the ``head_dim`` elements at
 ``((s * kv_heads + h) * ctx + p) * head_dim``.  The designs write it in place.
 
-**Attention and QKVRoPE run what was compiled.**  Their core loops have constant trip counts
-and their runtime sequences are the same at every position: the positions travel as data of
-the ``pos`` argument, to a relay core on the tile above the working core and on through a FIFO
-the two share in memory (``relay``: the working core's two input channels are taken), and the
-kernels use them where the data cannot: Attention reads every key tile of the context and
-scores only the keys up to each row's position; QKVRoPE passes every cache tile through its
-core and replaces the rows that land in it (``cache_patch``).  (``aiex.npu.rtp_write`` cannot
-carry a position instead: its value is an ``I32Attr``, a constant of the compiled instruction
-stream.)  The price is bytes moved per layer and dispatch, whatever the position:
-Attention reads ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys and values, QKVRoPE reads
-and writes them, twice that (SmolLM2's 3 x 64 at ctx 8192: 6 MiB and 12 MiB).  A sequence per
-context bucket (powers of two up to the context, the smallest covering the position chosen
-per dispatch) would cut both to the bucket's size; it is not built.
+**Attention, QKVRoPE and CacheWrite run what was compiled.** Their core loops have constant
+trip counts and their runtime sequences are the same at every position: the positions travel as
+data of the ``pos`` argument, to a relay core on the tile above the working core and on through
+a FIFO the two share in memory (``relay``: the working core's two input channels are taken),
+and the kernels use them where the data cannot: Attention reads every key tile of the context
+and scores only the keys up to each row's position; QKVRoPE passes every cache tile through its
+core and replaces the rows that land in it (``cache_patch``), as CacheWrite does.
+(``aiex.npu.rtp_write`` cannot carry a position instead: its value is an ``I32Attr``, a
+constant of the compiled instruction stream.) The price is bytes moved per layer and dispatch,
+whatever the position: Attention reads ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys and
+values, QKVRoPE reads and writes them, twice that (SmolLM2's 3 x 64 at ctx 8192: 6 MiB and
+12 MiB). A sequence per context bucket (powers of two up to the context, the smallest covering the
+position chosen per dispatch) would cut both to the bucket's size; it is not built.
 
-**The slotted forms and CacheWrite still follow the position on the host** (``render``,
+**The slotted forms still follow the position on the host** (``render``,
 ``RENDERERS``): they write it as runtime parameters (``Rtp``, ``aiex.npu.rtp_write``) that a
 kernel reads after the core's first acquire and turns into a loop's trip count
-(``Call.result``, ``Loop.dynamic``), and their transfers (a row's slot and key tiles, the cache
-rows a write lands on) are drawn per dispatch.  Their ``sequence`` is the one at the bound
+(``Call.result``, ``Loop.dynamic``), and their transfers (a row's slot, its key tiles and the
+cache rows it lands on) are drawn per dispatch.  Their ``sequence`` is the one at the bound
 (the last rows of the context, every key tile): what the legality rules measure and ``mlir``
 writes; the cost model prices them at the middle of the context (``PRICED_AT``).
 ``trip_rules`` names what the pinned toolchain would refuse in them, and QKVRoPE's 8 buffers.
@@ -47,8 +47,8 @@ float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` / `
 only on the first-generation AIE), the rotated key head and the value head kept in core
 buffers, then the head's cache tiles of keys and of values through the core and back.
 **SlotQKVRoPE** rotates each row whole and splits it in the memory tile into q and the k, v
-rows of its slot.  **CacheWrite** has no core: the rows stream through the memory tile to the
-cache rows they land on.
+rows of its slot.  **CacheWrite** is QKVRoPE's cache half: per KV head the rows in, then the
+head's cache tiles through the core.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def units(op: Attention) -> int:
 def family_rules(op, res: NpuResources) -> Iterator[Rule]:
     v = lanes()
     if isinstance(op, CacheWrite):
-        yield rule(op.kv_heads * op.head_dim % 2 == 0, "", "kv_heads * head_dim is even (a "
-                   "row moves as whole 4-byte words)")
+        yield rule(op.head_dim % v == 0, "", f"head_dim % {v} == 0 (the kernel copies whole "
+                   f"{v}-lane bf16 vectors of a head)")
         yield rule(op.rows <= 1023 and op.kv_heads <= 1023, "", "rows <= 1023 and kv_heads <= "
                    "1023 (the write's access pattern walks each in one dimension)")
         return
@@ -199,12 +199,12 @@ def relay(fifos: list, feed: Tile, at: Tile, to: Tile, params,
           suffix: str = "") -> tuple[Core, list[str]]:
     """How data of the dispatch reach a compute tile ``to`` whose two input channels are taken
     (Attention's queries and keys, QKVRoPE's rows and cache tiles): the runtime sequence sends
-    each parameter ``(stem, shape, dtype, function)`` (the positions, as data: the same
-    transfer at every position) from ``feed`` to the neighbouring tile ``at``, whose core
-    copies it (a call of ``function``) into a FIFO the two share in memory, with no DMA
-    channel (mlir-aie's object FIFO lowering, ``requiresDMAs``: one consumer sharing the
-    producer's memory).  The FIFO's locks are the handshake: ``to``'s core acquires the copy,
-    once per dispatch, after the relay released it.  Adds the FIFOs (``<stem>_in<suffix>`` from ``feed``,
+    each parameter ``(stem, shape, dtype, function)`` (the positions, as data: the same transfer
+    at every position) from ``feed`` to the neighbouring tile ``at``, whose core copies it (a
+    call of ``function``) into a FIFO the two share in memory, with no DMA channel (mlir-aie's
+    object FIFO lowering, ``requiresDMAs``: one consumer sharing the producer's memory). The
+    FIFO's locks are the handshake: ``to``'s core acquires the copy, once per dispatch, after
+    the relay released it. Adds the FIFOs (``<stem>_in<suffix>`` from ``feed``,
     ``<stem><suffix>`` shared); returns the relay core and the shared FIFOs' names."""
     ins, shared, calls = [], [], []
     for stem, shape, dtype, function in params:
@@ -339,18 +339,13 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
     buffers = (Buffer("k_rows", core, (rows, hd), "bf16"),
                Buffer("v_rows", core, (rows, hd), "bf16"))
 
-    def patch(kept):
-        return Loop(tiles, (*consume("cache_in"), *produce("cache_out"),
-                            Call("cache_patch", ("cache_in", "cache_out", Buf(kept), pos,
-                                                 Iv(0, 1), tile, hd, rows)),
-                            *release("consume", "cache_in"), *release("produce", "cache_out")))
-
     rotate = Loop(rows, (*consume("qkv"), *produce("q"),
                          Call("qkv_head_row", ("qkv", pos, freq, "q", Buf("k_rows"),
                                                Buf("v_rows"), Iv(1, 1), Iv(0, 1), heads, kvh,
                                                hd)),
                          *release("consume", "qkv"), *release("produce", "q")))
-    body = (*consume(pos, freq), Loop(kvh, (rotate, patch("k_rows"), patch("v_rows"))),
+    body = (*consume(pos, freq), Loop(kvh, (rotate, patch_loop(ctx, hd, rows, "k_rows", pos),
+                                            patch_loop(ctx, hd, rows, "v_rows", pos))),
             *release("consume", pos, freq))
     cores.append(Core(core, body))
     cache = kvh * ctx * hd
@@ -359,6 +354,25 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
             Arg("k_cache_out", cache), Arg("v_cache_out", cache))
     return Design(op.describe(True), res.name, args, tuple(fifos), (), buffers, tuple(cores),
                   qkv_rope_sequence(op), "rope.cc")
+
+
+def patch_loop(ctx: int, hd: int, rows: int, kept: str, pos: str) -> Loop:
+    """One head's cache tiles through the core: each copied out with the chunk's rows that
+    land in it (core buffer ``kept``, at the positions of FIFO ``pos``) in place."""
+    tile = cache_tile(ctx)
+    return Loop(ctx // tile, (*consume("cache_in"), *produce("cache_out"),
+                              Call("cache_patch", ("cache_in", "cache_out", Buf(kept), pos,
+                                                   Iv(0, 1), tile, hd, rows)),
+                              *release("consume", "cache_in"),
+                              *release("produce", "cache_out")))
+
+
+def cache_pass(h: int, ctx: int, hd: int, ins: tuple[int, ...], outs: tuple[int, ...]) -> list:
+    """The transfers of head ``h``'s cache tiles: in from each runtime argument of ``ins``
+    (keys, then values), out to each of ``outs``, the whole head every time."""
+    head = linear(h * ctx * hd, ctx * hd)
+    return ([Transfer("in", a, "cache_in", shim(0), head) for a in ins]
+            + [Transfer("out", a, "cache_out", shim(0), head) for a in outs])
 
 
 def cache_tile(ctx: int) -> int:
@@ -377,15 +391,11 @@ def qkv_rope_sequence(op: QKVRoPE) -> tuple:
     for h in range(kvh):
         phase = [Transfer("in", 1, "pos_in", shim(1), linear(0, rows)),
                  Transfer("in", 2, "freq_in", shim(1), linear(0, hd // 2))] if h == 0 else []
-        head = linear(h * ctx * hd, ctx * hd)
         phase += [Transfer("in", 0, "qkv", shim(0), linear(0, rows * width)),
-                  Transfer("in", 3, "cache_in", shim(0), head),
-                  Transfer("in", 4, "cache_in", shim(0), head),
                   Transfer("out", 5, "q", shim(0), Pattern(h * group * hd, (1, 1, rows,
                                                                            group * hd),
                                                           (0, 0, heads * hd, 1))),
-                  Transfer("out", 6, "cache_out", shim(0), head),
-                  Transfer("out", 7, "cache_out", shim(0), head)]
+                  *cache_pass(h, ctx, hd, (3, 4), (6, 7))]
         phases.append(tuple(phase))
     return tuple(phases)
 
@@ -431,11 +441,6 @@ def slot_qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
     return at_bound(design)
 
 
-def stored_rows(start: int, rows: int, ctx: int) -> int:
-    """Rows of a chunk at ``start ..`` that land inside the cache (``qkv_stored``)."""
-    return 0 if start < 0 else max(0, min(rows, ctx - start))
-
-
 def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
     """SlotQKVRoPE, one phase per row: q, and k, v at ``pos[r]`` of slot ``slot[r]`` when
     stored."""
@@ -462,31 +467,34 @@ def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
 
 
 def cache_write(op: CacheWrite, res: NpuResources) -> Design:
-    """No core: the rows stream into the memory tile and out again to the cache rows they land
-    on; the host renders the rows that fit (``pos[0] ..`` below ``ctx``)."""
+    """One pass per KV head on compute tile (0, 2): the rows in, the head's part kept in a
+    core buffer, then every cache tile of the head through the core with the rows that land in
+    it replaced (``cache_patch``) and back; the positions come through the tile above
+    (``relay``).  Constant loops and one sequence at every position: a dispatch moves the
+    head's whole cache in and out."""
     kvh, ctx, hd, rows = op.kv_heads, op.ctx, op.head_dim, op.rows
-    mem = Tile(0, 1)
-    fifos = (Fifo("x", shim(0), (mem,), 2, (kvh * hd,)), Fifo("row", mem, (shim(0),), 2,
-                                                                (kvh * hd,)))
+    core, tiles = Tile(0, 2), ctx // cache_tile(ctx)
+    fifos: list = []
+    relayed, (pos,) = relay(fifos, shim(1), Tile(0, 3), core,
+                            (("pos", (rows,), "i32", "rope_positions"),))
+    fifos += [Fifo("x", shim(0), (core,), rotating(rows), (kvh * hd,)),
+              Fifo("cache_in", shim(0), (core,), rotating(tiles), (cache_tile(ctx), hd)),
+              Fifo("cache_out", core, (shim(0),), rotating(tiles), (cache_tile(ctx), hd))]
+    take = Loop(rows, (*consume("x"),
+                       Call("cache_rows_head", ("x", Buf("head_rows"), Iv(1, 1), Iv(0, 1), hd)),
+                       *release("consume", "x")))
+    body = (*consume(pos), Loop(kvh, (take, patch_loop(ctx, hd, rows, "head_rows", pos))),
+            *release("consume", pos))
     cache = kvh * ctx * hd
     args = (Arg("cache", cache), Arg("x", rows * kvh * hd), Arg("pos", rows, "i32"),
             Arg("cache_out", cache))
-    params = (("ctx", ctx), ("head_dim", hd), ("kind", "cache_write"), ("kv_heads", kvh),
-              ("rows", rows))
-    design = Design(op.describe(True), res.name, args, fifos, (Link(("x",), ("row",)),), (), (),
-                    (), "rope.cc", (), params)
-    return at_bound(design)
-
-
-def cache_write_dispatch(p: dict, pos: np.ndarray, slot=None):
-    rows, kvh, hd, ctx = (p[k] for k in ("rows", "kv_heads", "head_dim", "ctx"))
-    start = int(pos[0])
-    n = stored_rows(start, rows, ctx)
-    if not n:
-        return (), ()
-    return (), ((Transfer("in", 1, "x", shim(0), linear(0, n * kvh * hd)),
-                 Transfer("out", 3, "row", shim(0), Pattern(start * hd, (1, n, kvh, hd),
-                                                            (0, hd, ctx * hd, 1)))),)
+    phases = tuple(tuple(([Transfer("in", 2, "pos_in", shim(1), linear(0, rows))] if h == 0
+                          else [])
+                         + [Transfer("in", 1, "x", shim(0), linear(0, rows * kvh * hd)),
+                            *cache_pass(h, ctx, hd, (0,), (3,))]) for h in range(kvh))
+    return Design(op.describe(True), res.name, args, tuple(fifos), (),
+                  (Buffer("head_rows", core, (rows, hd), "bf16"),), (relayed, Core(core, body)),
+                  phases, "rope.cc")
 
 
 # ---- per-dispatch rendering ------------------------------------------------------------------
@@ -494,8 +502,7 @@ def cache_write_dispatch(p: dict, pos: np.ndarray, slot=None):
 #: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
 #: and the runtime argument holding the positions.
 RENDERERS = {"slot_attention": (attention_dispatch, 3, 4),
-             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5),
-             "cache_write": (cache_write_dispatch, 2, None)}
+             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5)}
 
 
 def render(design: Design, args):
@@ -540,8 +547,6 @@ def priced(design: Design) -> Design:
         pos = positions(design, start)[RENDERERS[p["kind"]][1]]
         n = key_tiles(int(pos[0]), int(pos[0]), p["tile"], p["ctx"])
         counts = {Tile(c, 2): {"tiles": n} for c in range(p["cols"])}
-    elif p["kind"] == "cache_write":
-        pass
     else:  # slot_qkv_rope
         counts[Tile(0, 2)] = {"stored": 1, "past": 0}
 

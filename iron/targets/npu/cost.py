@@ -175,6 +175,8 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
     if f == "qkv_head_row":  # h, iv, heads, kv_heads, hd: one KV head's group of q and its k
         heads, kvh, hd = n[-3:]  # rotated (as qkv_rope_row), its v copied
         return (heads // kvh + 1) * hd / lanes * 2 + hd / 2 * 40 + hd / lanes
+    if f == "cache_rows_head":  # h, iv, hd: a head's row copied
+        return n[-1] / lanes * 2
     if f == "cache_patch":  # t, tile, hd, rows: the tile copied, the rows landing in it too
         tile, hd, rows = n[-3:]
         return tile * hd / lanes * 2 + rows * ROW_CYCLES
