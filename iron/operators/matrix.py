@@ -8,8 +8,8 @@ import numpy as np
 
 from ..devices import Device
 from ..errors import ShapeError
-from ..operator import (Operator, Rule, bfloat16, columns, expect, expect_dtype, normal, param,
-                        pow2_tiles, rule, tunable)
+from ..operator import (ACCUMULATED, Operator, Rule, bfloat16, columns, expect, expect_dtype,
+                        normal, param, pow2_tiles, rule, tunable)
 from ..quant import (FORMATS, TILE, FormatError, activation_values, check_format, dequantize,
                      k_of, random_matrix, row_bytes, tile, untile)
 from ..tensor import Tensor
@@ -75,7 +75,7 @@ class GEMV(Operator):
     """
 
     kernel = "gemv"
-    tolerance = (0.005, 0.005)
+    tolerance = ACCUMULATED
     test_shapes = ({"M": 1, "K": 1, "batches": 1}, {"M": 7, "K": 3, "batches": 1},
                    {"M": 5, "K": 33, "batches": 3}, {"M": 576, "K": 576, "batches": 1},
                    {"M": 192, "K": 1536, "batches": 2},
@@ -173,7 +173,7 @@ class GEMM(Operator):
     """
 
     kernel = "gemm"
-    tolerance = (0.005, 0.005)
+    tolerance = ACCUMULATED
     test_shapes = ({"M": 1, "K": 1, "N": 1}, {"M": 7, "K": 3, "N": 5}, {"M": 16, "K": 576, "N": 96},
                    {"M": 32, "K": 64, "N": 48},
                    {"M": 20, "K": 96, "N": 80},  # AMX hosts: a part-filled row tile, odd n tiles

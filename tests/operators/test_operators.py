@@ -87,4 +87,7 @@ def test_every_registered_operator_declares_its_test_facts():
         if hasattr(cls, "kernel") and cls.__module__.startswith("iron."):
             assert cls.test_shapes, f"{cls.__name__} declares no test_shapes"
             rtol, atol = cls.tolerance
-            assert 0 < rtol < 0.1 and 0 < atol < 0.1, (cls.__name__, cls.tolerance)
+            # at most one bf16 rounding beyond the check's one-ulp allowance: a 1% systematic
+            # error must fail the kernel tests (iron/operator.py states each bound's reason)
+            assert 0 <= rtol <= 2.0 ** -8 and 0 <= atol <= 2.0 ** -8, (cls.__name__,
+                                                                      cls.tolerance)
