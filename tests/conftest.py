@@ -84,11 +84,15 @@ def smollm2_model(smollm2_bundle):
 
 @pytest.fixture(scope="session")
 def smollm2_reference(smollm2):
+    """The float32 reference of the embedded model: its GGUF file as transformers' own GGUF
+    reader loads it, so iron's converter is under test too, not part of the reference."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from llama_reference import LlamaReference
 
-    return LlamaReference(smollm2)
+    from iron.lm import gguf_import
+
+    return LlamaReference.from_gguf(gguf_import.default_gguf(REPO / "build" / "downloads"))
 
 
 def copy_project(dest: Path) -> Path:

@@ -1,8 +1,8 @@
 """An independent float32 reference: Hugging Face ``transformers.LlamaForCausalLM`` on torch CPU.
 
 Test-only; needs ``torch`` and ``transformers`` (tests ``pytest.importorskip`` both before
-importing this module). The checkpoint is loaded from local files only, from safetensors only,
-with no remote code::
+importing this module). The checkpoint is loaded from local files only, from safetensors only
+(or, with ``from_gguf``, a GGUF file through transformers' own reader), with no remote code::
 
     ref = LlamaReference("build/checkpoints/smollm2-135m-instruct")
     ref.logits([504, 3575, 282, 4649, 314])     # (5, 49152) float32
@@ -26,6 +26,19 @@ class LlamaReference:
             str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager",
             local_files_only=True, use_safetensors=True, trust_remote_code=False)
         self.model.eval()
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "LlamaReference":
+        """A GGUF file loaded by transformers' own GGUF reader (its dequantization and its
+        undoing of llama.cpp's q/k permutation), not by iron's converter: the reference
+        stays independent of the code under test. Needs ``accelerate`` (the test extra)."""
+        path = Path(path)
+        self = cls.__new__(cls)
+        self.model = LlamaForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32,
+            attn_implementation="eager", local_files_only=True, trust_remote_code=False)
+        self.model.eval()
+        return self
 
     def logits(self, token_ids: list[int] | np.ndarray) -> np.ndarray:
         """Next-token logits after each position: float32 ``(T, vocab)``."""

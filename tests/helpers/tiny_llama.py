@@ -15,7 +15,6 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from iron.lm import gguf_import
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -117,6 +116,12 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
         w.shape)
 
 
+def llama_cpp_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of ``llama_cpp_permute`` (interleaved -> rotate-half)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
 def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
                      types: dict[str, str] | None = None,
                      extra: Callable[[Any], None] | None = None) -> dict[str, np.ndarray]:
@@ -150,15 +155,11 @@ def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
     w.add_bos_token_id(256)
     w.add_eos_token_id(257)
     w.add_pad_token_id(259)
-    to_gguf = {v: k for k, v in {**gguf_import._GLOBAL_NAMES}.items()}
+    # GGUF names from gguf-py's own table (what llama.cpp's converter uses), not iron's
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
     for name, t in weights.items():
-        parts = name.split(".")
-        if parts[1] == "layers":
-            sub = ".".join(parts[3:-1])
-            g = {v: k for k, v in gguf_import._LAYER_NAMES.items()}[sub]
-            gname = f"blk.{parts[2]}.{g}.weight"
-        else:
-            gname = to_gguf[name.removesuffix(".weight")] + ".weight"
+        gname = names.get_name(name, try_suffixes=(".weight",))
+        assert gname, f"gguf-py has no GGUF name for {name}"
         if name.endswith("q_proj.weight"):
             t = llama_cpp_permute(t, 4)
         elif name.endswith("k_proj.weight"):
@@ -178,7 +179,7 @@ def _write_tiny_gguf(path: Path, seed: int, quantize: bool = False,
         w.add_tensor(gname, blocks, raw_dtype=qtype)
         values = dequantize(blocks, qtype)
         heads = 4 if name.endswith("q_proj.weight") else 2
-        weights[name] = (gguf_import.unpermute_rows(values, heads, 16)
+        weights[name] = (llama_cpp_unpermute(values, heads)
                          if name.endswith(("q_proj.weight", "k_proj.weight")) else values)
     if extra is not None:
         extra(w)

@@ -1,7 +1,7 @@
 """A Q4_K_M GGUF (llama.cpp's mix of Q4_K and Q6_K super-blocks) end to end: converted with
 its K-quant blocks kept, bundled with every one of them native (a layer's Q4_K q, k and Q6_K v
 as two products joined by Concat), and judged by the KL gate of test_llama.py
-against the same model in float32 on its own dequantized weights (gguf's dequantization)."""
+against the same file in float32 as transformers' own GGUF reader loads it."""
 
 import json
 import sys
@@ -16,31 +16,6 @@ from test_llama import assert_accurate, decode_logits, kl_stats, prefill_logits
 pytestmark = pytest.mark.slow  # end to end: a GGUF, a bundle, transformers
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def float32_checkpoint(checkpoint: Path, out: Path) -> Path:
-    """The converted checkpoint with every tensor in float32, the K-quant ones as gguf
-    dequantizes their blocks: the model the blocks stand for, for transformers."""
-    from safetensors.numpy import save_file
-
-    from iron import quant
-    from iron.lm.checkpoint import Checkpoint
-
-    ckpt = Checkpoint.open(checkpoint)
-    out.mkdir(parents=True)
-    tensors = {}
-    for name in ckpt.tensor_names():
-        kept = ckpt.quantized(name)
-        if kept is None:
-            tensors[name] = np.asarray(ckpt.tensor(name), np.float32)
-        else:
-            fmt, blocks = kept
-            k = quant.k_of(fmt, blocks.shape[1], quant.GROUPS[fmt][0])
-            tensors[name] = quant.dequantize(fmt, np.asarray(blocks), k, quant.GROUPS[fmt][0])
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((checkpoint / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}))
-    return out
 
 
 def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
@@ -78,7 +53,7 @@ def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
     want[layer.format(1) + "self_attn.v_proj.weight"] = ["q6_k", 256]
     assert formats == want
     model = LlamaModel(bundle)
-    ref = LlamaReference(float32_checkpoint(checkpoint, tmp_path / "f32"))
+    ref = LlamaReference.from_gguf(src)  # the file as transformers reads it, not as iron does
     ids = list(np.random.default_rng(0).integers(300, 40000, 40))
     logits = ref.logits(ids)
     print(f"reference logits: std {logits.std():.3f}, top-1 margin median "
