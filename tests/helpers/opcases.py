@@ -59,11 +59,11 @@ SMALL = [
 ]
 
 
-def run_built(name, shape, march, tmp_path, rng):
-    """The kernel of a one-step program compiled with -march=``march`` and run here on random
-    inputs: its output, the reference's, and the library's disassembly (or None)."""
+def build(name, shape, march, tmp_path, rng, tunables=None):
+    """The kernel of a one-step program compiled with -march=``march`` (nothing runs, so any
+    host builds for any level): (program, inputs, library path, disassembly or None)."""
     cls, fields, inputs = case_inputs(name, shape, rng)
-    program = OneStep(cls, fields).record_like(inputs)
+    program = OneStep(cls, {**fields, **(tunables or {})}).record_like(inputs)
     op = program.ops[0]
     recipe = cpu.recipe_for(op)
     lib = tmp_path / f"kernel-{march}.so"
@@ -73,7 +73,15 @@ def run_built(name, shape, march, tmp_path, rng):
     subprocess.run(cmd, check=True, capture_output=True)
     code = (subprocess.run(["objdump", "-d", str(lib)], capture_output=True).stdout
             if shutil.which("objdump") else None)
-    (shape_, dtype), = op.signature(*(program.tensors[i] for i in program.steps[0].inputs))
+    return program, inputs, lib, code
+
+
+def run_built(name, shape, march, tmp_path, rng, tunables=None):
+    """The kernel of a one-step program compiled with -march=``march`` and run here on random
+    inputs: its output, the reference's, and the library's disassembly (or None)."""
+    program, inputs, lib, code = build(name, shape, march, tmp_path, rng, tunables)
+    (shape_, dtype), = program.ops[0].signature(
+        *(program.tensors[i] for i in program.steps[0].inputs))
     out = np.zeros(shape_, dtype)
     arrays = [np.ascontiguousarray(a) for a in inputs] + [out]
     args = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))

@@ -3,8 +3,8 @@ sizes included) and, for one shape per operator, every legal tunable setting."""
 
 import numpy as np
 import pytest
-from opcases import (SHAPES, SWEEP, OneStep, assert_builds_agree, assert_close,
-                     case_inputs)
+from opcases import (SHAPES, SWEEP, OneStep, assert_builds_agree, assert_close, build,
+                     case_inputs, run_built)
 
 from iron.memplan import temp_buffers
 from iron.resolution import legal_settings
@@ -167,3 +167,27 @@ def test_attention_avx512_build_gives_the_avx2_builds_bits(name, shape, tmp_path
     encoding reaches."""
     assert_builds_agree(name, shape, "native", "x86-64-v3", rb"zmm|[xy]mm(1[6-9]|2\d|3[01])",
                         tmp_path, seed=5)
+
+
+AMX_GEMM = ("GEMM", {"M": 48, "K": 96, "N": 64})  # K % 32 == 0: gemm.c's AMX tile path applies
+
+
+def test_amx_gemm_builds_on_any_host_and_agrees_with_the_avx512_build_where_it_runs(tmp_path):
+    """gemm.c's AMX path, built for Sapphire Rapids on whatever host runs the tests (building
+    runs nothing): its code holds the bf16 tile product. Where the host has AMX it runs, and
+    agrees with the reference and with the AVX-512 build within GEMM's tolerance (the tile
+    unit sums pairs of products in its own order, so not bit for bit)."""
+    name, shape = AMX_GEMM
+    tunables = {"tile_n": 16, "num_aie_columns": 1}
+    _, _, _, code = build(name, shape, "sapphirerapids", tmp_path, np.random.default_rng(4),
+                          tunables)
+    if code is not None:
+        assert b"tdpbf16ps" in code, "-march=sapphirerapids build has no AMX tile product"
+    if not {"amx_tile", "amx_bf16"} <= host.features():
+        pytest.skip("host: the AMX build was checked as built; running it needs an AMX host")
+    out, reference, _ = run_built(name, shape, "sapphirerapids", tmp_path,
+                                  np.random.default_rng(4), tunables)
+    avx512, _, _ = run_built(name, shape, "icelake-server", tmp_path,
+                             np.random.default_rng(4), tunables)
+    assert_close(name, out, reference)
+    assert_close(name, out, avx512.astype(np.float32))
