@@ -16,7 +16,7 @@ applies to its subclasses.  Example::
     profile = iron.Profile()
     profile.add(AXPY, tile_size=512, num_aie_columns=1)          # every AXPY
     profile.add(AXPY, size=2048, tile_size=1024)                 # wins for size 2048
-    profile.save("profiles/demo/cpu.json")
+    profile.save("build/my-profile.json")
 
 The file is UTF-8 JSON, one entry per line so that ``git diff`` shows which tunable moved::
 

@@ -3,8 +3,8 @@
 A cpu kernel runs an instance's work items on a team of ``num_aie_columns`` OpenMP threads;
 the entries below are the cases where a kernel's loops assume more than the operator states.
 ``iron.resolution`` chains them after ``Operator.rules``; a class without an entry here (or
-for a base class) cannot be resolved on the cpu, and ``tests/test_resolve.py`` checks every
-operator with a cpu kernel has one.
+for a base class) cannot be resolved on the cpu, and ``tests/operators/test_resolve.py``
+checks every operator with a cpu kernel has one.
 """
 
 from __future__ import annotations
