@@ -9,6 +9,7 @@ max <= 0.2, and top-1 agreement >= 95%.
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -36,11 +37,44 @@ def kl_stats(ref_logits, logits):
     return kl, agree
 
 
-def assert_accurate(kl, agree):
-    assert kl.mean() <= 0.02, f"KL mean {kl.mean():.4f}"
-    assert np.percentile(kl, 90) <= 0.04, f"KL p90 {np.percentile(kl, 90):.4f}"
-    assert kl.max() <= 0.2, f"KL max {kl.max():.4f}"
-    assert agree >= 0.95, f"top-1 agreement {agree:.3f}"
+@dataclass(frozen=True)
+class Gate:
+    """The most KL(float32 reference || iron) per position a model may show: its mean, 90th
+    percentile and maximum, and the least top-1 agreement."""
+
+    mean: float
+    p90: float
+    max: float
+    top1: float = 0.95
+
+
+#: SmolLM2 on its own Q4_1 / Q8_0 blocks against transformers' float32 on the same GGUF file
+#: reaches KL mean 0.0026, p90 0.0060, max 0.020, top-1 97.2% over 143 positions (decode and
+#: prefill alike, 2026-12-04). The gate is 1.5x the mean and 2x the tails, so a kernel twice as
+#: wrong as today's fails (a 3% error in SiLU alone took the mean to 0.0054); the goal is a mean
+#: of at most 0.01.
+SMOLLM2 = Gate(mean=0.004, p90=0.012, max=0.04)
+#: A Q4_K_M file of hidden size 256 (``benchmarks/make_gguf.py``, test_kquant.py) reaches KL
+#: mean 0.0008, p90 0.0017, max 0.0029, top-1 100% (decode and prefill); the same margins.
+KQUANT = Gate(mean=0.0012, p90=0.0035, max=0.006)
+#: The emulated npu2 decode (bf16 products in its attention, its kernels' own exponential)
+#: reached KL mean 0.0049, p90 0.0123, max 0.0217, top-1 20 of 20 (test_npu_llama.py); the same
+#: margins.
+NPU2 = Gate(mean=0.0075, p90=0.025, max=0.045)
+#: The tiny random checkpoints' distributions are nearly flat (weights of scale 0.02): their KL
+#: stays below 1e-5, so this gate only catches gross errors and their tests also bound each
+#: logit's error.
+TINY = Gate(mean=1e-4, p90=2e-4, max=1e-3)
+
+
+def assert_accurate(kl, agree, gate: Gate = SMOLLM2):
+    stats = (f"KL mean {kl.mean():.5f} p90 {np.percentile(kl, 90):.5f} max {kl.max():.5f} "
+             f"top-1 {agree:.3f} over {kl.size} positions")
+    print(stats)
+    assert kl.mean() <= gate.mean, f"{stats}: the mean is above {gate.mean}"
+    assert np.percentile(kl, 90) <= gate.p90, f"{stats}: p90 is above {gate.p90}"
+    assert kl.max() <= gate.max, f"{stats}: the max is above {gate.max}"
+    assert agree >= gate.top1, f"{stats}: top-1 agreement is below {gate.top1}"
 
 
 def decode_logits(model, ids):
@@ -70,8 +104,7 @@ def test_smollm2_matches_float32_reference(smollm2_model, smollm2_reference, pat
         kls.append(kl)
         agrees.append(agree)
     kl = np.concatenate(kls)
-    print(f"{path}: KL mean {kl.mean():.4f} p90 {np.percentile(kl, 90):.4f} max {kl.max():.4f} "
-          f"top-1 {np.mean(agrees):.3f} over {kl.size} positions")
+    print(path, end=": ")
     assert_accurate(kl, float(np.mean(agrees)))
 
 
@@ -134,7 +167,7 @@ def test_tiny_llama3_checkpoint_matches_reference(tmp_path):
     ref = LlamaReference(checkpoint).logits(ids)
     for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
         kl, agree = kl_stats(ref, ours)
-        assert_accurate(kl, agree)
+        assert_accurate(kl, agree, TINY)
         scale = np.abs(ref).max()
         assert np.abs(ours - ref).max() <= 0.05 * scale
 
@@ -276,10 +309,10 @@ def test_native_bundle_runs_the_files_blocks(tmp_path):
     assert decode_ops == {("Embedding", "bf16"), ("GEMV", "q4_1")}
     model = LlamaModel(bundle.path)
     ids = list(np.random.default_rng(1).integers(0, 256, 40))
-    ref = LlamaReference(checkpoint).logits(ids)
+    ref = LlamaReference.from_gguf(tmp_path / "tiny.gguf").logits(ids)
     for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
         kl, agree = kl_stats(ref, ours)
-        assert_accurate(kl, agree)
+        assert_accurate(kl, agree, TINY)
 
 
 def test_smollm2_native_greedy_text_matches_bf16_up_to_near_ties(
