@@ -300,7 +300,7 @@ class LlamaCppServer:
     """llama.cpp's server in a child process (this script with ``--llamacpp-child``)."""
 
     name = "llama.cpp"
-    extra = {"cache_prompt": False}  # each request prefills its whole prompt, as iron's do
+    extra: dict = {}  # its prompt cache on (llama-server's default), as iron's is
 
     def __init__(self, slots: int, ctx_per_slot: int, threads: int, dtype: str):
         self.process = subprocess.Popen(

@@ -18,6 +18,14 @@ spread over several steps while the others keep decoding (a 2000-token prompt wo
 stop them for over a second), and prompts that arrive together, short ones, are prefilled in
 the same step and start decoding together. A finished, stopped or cancelled request leaves its
 slot at once.
+
+The prompt cache (on unless ``Engine(prompt_cache=False)``), as llama-server's ``cache_prompt``:
+a slot keeps the keys and values of the tokens it last held after its request ends, and a new
+request takes the free slot whose kept tokens share the longest prefix with its prompt, so it
+prefills only the rest (a chat client resends the whole conversation every turn). Since every
+kernel computes a row the same way in any chunk or batch, the cached rows are the bits a full
+prefill would write, and the logits are too. Its memory is the slots' own KV cache: when no
+free slot shares a prefix, the least recently used one is overwritten.
 """
 
 from __future__ import annotations
@@ -197,6 +205,7 @@ class _Sequence:
     position: int  # where the next token's keys and values go (while prefilling: the next
     #                prompt token's)
     token: int  # the last token sampled, fed at the next step
+    tokens: list[int] = field(default_factory=list)  # the prompt, then every token sampled
     generated: int = 0
     started: float = 0.0
     decode_started: float = 0.0
@@ -205,8 +214,15 @@ class _Sequence:
 class Engine:
     """Runs requests on a ``SlotModel``: at most ``model.slots`` at once, decoded together."""
 
-    def __init__(self, model: SlotModel):
+    def __init__(self, model: SlotModel, prompt_cache: bool = True):
         self.model = model
+        self.prompt_cache = prompt_cache
+        # per slot, the tokens whose keys and values its rows 0.. hold, and when it was last
+        # given up (for eviction); the requests that reused a prefix and the tokens they skipped
+        self.cached: list[list[int]] = [[] for _ in range(model.slots)]
+        self.released = [0.0] * model.slots
+        self.cache_hits = 0
+        self.cache_tokens = 0
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[_Sequence] = collections.deque()  # oldest first
         self.active: dict[int, _Sequence] = {}  # slot -> a sequence that decodes
@@ -291,14 +307,35 @@ class Engine:
                 if request.cancelled:
                     request.on_finish("cancelled", request.stats)
                     continue
-                seq = _Sequence(request, self.free.pop(0), position=0, token=-1,
-                                started=time.perf_counter())
+                slot, reused = self._slot_for(request.prompt)
+                self.free.remove(slot)
+                seq = _Sequence(request, slot, position=reused, token=-1,
+                                tokens=list(request.prompt), started=time.perf_counter())
                 request.stats.prompt_tokens = len(request.prompt)
+                request.stats.cached_tokens = reused
+                self.cache_hits += reused > 0
+                self.cache_tokens += reused
                 self.prefilling.append(seq)
                 try:
                     request.sampler.start(request.prompt)
                 except Exception as e:
                     self._finish(seq, f"error: sampling: {type(e).__name__}: {e}", locked=True)
+
+    def _slot_for(self, prompt: list[int]) -> tuple[int, int]:
+        """The free slot to run ``prompt`` in, and how many of its first tokens that slot's
+        cache already holds: the longest shared prefix (all but the last token, whose logits
+        are needed), else the slot given up longest ago."""
+        best, reused = min(self.free, key=lambda s: self.released[s]), 0
+        if self.prompt_cache:
+            ids = np.asarray(prompt)
+            for slot in self.free:
+                kept = np.asarray(self.cached[slot][:len(prompt) - 1])
+                differ = np.flatnonzero(kept != ids[:kept.size])
+                shared = int(differ[0]) if differ.size else kept.size
+                if shared > reused:
+                    best, reused = slot, shared
+        self.cached[best] = []  # its rows change from ``reused`` on
+        return best, reused
 
     def _prefill(self) -> bool:
         """Prefill prompts, oldest first, a chunk at a time, until this step's budget of
@@ -343,6 +380,7 @@ class Engine:
         r, now = seq.request, time.perf_counter()
         seq.generated += 1
         seq.token = token
+        seq.tokens.append(token)
         r.stats.new_tokens = seq.generated
         if seq.generated == 1:
             seq.decode_started = now
@@ -365,6 +403,11 @@ class Engine:
             del self.active[seq.slot]
         else:
             self.prefilling.remove(seq)
+        # the rows written so far: every token fed, which is all but the last one sampled (a
+        # failed step leaves them unknown)
+        failed = reason.startswith("error")
+        self.cached[seq.slot] = [] if failed else seq.tokens[:seq.position]
+        self.released[seq.slot] = time.perf_counter()
         with contextlib.nullcontext() if locked else self.lock:
             self.free.append(seq.slot)
             self.free.sort()

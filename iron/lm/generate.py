@@ -129,6 +129,7 @@ class Sampler:
 class Stats:
     prompt_tokens: int = 0
     new_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens a server's prompt cache did not prefill again
     time_to_first_token: float = 0.0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0

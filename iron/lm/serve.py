@@ -301,10 +301,11 @@ class Server:
     """The model, its scheduler and the request handling, independent of the HTTP layer."""
 
     def __init__(self, bundle: str | Path, slots: int = DEFAULT_SLOTS,
-                 model_name: str | None = None, limits: Limits = Limits()):
+                 model_name: str | None = None, limits: Limits = Limits(),
+                 prompt_cache: bool = True):
         self.model = SlotModel(bundle, slots)
         self.limits = limits
-        self.engine = Engine(self.model)
+        self.engine = Engine(self.model, prompt_cache)
         self.driver = LoopDriver(self)
         self.tokenizer = self.model.tokenizer()
         self.name = model_name or self.model.meta.model_name or Path(bundle).name
@@ -570,8 +571,10 @@ def flatten_content(message: Any) -> Any:
 
 
 def usage(stats) -> dict:
+    """OpenAI's usage object; ``cached_tokens``: the prompt tokens the prompt cache kept."""
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": stats.prompt_tokens + stats.new_tokens}
+            "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
 
 
 def server_error(reason: str) -> BadRequest:
@@ -786,7 +789,9 @@ def create_app(server: Server, host: str = "127.0.0.1"):
                 "prefilling": len(e.prefilling), "waiting": len(e.waiting),
                 "queue": limits.queue, "steps": e.steps, "rows": e.batch_rows,
                 "seconds": {"step": e.step_seconds, "decode": e.decode_seconds,
-                            "prefill": e.prefill_seconds}}
+                            "prefill": e.prefill_seconds},
+                "prompt_cache": {"on": e.prompt_cache, "hits": e.cache_hits,
+                                 "tokens": e.cache_tokens}}
 
     @app.get("/v1/models")
     async def models():
@@ -964,6 +969,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-headers", type=_positive(int), default=d.max_headers,
                         help=f"most headers in a request; more get 431 (default "
                              f"{d.max_headers})")
+    parser.add_argument("--no-prompt-cache", action="store_true",
+                        help="prefill every prompt whole: keep no slot's tokens for the next "
+                             "request that shares their prefix")
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="a Host name to accept besides the bound address (repeatable; "
                              "'*' accepts any)")
@@ -987,7 +995,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        server = Server(args.bundle, args.slots, args.model_name, limits)
+        server = Server(args.bundle, args.slots, args.model_name, limits,
+                        prompt_cache=not args.no_prompt_cache)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -211,3 +211,66 @@ def test_greedy_token_from_the_bits_is_the_samplers_argmax():
     zeros = np.array([-1.0, -0.0, 0.0, -3.0], iron.bfloat16)
     assert greedy_token(zeros) is None, "a maximum of -0 and +0"
     assert greedy_token(rows[0].astype(np.float32)) is None, "float32 logits"
+
+
+# ---- the prompt cache ------------------------------------------------------------------------
+
+def test_a_prefix_kept_in_a_slot_prefills_to_the_bits_of_a_full_prefill(slot_model, prompts):
+    """A slot holding the first k tokens of a prompt (written by another sequence that went on
+    differently) prefills the rest from k: the logits are the full prefill's, bit for bit, for
+    a split inside the first chunk, at its edge and past it."""
+    m = slot_model
+    ids = (prompts[0] + prompts[1] + prompts[3]) * 8  # past one 64-token chunk
+    full = m.prefill_slot(0, ids).copy()
+    for k in (1, 5, 63, 64, 70, len(ids) - 1):
+        m.prefill_slot(1, ids[:k] + prompts[2] * 3)  # the prefix, then something else
+        done = k
+        while done < len(ids):
+            done, logits = m.prefill_part(1, ids, done)
+        assert np.array_equal(logits.view(np.uint16), full.view(np.uint16)), k
+
+
+def run_requests(engine, requests):
+    """Submit (prompt, max_new_tokens) one at a time, each after the last has finished; each
+    request's greedy tokens and stats."""
+    out = []
+    for prompt, n in requests:
+        got, done = [], []
+        engine.submit(Request(prompt, n, Sampler(), got.append,
+                              lambda reason, stats: done.append((reason, stats)),
+                              stop_at_eos=False))
+        engine.run_until_idle()
+        assert done and done[0][0] == "length", done
+        out.append((got, done[0][1]))
+    return out
+
+
+def test_a_conversation_reuses_its_history_and_gets_the_tokens_of_a_full_prefill(
+        slot_model, prompts):
+    """Turn 2 resends turn 1's prompt and answer plus a new message: with the cache it
+    prefills only what is new, and its tokens are those of an engine without a cache."""
+    first = prompts[0]
+    (answer, stats1), = run_requests(Engine(slot_model, prompt_cache=False), [(first, 8)])
+    second = first + answer + prompts[4]
+    cold = run_requests(Engine(slot_model, prompt_cache=False), [(first, 8), (second, 8)])
+    engine = Engine(slot_model)
+    warm = run_requests(engine, [(first, 8), (second, 8)])
+    assert [tokens for tokens, _ in warm] == [tokens for tokens, _ in cold]
+    assert warm[0][1].cached_tokens == 0 and cold[1][1].cached_tokens == 0
+    # every token fed in turn 1 (the prompt and all answers but the last) is kept
+    assert warm[1][1].cached_tokens == len(first) + len(answer) - 1
+    assert (engine.cache_hits, engine.cache_tokens) == (1, len(first) + len(answer) - 1)
+    again = run_requests(engine, [(second, 8)])  # the same prompt: all but its last token
+    assert again[0][1].cached_tokens == len(second) - 1 and again[0][0] == warm[1][0]
+
+
+def test_the_least_recently_released_slot_is_overwritten_first(smollm2_bundle, prompts):
+    model = SlotModel(smollm2_bundle, slots=2)
+    engine = Engine(model)
+    a, b, c = prompts[0] * 2, prompts[1] * 2, prompts[2] * 2
+    run_requests(engine, [(a, 2), (b, 2)])  # a in one slot, b in the other
+    assert run_requests(engine, [(a + b, 2)])[0][1].cached_tokens == len(a)
+    # a's slot was given up last: c overwrites b's, so a's turn (now a + b) is still kept
+    assert run_requests(engine, [(c, 2)])[0][1].cached_tokens == 0
+    assert run_requests(engine, [(a + b + c, 2)])[0][1].cached_tokens == len(a + b)
+    assert run_requests(engine, [(b, 2)])[0][1].cached_tokens == 0  # b was evicted

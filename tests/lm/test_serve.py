@@ -134,6 +134,23 @@ def test_chat_streams_the_template_rendered_answer(served, client, smollm2_model
     assert text == alone(smollm2_model, ids, 12) and text
 
 
+def test_a_chat_turn_reuses_the_conversation_so_far(served, client):
+    """A client sends the whole conversation each turn: the second turn's prompt starts with
+    the first's and its answer, which the prompt cache does not prefill again (OpenAI's
+    usage.prompt_tokens_details.cached_tokens says how many tokens it kept)."""
+    server, _ = served
+    messages = [{"role": "user", "content": "Name a colour of the rainbow, please."}]
+    first = client.chat.completions.create(model=server.name, messages=messages, max_tokens=8,
+                                           temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And another one?"}]
+    second = client.chat.completions.create(model=server.name, messages=messages,
+                                            max_tokens=8, temperature=0)
+    kept = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens <= kept < second.usage.prompt_tokens, (first.usage,
+                                                                           second.usage)
+
+
 def test_completion_usage_and_length(served, client, smollm2_model):
     server, _ = served
     r = client.completions.create(model=server.name, prompt="The capital of France is",
