@@ -169,6 +169,12 @@ class Target:
     def cost(self, op: Operator) -> Estimate | None:
         return None
 
+    def tolerance(self, cls: type[Operator]) -> tuple[float, float]:
+        """How close this target's kernel for ``cls`` must come to the reference: the
+        operator's own ``tolerance``, unless the target's kernels approximate more coarsely
+        and say so here."""
+        return cls.tolerance
+
     def ignored_tunables(self, op: Operator) -> frozenset[str]:
         """Tunables of ``op`` that this target's kernel does not read: settings differing only
         in them run the same code, so a pruned sweep measures one of them."""

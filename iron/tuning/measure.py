@@ -207,7 +207,7 @@ class TargetBenchmark:
         outputs, first = self.run_once(exe, [a.copy() if i in overwritten else a
                                              for i, a in enumerate(data.base)])
         for out, ref in zip(outputs, data.reference):
-            problem = mismatch(type(op).__name__, out, ref)
+            problem = mismatch(type(op).__name__, out, ref, self.target.tolerance(type(op)))
             if problem:
                 return Measurement(error=f"wrong result: {problem}")
         copies = itertools.cycle(data.rotation)

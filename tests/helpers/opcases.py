@@ -27,6 +27,13 @@ class OneStep(iron.Graph):
         return self.cls.step(*inputs, **self.fields)
 
 
+def tolerance_on(name: str, device: str) -> tuple[float, float]:
+    """The tolerance of operator ``name``'s kernel on ``device`` (``Target.tolerance``)."""
+    from iron.targets import target_for
+
+    return target_for(iron.device(device)).tolerance(Operator.registry[name])
+
+
 def operators_under_test() -> list[type[Operator]]:
     """Every registered operator that declares test shapes, by name."""
     return sorted((c for c in Operator.registry.values() if c.test_shapes),

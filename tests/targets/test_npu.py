@@ -25,7 +25,7 @@ from iron.targets.npu.emulator import Emulation, EmulationError, emulate_design
 from iron.targets.npu.mlir import FOREVER, render
 from iron.targets.npu.resources import resources
 from iron.targets.npu.verify import Problem, check_text
-from opcases import OneStep, assert_close, case_inputs
+from opcases import OneStep, assert_close, case_inputs, tolerance_on
 from opcases import SMALL  # noqa: F401
 
 #: Every designed operator at small shapes; each is emulated at every legal setting.
@@ -55,7 +55,7 @@ def test_emulation_matches_the_reference_at_every_legal_setting(dev, name, shape
         graph = OneStep(cls, {**fields, **setting}, dev)
         exe = target_for(graph.device).emulated().load(graph.record_like(inputs))
         for xs, expected in ((inputs, ref), (again, graph.reference(*again))):
-            assert_close(name, exe.run(xs)[0], expected)
+            assert_close(name, exe.run(xs)[0], expected, tolerance_on(name, dev))
 
 
 @pytest.fixture(scope="module")

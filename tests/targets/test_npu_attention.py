@@ -23,7 +23,7 @@ from iron.targets.npu.mlir import render
 from iron.targets.npu.resources import resources
 from iron.targets.npu.trip_rules import violations
 from iron.targets.npu.verify import check_text
-from opcases import OneStep, assert_close
+from opcases import OneStep, assert_close, tolerance_on
 
 #: (operator, shape, positions of the dispatches in a row, device, tunables or None: every
 #: legal setting).  Positions: the middle and the end of the context, the start, rows past the
@@ -86,7 +86,7 @@ def test_emulation_matches_the_reference_dispatch_after_dispatch(cls, shape, pos
             want = graph.reference(*[x.copy() for x in xs])
             got = exe.run([x.copy() for x in xs])
             for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
-                assert_close(cls.__name__, g, w)
+                assert_close(cls.__name__, g, w, tolerance_on(cls.__name__, dev))
 
 
 DECODE = Attention(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,

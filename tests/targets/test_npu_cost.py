@@ -236,7 +236,8 @@ def test_every_entry_is_legal_applied_and_emulates_correctly(apps, dev):
             arrays = [inst.op.example_input(i, s.shape, s.dtype, rng)
                       for i, s in enumerate(inst.inputs)]
             out = target.emulated().load(program).run(arrays)
-            problem = mismatch(type(op).__name__, out[0], program.reference(arrays)[0])
+            problem = mismatch(type(op).__name__, out[0], program.reference(arrays)[0],
+                               target.tolerance(type(op)))
             assert problem is None, f"{op.describe(True)} on {dev}: {problem}"
             check_text(render(design_of(op, dev), generic=True), op.describe(True))
     assert covered == set(entries)  # no entry for a host-placed or absent instance

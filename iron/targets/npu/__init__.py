@@ -159,6 +159,9 @@ class NpuTarget(Target):
     def placement(self, op: Operator) -> str:
         return "host" if design_of(op, self._dev().name) is None else "npu"
 
+    def tolerance(self, cls: type[Operator]) -> tuple[float, float]:
+        return kernels.tolerance(cls, self._dev().name)
+
     # ---- the cost model ----------------------------------------------------------------------
 
     def cost(self, op: Operator) -> Estimate | None:
