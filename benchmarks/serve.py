@@ -3,7 +3,7 @@ OpenAI-compatible server next to llama.cpp's server on the same weights, driven 
 
     python benchmarks/serve.py [--bundle build/llama/cpu] [--streams 1 2 4 8] [--tokens 64]
                                [--rounds 2] [--cycles 5] [--dtype Q4_1] [--no-llamacpp]
-                               [--variant VAR=VALUE[,...]]
+                               [--variant VAR=VALUE[,...]] [--openai-clients]
     python benchmarks/serve.py --steps [--blocks 300] [--context 64]
     python benchmarks/serve.py --load [--clients 200] [--seconds 30] [--slots 4] [--queue 16]
 
@@ -196,9 +196,49 @@ def stream_all(port: int, bodies: list[dict]) -> list[dict]:
     return [c.result() for c in clients]
 
 
+def stream_openai(port: int, bodies: list[dict]) -> list[dict]:
+    """``stream_all`` as users' programs stream: a thread per request, each with the official
+    ``openai`` client, which parses every event into objects (what a client costs the cores
+    the server's kernels run on is part of what a user on one machine sees)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=600)
+    results: list[dict] = [{} for _ in bodies]
+
+    def one(i: int, body: dict) -> None:
+        times, tokens, t0 = [], None, time.perf_counter()
+        fields = {k: v for k, v in body.items() if k not in ("model", "prompt", "stream")}
+        standard = ("max_tokens", "temperature", "stream_options")
+        stream = client.completions.create(
+            model=body["model"], prompt=body["prompt"], stream=True,
+            extra_body={k: v for k, v in fields.items() if k not in standard},
+            **{k: v for k, v in fields.items() if k in standard})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                times.append(time.perf_counter())
+            if chunk.usage:
+                tokens = chunk.usage.completion_tokens
+        results[i] = ({"t0": t0, "first": times[0], "last": times[-1], "chunks": len(times),
+                       "tokens": tokens if tokens is not None else len(times)} if times else
+                      {"error": "no text came"})
+
+    threads = [threading.Thread(target=one, args=(i, b)) for i, b in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+#: how the clients read the streams: raw sockets in one thread (``stream_all``), or the
+#: openai client in a thread each (``stream_openai``, ``--openai-clients``)
+STREAM = stream_all
+
+
 def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model: str,
             extra: dict | None = None) -> dict:
-    results = stream_all(port, [
+    cpu, wall = time.process_time(), time.perf_counter()
+    results = STREAM(port, [
         {"model": model, "prompt": prompts[i], "max_tokens": new_tokens, "temperature": 0,
          "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
          **(extra or {})} for i in range(n)])
@@ -209,7 +249,10 @@ def measure(port: int, n: int, prompts: list[list[int]], new_tokens: int, model:
     last = max(r["last"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     gaps = [(r["last"] - r["first"]) / max(r["chunks"] - 1, 1) for r in results]
+    # the clients' share of the host's cores while they read (this process runs only them)
+    clients = (time.process_time() - cpu) / (time.perf_counter() - wall) / (os.cpu_count() or 1)
     return {"streams": n, "tokens": tokens, "aggregate_tok_s": tokens / (last - t0),
+            "client_share": clients,
             "decode_tok_s": decode_rate([(r["first"], r["last"], r["tokens"])
                                          for r in results]),
             "ttft_ms": 1000 * statistics.median(r["first"] - r["t0"] for r in results),
@@ -646,6 +689,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="llama.cpp's weights: Q4_1 (the embedded GGUF, the blocks of iron's "
                          "native bundle; default) or a float GGUF written from it")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--openai-clients", action="store_true",
+                    help="read the streams with the openai client, a thread each, parsing every "
+                         "event (as users' programs do), instead of raw sockets in one thread; "
+                         "each line says the clients' share of the cores")
     ap.add_argument("--variant", action="append", default=[], metavar="VAR=VALUE[,...]",
                     help="also measure an iron server started with these environment "
                          "variables (e.g. GOMP_SPINCOUNT=10000), in turns with the others "
@@ -682,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from tokenizers import Tokenizer
 
+    global STREAM
+    STREAM = stream_openai if args.openai_clients else stream_all
     tok = Tokenizer.from_file(str(args.bundle / "tokenizer.json"))
     base = tok.encode(TEXT, add_special_tokens=False).ids
     slots = max(args.streams)
@@ -724,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"gap {m['token_gap_ms']:6.2f} ms"
                           + (f"  step {clock['decode_ms']:.2f} + {clock['rest_ms']:.3f} ms"
                              if clock else "")
+                          + (f"  clients {100 * m['client_share']:.0f}% of the cores"
+                             if "client_share" in m else "")
                           + f"  load {os.getloadavg()[0]:.2f}", flush=True)
     finally:
         for server in servers:
