@@ -20,7 +20,10 @@ there the stored copy of the pass (newer than the pin) refuses an acquire or rel
 description with ``emit_design_kernel_json`` (``python/compiler/aiecc/main.py``), called with
 no ``buffer_args``: the kernel declares ``opcode``, ``instr``, ``ninstr`` and five buffers,
 ``bo0`` .. ``bo4`` (``AIECC_BUFFERS``), and XRT binds no more to a run.  A runtime sequence
-taking more buffers cannot be called through that xclbin.
+taking more buffers cannot be called through that xclbin.  The rule is for a design compiled
+alone: inside a fold the devices' sequences are inlined by ``aiex.run``, and the fold's main
+sequence goes to aiecc's full-ELF flow, whose argument limit was not read (on the bundles of
+2026-12-04 the folds' main sequences take 6 buffers).
 """
 
 from __future__ import annotations
