@@ -31,12 +31,11 @@ def free_port() -> int:
 
 def test_iron_chat_answers_each_typed_line_and_ends_at_an_empty_one(smollm2_bundle):
     done = iron("chat", smollm2_bundle, "--temp", "0", "-n", "12",
-                input="What is the capital of France?\nAnd of Italy?\n\n")
+                input="Tell me about Paris.\nAnd about Rome?\n\n")
     assert done.returncode == 0, done.stderr
     answers = [line for line in done.stdout.split("\n") if line.strip()]
     assert len(answers) >= 2, done.stdout  # one reply per typed line, each ended by a newline
-    assert "Paris" in done.stdout, done.stdout
-    assert "2 turns" in done.stderr, done.stderr
+    assert "2 turns, " in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_iron_serve_answers_an_openai_request_then_stops_on_sigint(smollm2_bundle):
@@ -64,7 +63,7 @@ def test_iron_serve_answers_an_openai_request_then_stops_on_sigint(smollm2_bundl
     finally:
         server.send_signal(2)  # Ctrl-C
         _, err = server.communicate(timeout=60)
-    assert server.returncode == 0, err
+    assert server.returncode == 130 and err.rstrip().endswith("interrupted"), err  # Ctrl-C's
     assert "Traceback" not in err, err
 
 
@@ -74,11 +73,11 @@ def test_iron_tune_writes_the_profile_it_reports(project, smollm2):
     out = project / "build" / "tuned-npu2.json"
     committed = (project / "profiles/llama/npu2.json").read_bytes()
     env = {**os.environ, "PYTHONPATH": str(project)}
-    done = iron("tune", "--device", "npu2", "--only", "SiLU,RMSNorm", "--out", out,
+    done = iron("tune", "--device", "npu2", "--only", "SwiGLU,RMSNorm", "--out", out,
                 "--checkpoint", smollm2,
                 cwd=project, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     entries = json.loads(out.read_text())["entries"]
-    assert entries and {e["operator"] for e in entries} <= {"SiLU", "RMSNorm"} | {
+    assert entries and {e["operator"] for e in entries} <= {"SwiGLU", "RMSNorm"} | {
         e["operator"] for e in json.loads(committed)["entries"]}
     assert (project / "profiles/llama/npu2.json").read_bytes() == committed

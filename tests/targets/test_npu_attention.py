@@ -21,7 +21,8 @@ from iron.targets.npu.design import Tile
 from iron.targets.npu.emulator import Emulation, EmulationError
 from iron.targets.npu.mlir import render
 from iron.targets.npu.resources import resources
-from iron.targets.npu.trip_rules import violations
+from iron.targets.npu.trip_rules import RULES
+from iron.targets.npu.verify import violations as rule_violations
 from iron.targets.npu.verify import check_text
 from opcases import OneStep, assert_close, tolerance_on
 
@@ -49,6 +50,11 @@ CASES = [
     (CacheWrite, dict(kv_heads=3, ctx=64, head_dim=64, rows=8), (60, 0, 70), "npu2", {}),
     (CacheWrite, dict(kv_heads=3, ctx=64, head_dim=64, rows=1), (63, 5, 64), "npu1", {}),
 ]
+
+
+def violations(text: str) -> list[str]:
+    """The trip-count and argument rules' messages on ``text``."""
+    return rule_violations(text, RULES)
 
 
 def case_inputs(cls, shape, position, seed):

@@ -9,14 +9,18 @@ from iron.operators import Attention, QKVRoPE, SlotAttention, SlotQKVRoPE
 from iron.targets import npu
 from iron.targets.npu.design import Arg, Call, Tile
 from iron.targets.npu.mlir import render
-from iron.targets.npu.trip_rules import (constant_trip_counts, sequence_arguments,
-                                         violations)
+from iron.targets.npu.trip_rules import RULES, constant_trip_counts, sequence_arguments
+from iron.targets.npu.verify import violations as rule_violations
 
 DECODE = Attention(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=256, tile_size=64,
                    num_aie_columns=3)
 PREFILL = dataclasses.replace(DECODE, rows=16, num_aie_columns=4)
 SLOT = SlotAttention(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=256, tile_size=64,
                      num_aie_columns=4)
+
+
+def violations(text: str, rules=RULES) -> list[str]:
+    return rule_violations(text, rules)
 
 
 def found(text: str, rule) -> list[str]:

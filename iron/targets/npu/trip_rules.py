@@ -93,14 +93,3 @@ def sequence_arguments(d: Device) -> Iterator[Violation]:
 
 #: The two rules, for ``preconditions.RULES``.
 RULES = (constant_trip_counts, sequence_arguments)
-
-
-def violations(text: str, rules=RULES) -> list[str]:
-    """The messages of ``rules`` on a generic-form module (``verify``'s parse)."""
-    from xdsl.parser import Parser
-
-    from .preconditions import devices
-    from .verify import context
-
-    module = Parser(context(), text, "<text>").parse_module()
-    return [v.message for d in devices(module) for rule in rules for v in rule(d)]

@@ -103,6 +103,15 @@ def parse(text: str, name: str):
         raise Problem(f"{name}:{line}: {e.msg}") from None
 
 
+def violations(text: str, rules) -> list[str]:
+    """The messages of ``rules`` (functions over a parsed ``aie.device``, as
+    ``preconditions.RULES``' are) on a module, for checking rules not yet in that table."""
+    from .preconditions import devices
+
+    module = parse(text, "<text>")
+    return [v.message for d in devices(module) for rule in rules for v in rule(d)]
+
+
 def check_text(text: str, name: str = "<text>", custom_text: str | None = None) -> None:
     """Raise ``Problem`` naming the first problem of ``text`` (a module in generic or custom
     form); with ``custom_text``, also unless that custom form reads as the same module."""
