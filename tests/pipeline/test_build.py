@@ -194,10 +194,15 @@ def test_npu_build_after_a_tune_in_the_readme_order_and_after_losing_a_cache_ent
     doit(project, "tune", "device=npu2")  # the profile is now stable: its record is reused
     doit(project, "device=npu2")
     doit(project, "device=npu2", "hidden=256")  # another selection (llama: weights=bf16)
-    entries = [p for p in (project / "build/ops").iterdir() if (p / "design.mlir").exists()]
-    shutil.rmtree(entries[0])
+    # an entry the device=npu2 bundle holds (its step files are named by their entries' keys),
+    # not one only the other selection uses
+    manifest = json.loads((project / "build/demo/npu2/manifest.json").read_text())
+    used = sorted(Path(f).stem for p in manifest["programs"].values() for f in p["kernels"])
+    lost = next(project / "build/ops" / key for key in used
+                if (project / "build/ops" / key / "design.mlir").exists())
+    shutil.rmtree(lost)
     rebuilt = doit(project, "device=npu2")
-    assert len(executed(rebuilt)) == 1 and (entries[0] / "design.mlir").exists()
+    assert len(executed(rebuilt)) == 1 and (lost / "design.mlir").exists()
 
 
 def test_doit_is_quiet_and_lists_every_variable_with_its_default(project):
