@@ -36,7 +36,7 @@ from serve import IronServer, LlamaCppServer  # noqa: E402
 from iron.lm.texts import TEXTS  # noqa: E402
 
 QUESTIONS = [f"Here is a passage:\n\n{TEXTS[i % len(TEXTS)]}\n\nWhat happens next? "
-             f"Continue it in your own words (part {i + 1})." for i in range(16)]
+             f"Continue it in your own words (part {i + 1})." for i in range(64)]
 
 
 def turn(port: int, model: str, messages: list[dict], tokens: int, extra: dict) -> dict:
@@ -67,10 +67,11 @@ def turn(port: int, model: str, messages: list[dict], tokens: int, extra: dict) 
     return {"ttft_ms": 1000 * (first - t0), "text": "".join(pieces), "usage": usage}
 
 
-def conversation(engine, turns: int, tokens: int) -> list[dict]:
+def conversation(engine, turns: int, tokens: int, first: int = 0) -> list[dict]:
+    """A conversation of ``turns`` user messages from ``QUESTIONS[first]`` on."""
     messages, out = [], []
     for i in range(turns):
-        messages.append({"role": "user", "content": QUESTIONS[i]})
+        messages.append({"role": "user", "content": QUESTIONS[(first + i) % len(QUESTIONS)]})
         result = turn(engine.port, engine.model, messages, tokens, engine.extra)
         messages.append({"role": "assistant", "content": result["text"]})
         out.append(result)
@@ -95,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = list(engines) if r % 2 == 0 else list(engines)[::-1]
             for name in order:
-                runs[name].append(conversation(engines[name], args.turns, args.tokens))
+                # a new conversation each round: the cache must not hold it from the last one
+                runs[name].append(conversation(engines[name], args.turns, args.tokens,
+                                               first=r * args.turns))
     finally:
         for engine in engines.values():
             engine.close()
