@@ -23,7 +23,6 @@ tensors must be exactly :func:`expected_tensors`, in Hugging Face names and ``[o
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from dataclasses import dataclass

@@ -164,7 +164,7 @@ def attention_units(op: Attention, c: int, pos, fifos: list, links: list, buffer
     what the kernels read the positions from (a FIFO or a core buffer); ``counted``: the
     slotted form, whose kernel counts the unit's key tiles from its row's position
     (``attn_tiles``) and loops that many times, at most every tile."""
-    rows, kvh, hd, ctx, tile = op.rows, op.kv_heads, op.head_dim, op.ctx, op.tile_size
+    kvh, hd, ctx, tile = op.kv_heads, op.head_dim, op.ctx, op.tile_size
     group, rb, cols = op.heads // kvh, row_block(op), op.num_aie_columns
     per, most, follow = units(op) // cols, -(-ctx // tile), 0 if counted else 1
     core, mem, feed = Tile(c, 2), Tile(c, 1), shim(cols + c)
