@@ -11,6 +11,7 @@ import numpy as np
 
 import iron
 from iron.operators import GEMV, AXPY, RMSNorm, SiLU
+from iron.pipeline.app import Application
 
 from . import DIM, HIDDEN
 
@@ -28,7 +29,7 @@ class Block(iron.Graph):
         return RMSNorm.step(AXPY.step(y, x, scalar_factor=0.5), self.weight("norm", (DIM,)))
 
 
-class App:
+class App(Application):
     name = "demo"
 
     def __init__(self, checkpoint: str | Path | None = None, hidden: int = HIDDEN):
@@ -43,12 +44,6 @@ class App:
         yield "up", (rng.standard_normal((n, DIM)) / DIM ** 0.5).astype(iron.bfloat16)
         yield "down", (rng.standard_normal((DIM, n)) / n ** 0.5).astype(iron.bfloat16)
         yield "norm", np.ones(DIM, iron.bfloat16)
-
-    def files(self) -> dict[str, Path]:
-        return {}
-
-    def sources(self) -> list[Path]:
-        return []
 
     def meta(self) -> dict[str, Any]:
         return {"dim": DIM}

@@ -11,6 +11,7 @@ import numpy as np
 
 from iron.errors import IronError
 from iron.lm.checkpoint import Checkpoint
+from iron.pipeline.app import Application
 from iron.lm.layout import LmMeta
 from iron.memory import available_memory
 
@@ -28,7 +29,7 @@ DEFAULT_PROMPT = "Once upon a time, there was a little"
 KV_MEMORY_SHARE = 0.5
 
 
-class App:
+class App(Application):
     name = "llama"
 
     def __init__(self, checkpoint: str | Path | None = None, context: int | None = None,

@@ -1,19 +1,9 @@
 """Applications: what the build graph, the bundler and the tuner need to know about a model.
 
 An application is a package ``apps.<name>`` whose ``App(checkpoint=None, **options)`` class
-provides:
-
-- ``name``: the application's name (its package's);
-- ``programs(device, profile) -> dict[str, Program]``: its graphs, recorded and resolved;
-- ``weights() -> Iterator[(name, array)]``: every weight the programs bind, in the layout the
-  kernels read (this is where e.g. gate and up projections are stacked);
-- ``files() -> dict[str, Path]``: files the bundle carries as they are (``tokenizer.json``);
-- ``meta() -> dict``: JSON data the runtime needs (model config, special tokens, ...);
-- ``sources() -> list[Path]``: the files the bundle depends on (the checkpoint's);
-- ``run_command(bundle, prompt, options) -> list[str]``: the command ``doit generate`` runs
-  (``options``: the generation doit variables given, by name, as strings);
-- optionally ``tuned_programs(device, profile)``: the programs whose tunables the tuner
-  chooses, when some of ``programs`` derive theirs from others.
+derives from ``Application`` below, which states the whole protocol: the members every
+application defines, and the optional ones with their defaults, so that no caller probes for a
+member with ``hasattr``.
 
 The package's module-level ``VARIABLES`` (name -> ``iron.pipeline.variables.Variable``)
 declares the options ``App`` takes, with their defaults and checks: ``doit NAME=VALUE``
@@ -28,14 +18,77 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from ..errors import IronError, ProfileError
 from ..paths import project_root
 from .variables import Variable, check_all
 
 if TYPE_CHECKING:  # profiles bring numpy and the operators: a no-op doit loads neither
+    import numpy as np
+
+    from ..program import Program
     from ..profile import Profile
+
+#: What an application's ``phases()`` maps each phase's name to: the programs one step of the
+#: phase runs, and the tokens that step produces (0: report seconds, not tokens per second).
+Phase = tuple[tuple[str, ...], int]
+
+
+class Application(ABC):
+    """The base of every application's ``App``: the members the pipeline and the tuner call.
+
+    Required: ``name`` (a class attribute, the package's name), ``programs`` and ``weights``.
+    The rest have defaults an application overrides when it has more to say.
+    """
+
+    name: str
+
+    @abstractmethod
+    def programs(self, device, profile: Profile) -> dict[str, Program]:
+        """Its graphs, recorded and resolved on ``device`` under ``profile``."""
+
+    @abstractmethod
+    def weights(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every weight the programs bind, in the layout the kernels read (this is where e.g.
+        gate and up projections are stacked)."""
+
+    def tuned_programs(self, device, profile: Profile) -> Mapping[str, Program]:
+        """The programs whose tunables the tuner chooses: all of ``programs`` unless some
+        derive theirs from others (a batched program may copy a one-row program's settings,
+        so that both compute a row the same way); then only the rest."""
+        return self.programs(device, profile)
+
+    def phases(self) -> dict[str, Phase]:
+        """The phases the tuner's whole-model A/B reports (e.g. decode: the decode and head
+        programs, one token per step); none by default, so it reports per program."""
+        return {}
+
+    def weights_key(self) -> dict[str, Any] | None:
+        """What the weights depend on, for bundles to share one weights file when it is the
+        same; None (the default): never shared, the weights are written for each bundle."""
+        return None
+
+    def files(self) -> dict[str, Path]:
+        """Files the bundle carries as they are (``tokenizer.json``); none by default."""
+        return {}
+
+    def meta(self) -> dict[str, Any]:
+        """JSON data the runtime needs (model config, special tokens, ...)."""
+        return {}
+
+    def sources(self) -> list[Path]:
+        """The files the bundle depends on (the checkpoint's); none by default."""
+        return []
+
+    def run_command(self, bundle: Path, prompt: str | None = None,
+                    options: dict[str, str] | None = None) -> list[str]:
+        """The command ``doit generate`` runs on ``bundle`` (``options``: the generation doit
+        variables given, by name, as strings).  By default there is none: an application
+        that only builds bundles refuses, naming itself."""
+        raise IronError(f"application {self.name!r} has no run command: it builds bundles, "
+                        "but `doit generate` cannot run them")
 
 
 def app_module(name: str):
@@ -50,7 +103,11 @@ def app_module(name: str):
 def load_app(name: str, checkpoint: str | Path | None = None, **options: Any):
     """The application ``apps.<name>``, opened on ``checkpoint`` (its default when None), with
     ``options`` already checked (see ``open_app``)."""
-    return app_module(name).App(checkpoint, **options)
+    cls = app_module(name).App
+    if not (isinstance(cls, type) and issubclass(cls, Application)):
+        raise IronError(f"apps.{name}.App is {cls!r}, which does not derive from "
+                        "iron.pipeline.app.Application: subclass it, it states the protocol")
+    return cls(checkpoint, **options)
 
 
 def app_variables(name: str) -> dict[str, Variable]:

@@ -54,16 +54,6 @@ def unset(op: Operator) -> Operator:
     return dataclasses.replace(op, **{n: None for n in op.tunables()})
 
 
-def tuned_programs(app, dev: Device, profile) -> Mapping[str, Program]:
-    """The application's programs whose tunables come from the profile: an application may
-    derive some programs' tunables from others' (a batched program may copy a one-row
-    program's, so that both compute a row the same way) and list only the rest in
-    ``tuned_programs``."""
-    if hasattr(app, "tuned_programs"):
-        return app.tuned_programs(dev, profile)
-    return app.programs(dev, profile)
-
-
 def instances(programs: Mapping[str, Program]) -> list[Instance]:
     """The distinct operator instances of ``programs``, in order of first use."""
     found: dict[Operator, Instance] = {}

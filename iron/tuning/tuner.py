@@ -51,7 +51,7 @@ from ..paths import build_dir
 from ..pipeline.app import profile_path as app_profile_path
 from ..profile import Profile
 from ..targets import target_for
-from .candidates import Instance, candidates, instances, traffic, tuned_programs
+from .candidates import Instance, candidates, instances, traffic
 from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
 from .quiet import QUIET, BusyError
@@ -199,7 +199,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
                 else Profile(device=dev.name))
 
     target = target_for(dev)
-    found = instances(tuned_programs(app, dev, previous))
+    found = instances(app.tuned_programs(dev, previous))
     # an instance the target places elsewhere (an npu step without a design runs on the host
     # with its numpy maths) has no setting that changes anything there: not tuned, no entry
     placed = [i for i in found if target.placement(i.current) == target.kind]
@@ -240,7 +240,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
               "skipped; their candidates are measured again", file=out, flush=True)
 
     if (runner is None and in_program and scheduler is None and work
-            and isinstance(bench, TargetBenchmark) and hasattr(app, "weights")):
+            and isinstance(bench, TargetBenchmark)):
         from .program import ProgramRunner
 
         print("loading the application's weights: head-to-heads run inside its programs",
@@ -250,8 +250,8 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     if runner is not None:
         from .program import InProgram
 
-        bench = InProgram(bench, runner, tuned_programs(app, dev, previous),
-                          phases=app.phases() if hasattr(app, "phases") else None)
+        bench = InProgram(bench, runner, app.tuned_programs(dev, previous),
+                          phases=app.phases())
     pool = None
     try:
         if scheduler is not None:
@@ -282,9 +282,9 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     if runner is not None:
         print(f"whole-model A/B: every program with the new profile, the previous one and "
               f"resolve() defaults, up to {AB_ROUNDS} interleaved rounds", file=out, flush=True)
-        verdict = validate(lambda p: tuned_programs(app, dev, p), previous, profile, runner,
+        verdict = validate(lambda p: app.tuned_programs(dev, p), previous, profile, runner,
                            dev.name, host, lambda op: target.placement(op) == target.kind,
-                           app.phases() if hasattr(app, "phases") else None)
+                           app.phases())
         profile = verdict.profile if verdict.profile is not None else previous
     written = verdict is None or verdict.profile is not None
     if written:
@@ -292,7 +292,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     if written:  # what the A/B dropped is not applied on purpose
         check_applied(app, dev, profile, [o for o in outcomes if verdict is None
                                           or o.instance.op not in verdict.dropped], out)
-    final = {i.op: i.current for i in instances(tuned_programs(app, dev, profile))}
+    final = {i.op: i.current for i in instances(app.tuned_programs(dev, profile))}
     moved = [Move(o.instance.describe(), o.instance.setting(), o.chosen.tunable_values(),
                   o.old_time, o.best_time, o.gain, o.program)
              for o in outcomes if o.chosen is not None
@@ -575,7 +575,7 @@ class _Run:
 def check_applied(app, dev: Device, profile: Profile, outcomes: list[Outcome],
                   out: TextIO) -> None:
     """Warn about chosen settings the application does not pick up (a call keyword wins)."""
-    now = {i.op: i.current for i in instances(tuned_programs(app, dev, profile))}
+    now = {i.op: i.current for i in instances(app.tuned_programs(dev, profile))}
     for o in outcomes:
         applied = now.get(o.instance.op)
         if o.chosen is not None and applied is not None and applied != o.chosen:

@@ -6,6 +6,7 @@ import zlib
 import numpy as np
 import iron
 from iron.operators import AXPY, GEMV, Embedding
+from iron.pipeline.app import Application
 from iron.targets import cpu
 from iron.tuning.log import Comparison
 from iron.tuning.measure import Measurement
@@ -22,7 +23,9 @@ class Chain(iron.Graph):
         return GEMV.step(w, h), e
 
 
-class FakeApp:
+class FakeApp(Application):
+    """``Chain``'s decode and prefill programs, with real weights: they run on the cpu target."""
+
     name = "fake"
 
     def __init__(self, graph=Chain):
@@ -32,6 +35,11 @@ class FakeApp:
         g = self.graph(device, profile)
         tok = iron.spec((1,), np.int32)
         return {"decode": g.record((64,), (64,), tok), "prefill": g.record((2, 64), (2, 64), tok)}
+
+    def weights(self):
+        rng = np.random.default_rng(1)
+        yield "w", (rng.standard_normal((16, 64)) * 0.1).astype(iron.bfloat16)
+        yield "table", rng.standard_normal((10, 64)).astype(iron.bfloat16)
 
 
 def fake_time(op):

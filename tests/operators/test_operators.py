@@ -6,6 +6,7 @@ from opcases import OneStep, assert_close, case_inputs, operators_under_test
 
 import iron
 from iron.operator import Operator
+from iron.pipeline.app import Application
 from iron.operators import Elementwise
 from iron.resolution import legal_settings
 from iron.tuning.measure import TargetBenchmark
@@ -47,11 +48,14 @@ def test_a_new_operator_needs_only_its_declaration_and_its_kernel(tmp_path):
         def reference(self, x):
             return -x
 
-    class ToyApp:
+    class ToyApp(Application):
         name = "toy"
 
         def programs(self, device, profile):
             return {"main": OnlyStep(ToyNegate, device, profile).record((256,))}
+
+        def weights(self):
+            return iter(())  # its one program has no weights
 
     try:
         assert ToyNegate in operators_under_test()
@@ -63,7 +67,8 @@ def test_a_new_operator_needs_only_its_declaration_and_its_kernel(tmp_path):
         assert np.array_equal(out, -inputs[0])
         result = tune(ToyApp(), "cpu", benchmark=TargetBenchmark(min_time=0.005, blocks=4,
                                                                quiet=None),  # timings unused
-                      profile_path=tmp_path / "toy.json", log_path=tmp_path / "toy.jsonl")
+                      profile_path=tmp_path / "toy.json", log_path=tmp_path / "toy.jsonl",
+                      in_program=False)
         (outcome,) = result.outcomes
         assert outcome.measured == outcome.total == len(legal_settings(ToyNegate(size=256)))
         assert outcome.rejected == 0

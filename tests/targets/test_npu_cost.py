@@ -26,7 +26,7 @@ from iron.targets.npu.verify import check_text
 from iron.targets.npu.resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS,
                                         TRANSFER_ISSUE_SECONDS, resources)
 from iron.resolution import legal, legal_settings
-from iron.tuning.candidates import candidates, instances, tuned_programs
+from iron.tuning.candidates import candidates, instances
 from iron.tuning.check import mismatch
 from iron.tuning.measure import single_step
 from iron.tuning.tuner import tune
@@ -222,7 +222,7 @@ def test_every_entry_is_legal_applied_and_emulates_correctly(apps, dev):
     entries = {(e.operator, tuple(sorted(e.match))): dict(e.sets) for e in profile.entries}
     covered = set()
     for app in apps.values():
-        for inst in instances(tuned_programs(app, device, profile)):
+        for inst in instances(app.tuned_programs(device, profile)):
             op = inst.current
             if target.placement(op) != "npu" or len(candidates(inst.op, device)) < 2:
                 continue

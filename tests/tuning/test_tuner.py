@@ -248,7 +248,7 @@ def test_real_benchmark_rejects_wrong_results_and_compile_errors(tmp_path, monke
         return real_compile(recipe, store)
 
     monkeypatch.setattr(cpu.TARGET, "compile", compile_recipe)
-    result = run(tmp_path, CorruptingBench(wrong), app=AxpyApp())
+    result = run(tmp_path, CorruptingBench(wrong), app=AxpyApp(), in_program=False)
     (o,) = result.outcomes
     assert o.measured == len(cands) and o.rejected == 2
     assert o.best not in (wrong, broken) and o.best in cands
@@ -608,21 +608,12 @@ def test_spread_says_beyond_only_when_three_rounds_of_four_are_ahead():
     assert "ahead in 3 of 4" in Spread((1.1, 1.2, 0.9, 1.05)).text()
 
 
-class WeightedApp(FakeApp):
-    """``FakeApp`` with real weights: its programs run on the cpu target."""
-
-    def weights(self):
-        rng = np.random.default_rng(1)
-        yield "w", (rng.standard_normal((16, 64)) * 0.1).astype(iron.bfloat16)
-        yield "table", rng.standard_normal((10, 64)).astype(iron.bfloat16)
-
-
 @pytest.mark.slow
 def test_real_program_head_to_head_of_a_setting_with_itself_is_exactly_even(tmp_path):
     from iron.tuning.program import InProgram, ProgramRunner, program_inputs
 
     dev = iron.device("cpu")
-    app = WeightedApp()
+    app = FakeApp()
     programs = app.programs(dev, iron.Profile())
     runner = ProgramRunner(dev, dict(app.weights()), quiet=None)
     inst = next(i for i in instances(programs) if isinstance(i.op, GEMV))
