@@ -37,9 +37,9 @@ OMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_DYNAMIC", "OMP_THREAD
 def child(bundle: str, tokens: int, seconds: float) -> None:
     """Decode ``tokens`` tokens (or as many as fit in ``seconds``); print tokens/s as JSON."""
     sys.path.insert(0, str(ROOT))
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
 
-    model = LlamaModel(bundle)
+    model = LanguageModel(bundle)
     logits = model.prefill(list(range(100, 116)))
     for _ in range(4):  # warm up: the first tokens fault in pages
         logits = model.decode(int(logits.argmax()))

@@ -82,13 +82,13 @@ def with_prefill_samples(result: dict, samples: list[tuple[float, int]]) -> dict
 
 
 def child_iron(bundle: str, ids: list[int]) -> dict:
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
 
-    return measure_iron(LlamaModel(bundle), ids)
+    return measure_iron(LanguageModel(bundle), ids)
 
 
 def measure_iron(model, ids: list[int]) -> dict:
-    """Generation speed of a loaded ``LlamaModel``, and where a decode token's time goes."""
+    """Generation speed of a loaded ``LanguageModel``, and where a decode token's time goes."""
     import numpy as np
 
     model.generate(ids, 16, stop_at_eos=False)  # warm-up: page in weights, start threads
@@ -123,12 +123,12 @@ def abba(bundles: dict[str, str], ids: list[int]) -> dict:
     """One round comparing two bundles of the same weights: both loaded on one read of the first
     one's weights (so neither gets a warmer copy), run A B B A; per bundle the medians of
     decode, prefill and time to first token, the decode step and its per-kernel breakdown."""
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
     from iron.pipeline.bundle import Bundle
 
     (a, path_a), (b, path_b) = bundles.items()
     weights = Bundle.open(path_a).weights()
-    models = {a: LlamaModel(path_a, weights), b: LlamaModel(path_b, weights)}
+    models = {a: LanguageModel(path_a, weights), b: LanguageModel(path_b, weights)}
     runs = {name: [] for name in models}
     for name in [a, b, b, a]:
         runs[name].append(measure_iron(models[name], ids))

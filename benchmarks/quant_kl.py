@@ -34,7 +34,7 @@ def teacher_forced(model, ids: list[int]) -> np.ndarray:
 
 def main() -> None:
     import iron
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
     from iron.lm.texts import TEXTS
     from iron.pipeline.app import load_app
     from iron.pipeline.bundle import write_bundle
@@ -54,7 +54,7 @@ def main() -> None:
             if name == "native" and not app.formats:
                 continue  # an HF checkpoint has no blocks of its own
             out = write_bundle(app, iron.device("cpu"), profile, Path(tmp) / name.replace(" ", "-"))
-            models[name] = (LlamaModel(out), (out / "weights.safetensors").stat().st_size)
+            models[name] = (LanguageModel(out), (out / "weights.safetensors").stat().st_size)
             groups = sorted({g for _, g in app.formats.values()})
             formats = sorted({f for f, _ in app.formats.values()}) or ["bf16"]
             print(f"built {name}: formats {formats}, groups {groups}", file=sys.stderr,

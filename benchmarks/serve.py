@@ -26,7 +26,7 @@ compared across measurements taken seconds apart measures the drift. So the meas
 in cycles: each cycle runs every stream count once, back to back, and the next cycle runs them
 in the opposite order (1 4 | 4 1 | 1 4 ...; ``--cycles`` per round, ``--rounds`` rounds), and
 every ratio is taken within a cycle. With N = 1 among the counts, each cycle also decodes the
-first stream's prompt in this process, without a server (``LlamaModel.generate``, greedy, same
+first stream's prompt in this process, without a server (``LanguageModel.generate``, greedy, same
 bundle and token count), next to the served stream (engines in turns, the order reversed from
 one cycle to the next).
 
@@ -580,15 +580,15 @@ def load(bundle: Path, clients: int, seconds: float, slots: int, queue: int | No
 
 class InProcess:
     """iron's decode in this process, without a server: the same bundle, prompt and greedy
-    sampling as a stream, through ``LlamaModel.generate``; the reference a served stream's
+    sampling as a stream, through ``LanguageModel.generate``; the reference a served stream's
     time per token is compared with."""
 
     name = "in-process"
 
     def __init__(self, bundle: Path):
-        from iron.lm.generate import LlamaModel
+        from iron.lm.generate import LanguageModel
 
-        self.model = LlamaModel(bundle)
+        self.model = LanguageModel(bundle)
 
     def measure(self, prompt: list[int], new_tokens: int) -> dict:
         from iron.lm.generate import Sampler

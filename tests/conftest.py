@@ -47,11 +47,12 @@ def pytest_make_collect_report(collector):
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     """The converted embedded checkpoint (converted on first use, reused after)."""
+    from apps.llama.family import FAMILY
     from iron.errors import CheckpointError
     from iron.lm import gguf_import
 
     try:
-        return gguf_import.ensure_default_checkpoint(REPO / "build")
+        return gguf_import.ensure_default_checkpoint(REPO / "build", FAMILY)
     except CheckpointError as e:
         if "could not download" in str(e):
             pytest.skip(f"the embedded checkpoint could not be downloaded: {e}")
@@ -77,9 +78,9 @@ def smollm2_bundle(smollm2, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_model(smollm2_bundle):
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
 
-    return LlamaModel(smollm2_bundle)
+    return LanguageModel(smollm2_bundle)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,14 @@
 folder or a GGUF file); by default the embedded SmolLM2-135M-Instruct (see
 iron.lm.gguf_import).
 
+The family's one home, in dependency order: ``config.py`` (``LlamaConfig``, RoPE
+frequencies), ``gguf.py`` (GGUF metadata and tensor names to the config's), ``weights.py``
+(the checkpoint's tensors and the kernels' weight layout), ``model.py`` (the graphs),
+``programs.py`` (the bundle's programs), ``family.py`` (what ``iron.lm`` reads of it) and
+``app.py`` (the ``App`` the build uses).
+
 This module only declares the application's build variables, so that ``doit`` can check a
-command line without importing numpy; ``App`` (in ``app.py``) is imported on first use.
+command line without importing numpy; ``App`` is imported on first use.
 """
 
 from __future__ import annotations
@@ -32,4 +38,8 @@ def __getattr__(name: str):
         from . import app
 
         return getattr(app, name)
+    if name == "FAMILY":  # the decoder family (iron.lm.family), for the GGUF importer
+        from .family import FAMILY
+
+        return FAMILY
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

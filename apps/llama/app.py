@@ -10,13 +10,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from iron.errors import IronError
-from iron.lm.checkpoint import Checkpoint
 from iron.pipeline.app import Application
 from iron.lm.layout import LmMeta
 from iron.memory import available_memory
 
 from . import DEFAULT_BATCH
-from .model import batch_sizes, kernel_weights, record, tail_chunk, weight_formats
+from .family import FAMILY, open_checkpoint
+from .programs import batch_sizes, record, tail_chunk
+from .weights import kernel_weights, weight_formats
 
 #: Prompt rows per prefill call; longer prompts take several chunks. A bundle also holds a
 #: program for half a chunk, for a prompt's last rows: each call streams every weight once,
@@ -35,18 +36,18 @@ class App(Application):
     def __init__(self, checkpoint: str | Path | None = None, context: int | None = None,
                  chunk: int = PREFILL_CHUNK, weights: str = "native", group: int = 128,
                  batch: int = DEFAULT_BATCH):
-        """``weights``: one of WEIGHT_MODES (see ``model.weight_formats``); ``group``: the
+        """``weights``: one of WEIGHT_MODES (see ``weights.weight_formats``); ``group``: the
         uint4 group size; ``batch``: the most sequences a batched decode program holds."""
         if checkpoint is None:
             from iron.lm.gguf_import import ensure_default_checkpoint
             from iron.paths import build_dir
 
-            checkpoint = ensure_default_checkpoint(build_dir())
+            checkpoint = ensure_default_checkpoint(build_dir(), FAMILY)
         elif str(checkpoint).lower().endswith(".gguf"):
             from iron.lm.gguf_import import ensure_checkpoint
 
-            checkpoint = ensure_checkpoint(checkpoint)
-        self.checkpoint = Checkpoint.open(checkpoint)
+            checkpoint = ensure_checkpoint(checkpoint, FAMILY)
+        self.checkpoint = open_checkpoint(checkpoint)
         self.config = self.checkpoint.config
         limit = self.config.max_position_embeddings
         if context is not None and context > limit:

@@ -8,8 +8,8 @@ B >= n; rows beyond n are padding at position -1, which writes nothing and reads
 pass over the weights for all of them, each row at its own position in its own slot.
 
 The batched programs take their tunables from the one-row programs and every kernel computes a
-row the same way whatever the other rows hold (see ``apps.llama.model.match_tunables``), so a
-sequence's logits, and its greedy tokens, are the same alone and in any batch.
+row the same way whatever the other rows hold (see ``apps.llama.programs.match_tunables``),
+so a sequence's logits, and its greedy tokens, are the same alone and in any batch.
 
 ``Engine`` schedules requests over the slots: a waiting request takes a slot as soon as one is
 free; prompts are prefilled a chunk at a time, oldest first, up to a budget of prompt tokens
@@ -45,7 +45,7 @@ from ..pipeline.bundle import Bundle
 from ..errors import IronError
 from ..memory import available_memory
 from ..tensor import bfloat16
-from .generate import LlamaModel, Sampler, Stats
+from .generate import LanguageModel, Sampler, Stats
 from .layout import decode_slots
 
 
@@ -61,7 +61,7 @@ def check_slots_fit(slots: int, slot_bytes: int, context: int) -> None:
                         f"most {have // slot_bytes} slots, or a bundle of a smaller context")
 
 
-class SlotModel(LlamaModel):
+class SlotModel(LanguageModel):
     """A Llama bundle with a KV cache of ``slots`` sequences."""
 
     def __init__(self, bundle: Bundle | str | Path, slots: int,

@@ -1,4 +1,4 @@
-"""Text generation on a Llama bundle: prefill in chunks, decode token by token, sample.
+"""Text generation on a decoder bundle: prefill in chunks, decode token by token, sample.
 
 The bundle holds the programs ``iron.lm.layout`` names, sharing one KV cache: prefill (a chunk
 of prompt tokens, and a smaller one for a prompt's last rows), decode (one token) and head
@@ -171,8 +171,9 @@ def check_cache(bundle: Bundle, states: dict, context: int) -> int:
     return positions.pop()
 
 
-class LlamaModel:
-    """A loaded Llama bundle: forward passes with a persistent KV cache."""
+class LanguageModel:
+    """A loaded decoder bundle of any family: forward passes with a persistent KV cache, all
+    it needs of the model read from the bundle's programs and meta (``LmMeta``)."""
 
     def __init__(self, bundle: Bundle | str | Path,
                  weights: dict[str, np.ndarray] | None = None, emulate: bool = False):

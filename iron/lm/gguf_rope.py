@@ -11,7 +11,7 @@ llama.cpp rotates pair ``i`` of a head at position ``p`` by the angle
   unless ``llama.rope.scaling.type`` is ``none``; a file without the type key is ``linear``
   (``llama_model::load_hparams``).
 
-So a file with ``rope_freqs`` becomes :class:`~iron.lm.checkpoint.FrequencyFactors` (times the
+So a file with ``rope_freqs`` becomes ``FrequencyFactors`` (``apps/llama/config.py``) (times the
 linear factor, if any), one with only a linear factor ``rope_type: linear``; YaRN and LongRoPE
 files, and a cos/sin scale (``llama.rope.scaling.attn_factor`` other than 1), are refused in one
 line, since iron's RoPE takes one set of frequencies and no scale.

@@ -20,7 +20,7 @@ import sys
 from ..errors import IronError
 from ..util import MAX_USER_FILE, read_bounded
 from .chat import ChatTemplate
-from .generate import LlamaModel, SamplingError, Sampler, Stats, StopText
+from .generate import LanguageModel, SamplingError, Sampler, Stats, StopText
 
 
 #: New tokens per answer unless told (``doit generate`` runs this command, so it is the same).
@@ -107,7 +107,7 @@ def report(stats: Stats, out=sys.stderr, interrupted: bool = False) -> None:
 class Chat:
     """A conversation with the model under the checkpoint's chat template."""
 
-    def __init__(self, model: LlamaModel, template: ChatTemplate, system: str | None = None):
+    def __init__(self, model: LanguageModel, template: ChatTemplate, system: str | None = None):
         self.model, self.template = model, template
         self.tokenizer = model.tokenizer()
         self.messages = [{"role": "system", "content": system}] if system else []
@@ -170,7 +170,7 @@ def interactive(chat: Chat, args, parse) -> int:
     return 0
 
 
-def finish_reason(model: LlamaModel, tokens: list[int], stopped: bool, limit: int) -> str:
+def finish_reason(model: LanguageModel, tokens: list[int], stopped: bool, limit: int) -> str:
     """``stop`` (an end token or a stop text) or ``length`` (the token limit), as OpenAI says."""
     if stopped or (tokens and tokens[-1] in model.eos) or len(tokens) < limit:
         return "stop"
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
         if prompt is not None:
             check_text(prompt, "--prompt" if args.prompt is not None else "the prompt")
         not_a_bundle(args.bundle)
-        model = LlamaModel(args.bundle, emulate=args.emulate)
+        model = LanguageModel(args.bundle, emulate=args.emulate)
         limit_context(model, args.ctx_size)
         tokenizer = model.tokenizer()
         if args.chat:
@@ -292,7 +292,7 @@ def not_a_bundle(path: str) -> None:
                         f"a bundle; `iron run {path}` builds one and runs it")
 
 
-def limit_context(model: LlamaModel, positions: int | None) -> None:
+def limit_context(model: LanguageModel, positions: int | None) -> None:
     """Hold a run to ``positions`` of the bundle's context (a larger one needs another
     bundle: ``iron run -c N`` builds it)."""
     if positions is None:

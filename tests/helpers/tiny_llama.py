@@ -74,7 +74,8 @@ def write_tokenizer(path: Path) -> None:
 
 def tiny_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
     """Random float32 weights in Hugging Face names: N(0, 0.02) matrices, norms near 1."""
-    from iron.lm.checkpoint import LlamaConfig, expected_tensors
+    from apps.llama.config import LlamaConfig
+    from apps.llama.weights import expected_tensors
 
     rng = np.random.default_rng(seed)
     out = {}

@@ -16,8 +16,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from iron.lm.checkpoint import (Checkpoint, CheckpointError, LlamaConfig, expected_tensors,
-                                inv_freq, read_safetensors, read_safetensors_header)
+from apps.llama import gguf as llama_gguf
+from apps.llama.config import LlamaConfig, inv_freq
+from apps.llama.family import FAMILY, open_checkpoint
+from apps.llama.weights import expected_tensors
+from iron.lm.checkpoint import CheckpointError, read_safetensors, read_safetensors_header
 from iron.lm import gguf_import
 from tiny_llama import SPECIAL_TOKENS, TINY_CONFIG, bytes_to_unicode, tiny_weights, \
     write_tiny_llama
@@ -73,7 +76,7 @@ def _shard_tensors(directory: Path, shard: str) -> dict[str, np.ndarray]:
 # the tiny checkpoint
 
 def test_tiny_checkpoint_loads(tiny: Path):
-    ckpt = Checkpoint.open(tiny)
+    ckpt = open_checkpoint(tiny)
     c = ckpt.config
     assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
         64, 4, 2, 16)
@@ -97,7 +100,7 @@ def test_tiny_checkpoint_loads(tiny: Path):
 def test_tiny_tokenizer(tiny: Path):
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(Checkpoint.open(tiny).tokenizer_path))
+    tok = Tokenizer.from_file(str(open_checkpoint(tiny).tokenizer_path))
     assert tok.encode("Hi é").ids == [72, 105, 32, 0xC3, 0xA9]
     assert tok.encode("<|begin_of_text|>A<|eot_id|>").ids == [256, 65, 258]
     assert tok.decode([72, 105, 32, 0xC3, 0xA9]) == "Hi é"
@@ -125,7 +128,7 @@ def test_missing_tensor(tiny: Path):
     _rewrite_shard(tiny, SHARD2, tensors)
     with pytest.raises(CheckpointError, match=r"missing tensor 'model.norm.weight' "
                                               r"\(expected shape \(64,\)\)"):
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
 
 
 def test_extra_tensor(tiny: Path):
@@ -135,7 +138,7 @@ def test_extra_tensor(tiny: Path):
     with pytest.raises(CheckpointError, match=r"unexpected tensor "
                                               r"'model.layers.1.self_attn.q_proj.bias' with "
                                               r"shape \(64,\)"):
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
 
 
 def test_misshaped_tensor(tiny: Path):
@@ -144,7 +147,7 @@ def test_misshaped_tensor(tiny: Path):
     _rewrite_shard(tiny, SHARD2, tensors)
     with pytest.raises(CheckpointError, match=r"tensor 'model.layers.1.self_attn.k_proj.weight' "
                                               r"has shape \(64, 64\), expected \(32, 64\)"):
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
 
 
 def test_harmless_extras_and_tied_lm_head_are_accepted(tiny: Path):
@@ -152,7 +155,7 @@ def test_harmless_extras_and_tied_lm_head_are_accepted(tiny: Path):
     tensors["model.layers.1.self_attn.rotary_emb.inv_freq"] = np.zeros(8, np.float32)
     _rewrite_shard(tiny, SHARD2, tensors)
     _rewrite_config(tiny, tie_word_embeddings=True)  # lm_head ships anyway, same shape
-    ckpt = Checkpoint.open(tiny)
+    ckpt = open_checkpoint(tiny)
     assert "lm_head.weight" in ckpt.tensor_names()
     assert "model.layers.1.self_attn.rotary_emb.inv_freq" not in ckpt.tensor_names()
 
@@ -163,7 +166,7 @@ def test_index_and_shard_disagree(tiny: Path):
     index["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors"
     index_path.write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="'model.norm.weight'"):
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
 
 
 # per-frequency divisors (a GGUF's rope_freqs) in transformers' single-factor longrope form
@@ -194,7 +197,7 @@ FACTORS_ROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.0, 1.5, 3.0, 8.
 def test_bad_config_field(tiny: Path, field, value, words):
     _rewrite_config(tiny, **{field: value})
     with pytest.raises(CheckpointError) as info:
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
     msg = str(info.value)
     assert str(tiny / "config.json") in msg
     for w in words:
@@ -215,7 +218,7 @@ def test_vocabulary_and_special_ids_are_checked_against_the_tokenizer_and_embedd
     a word; an eos_token_id of 10^9 was accepted."""
     _rewrite_config(tiny, **changes)
     with pytest.raises(CheckpointError) as info:
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
     assert words in str(info.value), str(info.value)
     assert str(info.value).startswith(f"{tiny / 'config.json'}: ")
 
@@ -278,7 +281,7 @@ def test_bad_header_in_a_checkpoint_names_the_shard(tiny: Path):
     header = data[8:8 + n].replace(b'"BF16"', b'"I8"  ', 1)  # same length, bad dtype
     shard.write_bytes(bytes(data[:8] + header + data[8 + n:]))
     with pytest.raises(CheckpointError, match=f"{SHARD2}.*dtype 'I8' is not supported"):
-        Checkpoint.open(tiny)
+        open_checkpoint(tiny)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,14 +341,14 @@ def test_tiny_checkpoint_runs_in_transformers(tiny: Path):
 def test_unpermute_inverts_llama_cpp_permute():
     w = np.arange(12 * 5, dtype=np.float32).reshape(12, 5)
     np.testing.assert_array_equal(
-        gguf_import.unpermute_rows(llama_cpp_permute(w, 3), 3, 4), w)
+        llama_gguf.unpermute_rows(llama_cpp_permute(w, 3), 3, 4), w)
 
 
 def test_convert_tiny_gguf(tmp_path: Path):
     src = tmp_path / "tiny.gguf"
     weights = _write_tiny_gguf(src, seed=2)
-    out = gguf_import.convert_gguf(src, tmp_path / "ckpt")
-    ckpt = Checkpoint.open(out)
+    out = gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY)
+    ckpt = open_checkpoint(out)
     assert ckpt.config.rope_scaling is None and not ckpt.config.tie_word_embeddings
     assert ckpt.config.rms_norm_eps == 1e-5
     for name, w in weights.items():
@@ -357,13 +360,13 @@ def test_convert_tiny_gguf(tmp_path: Path):
 
     # reused when complete: nothing is rewritten
     mtime = (out / "model.safetensors").stat().st_mtime_ns
-    gguf_import.convert_gguf(src, out)
+    gguf_import.convert_gguf(src, out, FAMILY)
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
     # a damaged conversion is not complete, and is redone
     with open(out / "config.json", "a") as f:
         f.write(" ")
     assert not gguf_import.is_complete(out)
-    gguf_import.convert_gguf(src, out)
+    gguf_import.convert_gguf(src, out, FAMILY)
     assert gguf_import.is_complete(out)
     assert not list(tmp_path.glob(".ckpt.tmp-*"))
 
@@ -375,7 +378,7 @@ def test_convert_keeps_quantized_blocks_intact(tmp_path: Path):
 
     src = tmp_path / "tiny-q.gguf"
     weights = _write_tiny_gguf(src, seed=6, quantize=True)
-    ckpt = Checkpoint.open(gguf_import.convert_gguf(src, tmp_path / "ckpt"))
+    ckpt = open_checkpoint(gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY))
     kept = {n: ckpt.quantized(n) for n in ckpt.tensor_names() if ckpt.quantized(n)}
     assert {f for f, _ in kept.values()} == {"q4_1", "q8_0"}
     assert kept["model.embed_tokens.weight"][0] == "q8_0"
@@ -391,17 +394,17 @@ def test_quantized_file_that_does_not_fit_the_config_is_refused(tmp_path: Path):
 
     src = tmp_path / "tiny-q.gguf"
     _write_tiny_gguf(src, seed=6, quantize=True)
-    out = gguf_import.convert_gguf(src, tmp_path / "ckpt")
+    out = gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY)
     name = "model.layers.0.mlp.down_proj.weight"
     save_file({name: np.zeros((64, 79), np.uint8)}, str(out / "quantized.safetensors"),
               metadata={name: "q4_1"})
     with pytest.raises(CheckpointError, match=r"down_proj.weight' is U8 \(64, 79\); a q4_1 "
                        r"\(64, 128\) tensor must be U8 \(64, 80\)"):
-        Checkpoint.open(out)
+        open_checkpoint(out)
     save_file({name: np.zeros((64, 80), np.uint8)}, str(out / "quantized.safetensors"),
               metadata={name: "q5_k"})
     with pytest.raises(CheckpointError, match="has format 'q5_k' in the metadata"):
-        Checkpoint.open(out)
+        open_checkpoint(out)
 
 
 def test_convert_refuses_foreign_directory(tmp_path: Path):
@@ -411,14 +414,14 @@ def test_convert_refuses_foreign_directory(tmp_path: Path):
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(CheckpointError, match="remove it or choose another --out"):
-        gguf_import.convert_gguf(src, out)
+        gguf_import.convert_gguf(src, out, FAMILY)
     assert (out / "notes.txt").exists()
 
 
 def test_hf_name_rejects_unknown_tensor():
-    assert gguf_import.hf_name("blk.7.ffn_down.weight") == "model.layers.7.mlp.down_proj.weight"
+    assert llama_gguf.hf_name("blk.7.ffn_down.weight") == "model.layers.7.mlp.down_proj.weight"
     with pytest.raises(CheckpointError, match="'blk.0.attn_qkv.weight'"):
-        gguf_import.hf_name("blk.0.attn_qkv.weight")
+        llama_gguf.hf_name("blk.0.attn_qkv.weight")
 
 
 def test_wheel_with_wrong_hash_is_refused(tmp_path: Path):
@@ -432,7 +435,7 @@ def test_wheel_with_wrong_hash_is_refused(tmp_path: Path):
 # the embedded SmolLM2-135M-Instruct
 
 def test_embedded_conversion(smollm2: Path):
-    ckpt = Checkpoint.open(smollm2)
+    ckpt = open_checkpoint(smollm2)
     c = ckpt.config
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
             c.head_dim, c.intermediate_size, c.vocab_size) == (576, 30, 9, 3, 64, 1536, 49152)
@@ -517,7 +520,7 @@ def test_gguf_of_every_stored_type_converts_and_says_what_it_converted(tmp_path:
     weights = _write_tiny_gguf(src, seed=3, types={
         "q_proj.weight": "F16", "k_proj.weight": "BF16", "down_proj.weight": "Q5_0",
         "gate_proj.weight": "Q4_0"})
-    ckpt = Checkpoint.open(gguf_import.convert_gguf(src, tmp_path / "ckpt"))
+    ckpt = open_checkpoint(gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY))
     said = capsys.readouterr().err
     lines = [line for line in said.splitlines() if "converted to bf16" in line]
     assert len(lines) == 1 and "2 tensors stored as Q5_0 (2) converted to bf16" in lines[0]
@@ -538,7 +541,7 @@ def test_gguf_of_another_architecture_is_refused_in_one_line(tmp_path: Path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(CheckpointError) as e:
-        gguf_import.ensure_checkpoint(path, tmp_path / "build")
+        gguf_import.ensure_checkpoint(path, FAMILY, tmp_path / "build")
     assert str(e.value) == (f"{path}: general.architecture = 'gpt2'; only 'llama' GGUF files "
                             "convert")
     assert not (tmp_path / "build" / "checkpoints").exists() or not any(

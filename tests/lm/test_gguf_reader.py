@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGUFValueType as V
 
+from apps.llama.family import FAMILY
 from gguf_craft import Parts
 from iron.errors import CheckpointError
 from iron.lm import gguf_import
@@ -125,7 +126,7 @@ def _hostile(tiny_gguf: Path, tmp_path: Path, case: str) -> Path:
 
 def _one_line_error(path: Path, out: Path) -> str:
     with pytest.raises(CheckpointError) as e:
-        gguf_import.convert_gguf(path, out)
+        gguf_import.convert_gguf(path, out, FAMILY)
     message = str(e.value)
     assert "\n" not in message, message
     assert not out.exists()
@@ -147,7 +148,7 @@ def test_the_craft_helper_writes_back_a_file_that_converts(tiny_gguf, tmp_path):
     """The hostile cases differ from a valid file only by their change."""
     path = Parts.read(tiny_gguf).write(tmp_path / "same.gguf")
     assert path.read_bytes() == tiny_gguf.read_bytes()
-    gguf_import.convert_gguf(path, tmp_path / "ckpt")
+    gguf_import.convert_gguf(path, tmp_path / "ckpt", FAMILY)
 
 
 @pytest.mark.parametrize("keep, words", [

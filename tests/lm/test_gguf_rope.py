@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 from iron.errors import CheckpointError
+from apps.llama import gguf as llama_gguf
+from apps.llama.config import LlamaConfig, inv_freq
+from apps.llama.family import FAMILY, open_checkpoint
 from iron.lm import gguf_import
-from iron.lm.checkpoint import Checkpoint, LlamaConfig, inv_freq
 from iron.lm.gguf_file import GGUFFile
 from tiny_llama import TINY_CONFIG, _write_tiny_gguf
 
@@ -69,7 +71,7 @@ def write(path: Path, keys: dict | None = None, rope_freqs: np.ndarray | None = 
 
 def converted_inv_freq(src: Path, tmp_path: Path) -> np.ndarray:
     """iron's frequencies, through the converted checkpoint's config.json as a bundle gets them."""
-    ckpt = Checkpoint.open(gguf_import.convert_gguf(src, tmp_path / "ckpt"))
+    ckpt = open_checkpoint(gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY))
     return inv_freq(ckpt.config)
 
 
@@ -132,7 +134,7 @@ def test_make_gguf_writes_the_factors_of_iron_and_transformers_llama3_rule():
 def test_untranslatable_rope_scaling_is_refused_in_one_line(tmp_path, keys, rope_freqs, words):
     src = write(tmp_path / "bad.gguf", keys, rope_freqs)
     with pytest.raises(CheckpointError) as info:
-        gguf_import.gguf_config(GGUFFile.open(src), str(src))
+        llama_gguf.gguf_config(GGUFFile.open(src), str(src))
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(str(src))
     for w in words:
@@ -151,13 +153,13 @@ def test_llama32_shaped_file_with_rope_freqs_runs_as_llama_cpp_runs_it(tmp_path)
     from conftest import make_bundle
     from llamacpp import LlamaCpp
 
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
 
     shape = make_gguf.Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512)
     src = make_gguf.write(tmp_path / "llama32-tiny.gguf", shape, "Q8_0", seed=1, std=0.1,
                           rope=make_gguf.RopeScaling("llama3", 8.0, original_context=64))
-    checkpoint = gguf_import.convert_gguf(src, tmp_path / "ckpt")
-    model = LlamaModel(make_bundle(checkpoint, tmp_path / "bundle", chunk=8, context=128))
+    checkpoint = gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY)
+    model = LanguageModel(make_bundle(checkpoint, tmp_path / "bundle", chunk=8, context=128))
     ids = [int(t) for t in np.random.default_rng(0).integers(300, 40000, 48)]
     model.reset()
     logits = np.stack([model.decode(t).astype(np.float64) for t in ids])

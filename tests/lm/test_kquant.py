@@ -23,17 +23,17 @@ def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
     pytest.importorskip("transformers")
     from llama_reference import LlamaReference
 
+    from apps.llama.family import FAMILY, open_checkpoint
     from iron.lm import gguf_import
-    from iron.lm.checkpoint import Checkpoint
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import make_gguf
 
     shape = make_gguf.Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512)
     src = make_gguf.write(tmp_path / "tiny-Q4_K_M.gguf", shape, "Q4_K_M", seed=1, std=0.1)
-    checkpoint = gguf_import.convert_gguf(src, tmp_path / "ckpt")
-    ckpt = Checkpoint.open(checkpoint)
+    checkpoint = gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY)
+    ckpt = open_checkpoint(checkpoint)
     kept = {n: ckpt.quantized(n)[0] for n in ckpt.tensor_names() if ckpt.quantized(n)}
     assert kept["model.embed_tokens.weight"] == "q6_k"
     assert kept["model.layers.1.mlp.down_proj.weight"] == "q6_k"  # a layer given more bits
@@ -52,7 +52,7 @@ def test_q4_k_m_gguf_runs_its_k_quant_blocks_and_meets_the_kl_gate(tmp_path):
     want[layer.format(1) + "self_attn.qk_proj.weight"] = ["q4_k", 256]
     want[layer.format(1) + "self_attn.v_proj.weight"] = ["q6_k", 256]
     assert formats == want
-    model = LlamaModel(bundle)
+    model = LanguageModel(bundle)
     ref = LlamaReference.from_gguf(src)  # the file as transformers reads it, not as iron does
     ids = list(np.random.default_rng(0).integers(300, 40000, 40))
     logits = ref.logits(ids)

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import make_bundle
 from iron.errors import IronError
-from iron.lm.generate import LlamaModel
+from iron.lm.generate import LanguageModel
 from iron.lm.texts import TEXTS
 from iron.tuning.check import bf16_ulp
 
@@ -162,7 +162,7 @@ def test_tiny_llama3_checkpoint_matches_reference(tmp_path):
     assert config["rope_scaling"]["rope_type"] == "llama3"
     assert not config["tie_word_embeddings"]
     assert (checkpoint / "model.safetensors.index.json").exists()
-    model = LlamaModel(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
+    model = LanguageModel(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
     ids = list(np.random.default_rng(0).integers(0, 256, 40))
     ref = LlamaReference(checkpoint).logits(ids)
     for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
@@ -176,7 +176,7 @@ def test_prompt_longer_than_the_context_is_a_clear_error(tmp_path):
     from tiny_llama import write_tiny_llama
 
     checkpoint = write_tiny_llama(tmp_path / "tiny", seed=4)
-    model = LlamaModel(make_bundle(checkpoint, tmp_path / "bundle", context=16, chunk=8))
+    model = LanguageModel(make_bundle(checkpoint, tmp_path / "bundle", context=16, chunk=8))
     with pytest.raises(IronError, match="a prompt of 20 tokens and 4 new tokens do not fit the bundle's "
                        "context of 16 positions"):
         model.generate(list(range(20)), 4)
@@ -292,11 +292,12 @@ def test_native_bundle_runs_the_files_blocks(tmp_path):
     from llama_reference import LlamaReference
     from tiny_llama import _write_tiny_gguf
 
+    from apps.llama.family import FAMILY
     from iron.lm import gguf_import
     from iron.pipeline.bundle import Bundle
 
     _write_tiny_gguf(tmp_path / "tiny.gguf", seed=7, quantize=True)
-    checkpoint = gguf_import.convert_gguf(tmp_path / "tiny.gguf", tmp_path / "ckpt")
+    checkpoint = gguf_import.convert_gguf(tmp_path / "tiny.gguf", tmp_path / "ckpt", FAMILY)
     bundle = Bundle.open(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
     meta = bundle.meta
     assert meta["weights"] == "native"
@@ -307,7 +308,7 @@ def test_native_bundle_runs_the_files_blocks(tmp_path):
     decode_ops = {(type(op).__name__, op.weight_format)
                   for op in bundle.program("decode").ops if hasattr(op, "weight_format")}
     assert decode_ops == {("Embedding", "bf16"), ("GEMV", "q4_1")}
-    model = LlamaModel(bundle.path)
+    model = LanguageModel(bundle.path)
     ids = list(np.random.default_rng(1).integers(0, 256, 40))
     ref = LlamaReference.from_gguf(tmp_path / "tiny.gguf").logits(ids)
     for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
@@ -322,7 +323,7 @@ def test_smollm2_native_greedy_text_matches_bf16_up_to_near_ties(
     from iron.pipeline.bundle import Bundle
 
     assert Bundle.open(smollm2_model.bundle.path).meta["weights"] == "native"
-    bf16 = LlamaModel(make_bundle(smollm2, tmp_path / "bf16", weights="bf16"))
+    bf16 = LanguageModel(make_bundle(smollm2, tmp_path / "bf16", weights="bf16"))
     for text in TEXTS:
         prompt = token_ids(smollm2_model, text)[:24]
         ours, _ = smollm2_model.generate(prompt, 16)
@@ -344,14 +345,14 @@ def test_uint4_bundle_quantizes_an_hf_checkpoint_at_bundle_time(tmp_path):
     from iron.pipeline.bundle import Bundle
 
     checkpoint = write_tiny_llama(tmp_path / "tiny", seed=8)
-    bf16 = LlamaModel(make_bundle(checkpoint, tmp_path / "bf16", chunk=8, weights="bf16"))
+    bf16 = LanguageModel(make_bundle(checkpoint, tmp_path / "bf16", chunk=8, weights="bf16"))
     path = make_bundle(checkpoint, tmp_path / "uint4", chunk=8, weights="uint4")
     formats = Bundle.open(path).meta["weight_formats"]
     assert formats["model.layers.0.mlp.down_proj.weight"] == ["uint4", 128]  # K = 128
     assert formats["model.layers.0.mlp.gate_up_proj.weight"] == ["uint4", 32]  # K = 64
     assert "model.embed_tokens.weight" not in formats and "lm_head.weight" not in formats
     ids = list(np.random.default_rng(2).integers(0, 256, 24))
-    kl, agree = kl_stats(decode_logits(bf16, ids), decode_logits(LlamaModel(path), ids))
+    kl, agree = kl_stats(decode_logits(bf16, ids), decode_logits(LanguageModel(path), ids))
     print(f"tiny uint4 vs bf16: KL mean {kl.mean():.4f} max {kl.max():.4f} top-1 {agree:.3f}")
     assert kl.mean() <= 0.05 and agree >= 0.8
 

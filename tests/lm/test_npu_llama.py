@@ -43,12 +43,12 @@ def test_emulated_npu2_decode_meets_the_kl_gate_against_float32(smollm2, smollm2
     tile and masking past the position).  20 positions of one
     text (each emulated token takes seconds), at a 2048-position context."""
     from test_llama import NPU2, assert_accurate, decode_logits, kl_stats, token_ids
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
     from iron.lm.texts import TEXTS
 
     bundle = write_bundle(load_app("llama", smollm2, context=2048), iron.device("npu2"),
                           app_profile("llama", "npu2"), tmp_path / "npu2")
-    model = LlamaModel(bundle, emulate=True)
+    model = LanguageModel(bundle, emulate=True)
     decode = model.bundle.manifest["programs"]["decode"]
     placed = {step["operator"]: p for step, p in zip(decode["steps"], decode["placements"])}
     assert placed["Attention"] == placed["QKVRoPE"] == "npu", placed

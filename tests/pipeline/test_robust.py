@@ -182,14 +182,14 @@ def test_step_tensor_index_out_of_range_is_refused(bundle_copy):
 
 def test_context_beyond_the_kv_cache_is_refused(tmp_path):
     from conftest import make_bundle
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
     from tiny_llama import write_tiny_llama
 
     checkpoint = write_tiny_llama(tmp_path / "tiny", seed=4)
     out = make_bundle(checkpoint, tmp_path / "bundle", context=16, chunk=8)
     rewrite_manifest(out, lambda m: m["meta"].__setitem__("context", 64))
     with pytest.raises(BundleError, match="meta.context = 64 but the KV cache holds .16."):
-        LlamaModel(out)
+        LanguageModel(out)
 
 
 # ---- doit: variables, errors, rebuilds, names, speed ----------------------------------------
@@ -469,8 +469,8 @@ try:
         from iron.profile import Profile
         Profile.load(path)
     elif what == "checkpoint":
-        from iron.lm.checkpoint import Checkpoint
-        Checkpoint.open(path)
+        from apps.llama.family import open_checkpoint
+        open_checkpoint(path)
     else:
         from iron.lm.chat import ChatTemplate
         ChatTemplate.from_dir(path)
@@ -534,7 +534,7 @@ def test_unparsable_bundle_tokenizer_fails_in_one_line_before_the_weights_load(t
     """A bundle whose tokenizer.json is damaged but whose hashes agree (re-signed): refused
     when the model is opened, before its weights are read, not by a traceback afterwards."""
     from conftest import make_bundle
-    from iron.lm.generate import LlamaModel
+    from iron.lm.generate import LanguageModel
     from iron.util import sha256_file
     from tiny_llama import write_tiny_llama
 
@@ -551,7 +551,7 @@ def test_unparsable_bundle_tokenizer_fails_in_one_line_before_the_weights_load(t
     with monkeypatch.context() as m:
         m.setattr(bundles.Bundle, "weights", weights)
         with pytest.raises(BundleError, match=r"tokenizer.json: not a tokenizer the tokenizers"):
-            LlamaModel(out)
+            LanguageModel(out)
     result = subprocess.run([sys.executable, "-m", "iron.lm.run", str(out), "--prompt", "hi"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr
@@ -597,7 +597,7 @@ def test_bundle_and_cache_follow_the_umask(project):
 # ---- checkpoints ---------------------------------------------------------------------------
 
 def test_checkpoint_file_linking_outside_is_refused(tmp_path):
-    from iron.lm.checkpoint import Checkpoint
+    from apps.llama.family import open_checkpoint
     from tiny_llama import write_tiny_llama
 
     ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
@@ -605,21 +605,21 @@ def test_checkpoint_file_linking_outside_is_refused(tmp_path):
     shutil.move(ckpt / "tokenizer.json", outside)
     (ckpt / "tokenizer.json").symlink_to(outside)
     with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
-        Checkpoint.open(ckpt)
+        open_checkpoint(ckpt)
 
 
 def test_checkpoint_tokenizer_is_parsed_at_open(tmp_path):
-    from iron.lm.checkpoint import Checkpoint
+    from apps.llama.family import open_checkpoint
     from tiny_llama import write_tiny_llama
 
     ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
     (ckpt / "tokenizer.json").write_text('{"model": {"type": "nonsense"}}')
     with pytest.raises(CheckpointError, match="tokenizer.json: not a tokenizer"):
-        Checkpoint.open(ckpt)
+        open_checkpoint(ckpt)
 
 
 def test_absurd_layer_count_is_refused_before_allocating(tmp_path):
-    from iron.lm.checkpoint import Checkpoint
+    from apps.llama.family import open_checkpoint
     from tiny_llama import write_tiny_llama
 
     ckpt = write_tiny_llama(tmp_path / "tiny", seed=1)
@@ -628,7 +628,7 @@ def test_absurd_layer_count_is_refused_before_allocating(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(config))
     start = time.perf_counter()
     with pytest.raises(CheckpointError, match="num_hidden_layers = 1000000 needs at least"):
-        Checkpoint.open(ckpt)
+        open_checkpoint(ckpt)
     assert time.perf_counter() - start < 2.0
 
 

@@ -49,19 +49,19 @@ def _safetensors(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path) -> None:
-    from iron.lm.checkpoint import LlamaConfig
+    from apps.llama.config import LlamaConfig
 
     (tmp_path / "config.json").write_text(DEEP)
     LlamaConfig.from_json(tmp_path)
 
 
 def _shard_index(tmp_path: Path) -> None:
-    from iron.lm.checkpoint import Checkpoint
+    from apps.llama.family import open_checkpoint
     from tiny_llama import write_tiny_llama
 
     ckpt = write_tiny_llama(tmp_path / "tiny")
     (ckpt / "model.safetensors.index.json").write_text(DEEP)
-    Checkpoint.open(ckpt)
+    open_checkpoint(ckpt)
 
 
 def _tokenizer_config(tmp_path: Path) -> None:

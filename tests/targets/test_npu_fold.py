@@ -16,7 +16,6 @@ import pytest
 
 import iron
 from iron.errors import BundleError
-from iron.lm.checkpoint import LlamaConfig
 from iron.operators import ElementwiseAdd, Embedding, RMSNorm, SiLU
 from iron.targets import target_for
 from iron.targets.npu.fold import ALIGN, Fold, plan, render
@@ -27,6 +26,7 @@ from iron.targets.npu.runner import Emulated
 from iron.targets.npu.verify import Problem, check_text
 from tiny_llama import TINY_CONFIG
 
+from apps.llama.config import LlamaConfig
 from apps.llama.model import Decoder
 
 
