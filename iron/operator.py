@@ -66,12 +66,17 @@ APPROXIMATED = (2.0 ** -8, 2.0 ** -24)
 ACCUMULATED = (0.0, 2.0 ** -10)
 
 
-def param(default: Any = MISSING, choices: tuple[str, ...] = ()) -> Any:
+def param(default: Any = MISSING, choices: tuple[str, ...] = (), optional: bool = False) -> Any:
     """Declare a field that makes the operator what it is (a shape or a semantic constant).
 
     A string param names one of ``choices``; it reaches a kernel as its index in them.
+    An ``optional`` param (a variant's switch added to an existing operator, such as Qwen2's
+    q/k/v biases on ``QKVRoPE``) is left out of ``config`` and ``describe`` while it holds its
+    default, so the instances that predate it keep their identity: their artifact keys, the
+    programs bundles store and the kernel macros (a kernel reads an absent one as its default).
     """
-    return dataclasses.field(default=default, metadata={"iron": PARAM, "choices": choices})
+    return dataclasses.field(default=default, metadata={"iron": PARAM, "choices": choices,
+                                                        "optional": optional})
 
 
 def tunable() -> Any:
@@ -206,12 +211,19 @@ class Operator:
 
     def describe(self, tunables: bool = False) -> str:
         """``AXPY(size=2048, scalar_factor=1.5)``: the instance as a person reads it."""
-        names = self.field_names() if tunables else self.params()
+        names = self.shown(self.field_names() if tunables else self.params())
         return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
     def config(self) -> dict[str, Any]:
-        """Every field value, JSON-ready: what identifies a resolved instance."""
-        return {n: getattr(self, n) for n in self.field_names()}
+        """Every field value, JSON-ready: what identifies a resolved instance (an optional
+        param at its default left out, see ``param``)."""
+        return {n: getattr(self, n) for n in self.shown(self.field_names())}
+
+    def shown(self, names: Iterable[str]) -> tuple[str, ...]:
+        """``names`` without the optional params that hold their defaults."""
+        defaults = _optional_defaults(type(self))
+        return tuple(n for n in names
+                     if n not in defaults or getattr(self, n) != defaults[n])
 
     def tunable_values(self) -> dict[str, Any]:
         return {n: getattr(self, n) for n in self.tunables()}
@@ -263,6 +275,17 @@ def _field_kinds(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
             tuple(f.name for f in fields if f.metadata.get("iron") == TUNABLE))
     return kinds
 
+
+_OPTIONAL: dict[type, dict[str, Any]] = {}
+
+
+def _optional_defaults(cls: type) -> dict[str, Any]:
+    """Name -> default of each optional param of an operator class (see ``param``)."""
+    found = _OPTIONAL.get(cls)
+    if found is None:
+        found = _OPTIONAL[cls] = {f.name: f.default for f in dataclasses.fields(cls)
+                                  if f.metadata.get("optional")}
+    return found
 
 
 def expect(ok: bool, op: Operator | type, message: str) -> None:

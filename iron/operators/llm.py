@@ -13,7 +13,7 @@ from ..operator import (APPROXIMATED, Operator, Rule, bfloat16, columns, expect,
 from ..quant import FORMATS, dequantize, tiled_rows
 from ..tensor import Tensor
 from .matrix import example_weight, expect_weight, weight_k
-from .rowwise import RoPE
+from .rowwise import RMSNorm, RoPE
 
 
 class Embedding(Operator):
@@ -176,31 +176,55 @@ class Concat(Operator):
         return np.concatenate([x, y], axis=1)
 
 
+#: ``QKVRoPE.eps`` unless given: Qwen3's ``rms_norm_eps``.
+QK_NORM_EPS = 1e-6
+
+
 class QKVRoPE(Operator):
     """Split a stacked ``q|k|v`` row, rotate q and k (RoPE) and write k and v into the KV cache.
 
     Inputs: qkv (rows, (heads + 2 * kv_heads) * head_dim), pos int32 (rows,), inv_freq float32
-    (head_dim / 2,), k_cache and v_cache (kv_heads, ctx, head_dim).  Outputs: q rotated
-    (rows, heads * head_dim), and the two caches, updated in place.  It is the composition of
-    ``RoPE`` on q and k and ``CacheWrite`` of k and v, in one step, so one matrix product can
-    compute q, k and v together.
+    (head_dim / 2,), k_cache and v_cache (kv_heads, ctx, head_dim), then the variants' weights
+    (``extra_inputs``).  Outputs: q rotated (rows, heads * head_dim), and the two caches,
+    updated in place.  It is the composition of ``RoPE`` on q and k and ``CacheWrite`` of k and
+    v, in one step, so one matrix product can compute q, k and v together.
+
+    Two variants, both off for Llama, each a param the inputs imply:
+
+    - ``bias`` (Qwen2): a bf16 (width,) ``q|k|v`` bias is added to the row first, in float32,
+      as llama.cpp's ``llm_build_qwen2`` adds ``bq``, ``bk``, ``bv`` to the projections;
+    - ``qk_norm`` (Qwen3): each query and key head is RMS-normed over its ``head_dim`` with
+      epsilon ``eps`` and scaled by the bf16 (head_dim,) weight ``q_norm`` / ``k_norm`` before
+      it is rotated (llama.cpp's ``llm_build_qwen3``, ``attn_q_norm`` / ``attn_k_norm``).
+
+    The row stays float32 from the bias to the rotation; k, v and q are rounded to bf16 once.
     """
 
     kernel = "qkv_rope"
-    tolerance = APPROXIMATED  # the angles' cos and sin
+    #: the angles' cos and sin and the norms' rsqrt (``APPROXIMATED``)
+    tolerance = APPROXIMATED
     inplace = {1: 3, 2: 4}
     test_shapes = ({"rows": 1, "heads": 1, "kv_heads": 1, "head_dim": 2, "ctx": 1, "pos": 0},
                    {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 64, "pos": 63},
-                   {"rows": 8, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 36})
+                   {"rows": 8, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 36},
+                   {"rows": 1, "heads": 7, "kv_heads": 1, "head_dim": 64, "ctx": 32, "pos": 20,
+                    "bias": True},
+                   {"rows": 3, "heads": 4, "kv_heads": 2, "head_dim": 128, "ctx": 16, "pos": 14,
+                    "qk_norm": True},
+                   {"rows": 2, "heads": 2, "kv_heads": 1, "head_dim": 2, "ctx": 4, "pos": 1,
+                    "bias": True, "qk_norm": True})
     rows: int = param()
     heads: int = param()
     kv_heads: int = param()
     head_dim: int = param()
     ctx: int = param()
+    bias: bool = param(False, optional=True)
+    qk_norm: bool = param(False, optional=True)
+    eps: float = param(QK_NORM_EPS, optional=True)  # the q/k norms' (the model's RMS eps)
 
     @classmethod
     def shape_params(cls, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
-                     v_cache: Tensor) -> dict:
+                     v_cache: Tensor, *extra: Tensor) -> dict:
         kv_heads, ctx, head_dim = cache_shape(k_cache, cls)
         expect(qkv.ndim == 2 and qkv.shape[1] % head_dim == 0, cls,
                f"qkv must be (rows, (heads + 2 * kv_heads) * {head_dim}), got {qkv.shape}")
@@ -208,10 +232,25 @@ class QKVRoPE(Operator):
         expect(heads > 0 and heads % kv_heads == 0, cls,
                f"qkv width {qkv.shape[1]} leaves {heads} query heads for {kv_heads} KV heads")
         return {"rows": qkv.shape[0], "heads": heads, "kv_heads": kv_heads,
-                "head_dim": head_dim, "ctx": ctx}
+                "head_dim": head_dim, "ctx": ctx, **variant_of(cls, len(extra))}
+
+    def extra_inputs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of the variants' bf16 weights, in input order: the q|k|v bias
+        (``bias``), then the q and k norm weights (``qk_norm``)."""
+        width = (self.heads + 2 * self.kv_heads) * self.head_dim
+        return ([("bias", (width,))] if self.bias else []) + (
+            [("q_norm", (self.head_dim,)), ("k_norm", (self.head_dim,))] if self.qk_norm
+            else [])
+
+    def check_extra(self, extra: tuple[Tensor, ...]) -> None:
+        expect(self.qk_norm or self.eps == QK_NORM_EPS, self, f"eps={self.eps} is the q/k "
+               "norms' epsilon: give it only with q_norm and k_norm inputs")
+        for t, (what, shape) in zip(extra, self.extra_inputs()):
+            expect(t.shape == shape, self, f"{what} has shape {t.shape}, expected {shape}")
+            expect_dtype(t, bfloat16, self, what)
 
     def signature(self, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
-                  v_cache: Tensor) -> list:
+                  v_cache: Tensor, *extra: Tensor) -> list:
         expect(v_cache.shape == k_cache.shape, self, f"v_cache has shape {v_cache.shape}, "
                f"k_cache has {k_cache.shape}")
         expect(pos.shape == (self.rows,), self, f"pos has shape {pos.shape}, expected "
@@ -222,6 +261,7 @@ class QKVRoPE(Operator):
             expect_dtype(t, bfloat16, self, what)
         expect_dtype(pos, np.int32, self, "pos")
         expect_dtype(inv_freq, np.float32, self, "inv_freq")
+        self.check_extra(extra)
         return [((self.rows, self.heads * self.head_dim), bfloat16), (k_cache.shape, bfloat16),
                 (v_cache.shape, bfloat16)]
 
@@ -229,11 +269,13 @@ class QKVRoPE(Operator):
         return {}
 
     @classmethod
-    def example(cls, rng, rows, heads, kv_heads, head_dim, ctx, pos):
+    def example(cls, rng, rows, heads, kv_heads, head_dim, ctx, pos, bias=False,
+                qk_norm=False):
         width = (heads + 2 * kv_heads) * head_dim
         k, v = (normal(rng, kv_heads, ctx, head_dim) for _ in range(2))
-        return {}, [normal(rng, rows, width), np.arange(pos, pos + rows, dtype=np.int32),
-                    rope_frequencies(head_dim), k, v]
+        fields, extra = example_extra(rng, width, head_dim, bias, qk_norm)
+        return fields, [normal(rng, rows, width), np.arange(pos, pos + rows, dtype=np.int32),
+                        rope_frequencies(head_dim), k, v, *extra]
 
     def example_input(self, index, shape, dtype, rng):
         if index == 1:
@@ -242,16 +284,51 @@ class QKVRoPE(Operator):
             return rope_frequencies(self.head_dim)
         return super().example_input(index, shape, dtype, rng)
 
-    def reference(self, qkv, pos, inv_freq, k_cache, v_cache):
+    def prepared(self, qkv: np.ndarray, extra: tuple[np.ndarray, ...]) -> np.ndarray:
+        """The float32 rows as they are rotated and stored: plus the bias, each q and k head
+        RMS-normed and scaled by its weight."""
+        weights = dict(zip((name for name, _ in self.extra_inputs()), extra))
+        x = qkv + weights["bias"] if self.bias else qkv
+        if not self.qk_norm:
+            return x
+        heads = x.reshape(self.rows, -1, self.head_dim).copy()
+        for first, count, w in ((0, self.heads, weights["q_norm"]),
+                                (self.heads, self.kv_heads, weights["k_norm"])):
+            h = heads[:, first:first + count]
+            norm = RMSNorm(rows=h.size // self.head_dim, size=self.head_dim, weighted=True,
+                           eps=self.eps)
+            heads[:, first:first + count] = norm.reference(
+                h.reshape(-1, self.head_dim), w).reshape(h.shape)
+        return heads.reshape(x.shape)
+
+    def reference(self, qkv, pos, inv_freq, k_cache, v_cache, *extra):
         hd, q_dim, kv_dim = self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qkv = self.prepared(qkv, extra)
         rope = {n: RoPE(rows=self.rows, size=n * hd, heads=n, head_dim=hd)
                 for n in (self.heads, self.kv_heads)}
         q = rope[self.heads].reference(qkv[:, :q_dim], pos, inv_freq)
         k = rope[self.kv_heads].reference(qkv[:, q_dim:q_dim + kv_dim], pos, inv_freq)
         k = k.astype(bfloat16).astype(np.float32)  # RoPE rounds k before it is stored
+        v = qkv[:, q_dim + kv_dim:].astype(bfloat16).astype(np.float32)
         write = CacheWrite(kv_heads=self.kv_heads, ctx=self.ctx, head_dim=hd, rows=self.rows)
-        return (q, write.reference(k_cache, k, pos),
-                write.reference(v_cache, qkv[:, q_dim + kv_dim:], pos))
+        return q, write.reference(k_cache, k, pos), write.reference(v_cache, v, pos)
+
+
+def variant_of(cls: type, extra: int) -> dict:
+    """The ``bias`` / ``qk_norm`` params implied by the number of weights after a
+    ``QKVRoPE``'s fixed inputs: 1 the bias, 2 the q and k norms, 3 all three."""
+    expect(extra <= 3, cls, f"takes at most 3 inputs after the caches (bias, q_norm, k_norm), "
+           f"got {extra}")
+    return {"bias": extra in (1, 3), "qk_norm": extra >= 2}
+
+
+def example_extra(rng, width: int, head_dim: int, bias: bool, qk_norm: bool):
+    """(fields, inputs) of a test case's variant weights: a bias of the size Qwen2's reach, norm
+    weights around 1."""
+    extra = [normal(rng, width, scale=2)] if bias else []
+    if qk_norm:
+        extra += [(1 + rng.standard_normal(head_dim) * 0.5).astype(bfloat16) for _ in range(2)]
+    return ({"eps": 1e-5} if qk_norm else {}), extra
 
 
 class Attention(Operator):
@@ -377,46 +454,53 @@ class SlotQKVRoPE(Slotted, QKVRoPE):
     KV-cache slot ``slot[r]``.
 
     Inputs: qkv, pos, inv_freq as ``QKVRoPE``; k_cache and v_cache (slots, kv_heads, ctx,
-    head_dim); slot int32 (rows,).  The number of slots is not a param: the kernel indexes the
-    caches by ``slot``, whose range the caller checks, so one compiled instance serves a cache
-    of any number of slots.  Each row is rotated and written by the same code as ``QKVRoPE``'s.
+    head_dim); slot int32 (rows,); then the variants' weights, as ``QKVRoPE``'s.  The number
+    of slots is not a param: the kernel indexes the caches by ``slot``, whose range the caller
+    checks, so one compiled instance serves a cache of any number of slots.  Each row is
+    rotated and written by the same code as ``QKVRoPE``'s.
     """
 
     test_shapes = ({"rows": 1, "slots": 1, "heads": 1, "kv_heads": 1, "head_dim": 2, "ctx": 1},
                    {"rows": 4, "slots": 6, "heads": 9, "kv_heads": 3, "head_dim": 64,
-                    "ctx": 64})
+                    "ctx": 64},
+                   {"rows": 3, "slots": 4, "heads": 4, "kv_heads": 2, "head_dim": 32,
+                    "ctx": 8, "bias": True, "qk_norm": True})
     sweep_shape = -1
     slot_input = 5
 
     @classmethod
     def shape_params(cls, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
-                     v_cache: Tensor, slot: Tensor) -> dict:
+                     v_cache: Tensor, slot: Tensor, *extra: Tensor) -> dict:
         kv_heads, ctx, head_dim = slot_cache_shape(k_cache, cls)
         flat = Tensor(k_cache.index, (kv_heads, ctx, head_dim), k_cache.dtype)
-        return super().shape_params(qkv, pos, inv_freq, flat, flat)
+        return super().shape_params(qkv, pos, inv_freq, flat, flat, *extra)
 
     def signature(self, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
-                  v_cache: Tensor, slot: Tensor) -> list:
+                  v_cache: Tensor, slot: Tensor, *extra: Tensor) -> list:
         expect_slots(self, slot)
-        (q, _, _) = super().signature(qkv, pos, inv_freq, k_cache, v_cache)
+        (q, _, _) = super().signature(qkv, pos, inv_freq, k_cache, v_cache, *extra)
         return [q, (k_cache.shape, bfloat16), (v_cache.shape, bfloat16)]
 
     @classmethod
-    def example(cls, rng, rows, slots, heads, kv_heads, head_dim, ctx):
+    def example(cls, rng, rows, slots, heads, kv_heads, head_dim, ctx, bias=False,
+                qk_norm=False):
+        width = (heads + 2 * kv_heads) * head_dim
         k, v = (normal(rng, slots, kv_heads, ctx, head_dim) for _ in range(2))
         pos, slot = slot_positions(rng, rows, slots, ctx)
-        return {}, [normal(rng, rows, (heads + 2 * kv_heads) * head_dim), pos,
-                    rope_frequencies(head_dim), k, v, slot]
+        fields, extra = example_extra(rng, width, head_dim, bias, qk_norm)
+        return fields, [normal(rng, rows, width), pos, rope_frequencies(head_dim), k, v, slot,
+                        *extra]
 
-    def reference(self, qkv, pos, inv_freq, k_cache, v_cache, slot):
+    def reference(self, qkv, pos, inv_freq, k_cache, v_cache, slot, *extra):
         k_out, v_out = k_cache.copy(), v_cache.copy()
         q = np.zeros((self.rows, self.heads * self.head_dim), np.float32)
         one = QKVRoPE(rows=1, heads=self.heads, kv_heads=self.kv_heads,
-                      head_dim=self.head_dim, ctx=self.ctx)
+                      head_dim=self.head_dim, ctx=self.ctx, bias=self.bias,
+                      qk_norm=self.qk_norm, eps=self.eps)
         for r in range(self.rows):
             s = int(slot[r])
             q[r], k_out[s], v_out[s] = one.reference(qkv[r:r + 1], pos[r:r + 1], inv_freq,
-                                                     k_out[s], v_out[s])
+                                                     k_out[s], v_out[s], *extra)
         return q, k_out, v_out
 
 

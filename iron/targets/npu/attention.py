@@ -78,7 +78,9 @@ DESIGNED = (QKVRoPE, Attention, CacheWrite)
 
 
 def has_design(op) -> bool:
-    return isinstance(op, DESIGNED)
+    """Whether ``op`` is drawn here; QKVRoPE's Qwen variants (``bias``, ``qk_norm``) are not
+    yet, so they run on the host between NPU calls."""
+    return isinstance(op, DESIGNED) and not (isinstance(op, QKVRoPE) and (op.bias or op.qk_norm))
 
 
 def slotted(op) -> bool:
