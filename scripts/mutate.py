@@ -97,10 +97,10 @@ MUTANTS = (
          "            keep = len(p)\n"),
     ), ("tests/lm/test_sampling.py",)),
     Mutant("default-top-p", (
-        ("iron/lm/serve.py", '"top_p": 0.95', '"top_p": 0.9'),
+        ("iron/lm/serve/request.py", '"top_p": 0.95', '"top_p": 0.9'),
     ), ("tests/lm/test_sampling.py",)),
     Mutant("default-queue", (
-        ("iron/lm/serve.py", "queue: int = 16", "queue: int = 32"),
+        ("iron/lm/serve/limits.py", "queue: int = 16", "queue: int = 32"),
     ), ("tests/lm/test_sampling.py",)),
 )
 

@@ -67,11 +67,12 @@ def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, b
 
     # the server's completions tokenize the same way (the bundle iron run built)
     from iron.lm.serve import Server
+    from iron.lm.serve.request import completion_prompt
 
     bundle, = (tmp_path / "build" / "llama").glob("cpu-*")
     server = Server(bundle, slots=1)
     try:
-        assert server._completion_prompt({"prompt": TEXT}) == [bos] + want
+        assert completion_prompt({"prompt": TEXT}, server.view) == [bos] + want
     finally:
         server.workers.shutdown()
 
