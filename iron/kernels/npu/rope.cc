@@ -28,8 +28,14 @@ void sincos(float a, float *s, float *c) {
     }
 }
 
-// Rotate `heads` heads of hd from `x` into `out` at the angles of position p.
-void rotate(const bfloat16 *x, bfloat16 *out, const float *inv_freq, int32_t p, int32_t heads,
+// V lanes of a head as float32: bf16 lanes widened (exact), or float32 lanes as they are.
+aie::vector<float, V> lanes_f32(const bfloat16 *p) { return iron_widen(aie::load_v<V>(p)); }
+aie::vector<float, V> lanes_f32(const float *p) { return aie::load_v<V>(p); }
+
+// Rotate `heads` heads of hd from `x` (bf16, or float32 prepared by `prepare`) into `out` at
+// the angles of position p.
+template <typename T>
+void rotate(const T *x, bfloat16 *out, const float *inv_freq, int32_t p, int32_t heads,
             int32_t hd) {
     const int32_t half = hd / 2;
     for (int32_t c = 0; c < half; c += V) {
@@ -42,13 +48,36 @@ void rotate(const bfloat16 *x, bfloat16 *out, const float *inv_freq, int32_t p, 
             nsn.set(-s, i);
         }
         for (int32_t h = 0; h < heads; h++) {
-            aie::vector<float, V> a = iron_widen(aie::load_v<V>(x + h * hd + c));
-            aie::vector<float, V> b = iron_widen(aie::load_v<V>(x + h * hd + half + c));
+            aie::vector<float, V> a = lanes_f32(x + h * hd + c);
+            aie::vector<float, V> b = lanes_f32(x + h * hd + half + c);
             aie::store_v(out + h * hd + c, aie::mac(aie::mul(a, cs), b, nsn)
                                                .template to_vector<bfloat16>());
             aie::store_v(out + h * hd + half + c, aie::mac(aie::mul(b, cs), a, sn)
                                                       .template to_vector<bfloat16>());
         }
+    }
+}
+
+// One head of a Qwen row as float32 into `out` (hd): x plus `bias` (Qwen2; none when null),
+// then with `norm` (Qwen3) RMS-normed over the head, epsilon eps, and scaled by norm: the
+// squares summed a vector at a time in float32, one lane reduction and the API's invsqrt, as
+// the RMSNorm kernel (norm.cc) does.
+void prepare(const bfloat16 *x, const bfloat16 *bias, const bfloat16 *norm, float eps,
+             float *out, int32_t hd) {
+    aie::accum<accfloat, V> ss = aie::zeros<accfloat, V>();
+    for (int32_t i = 0; i < hd; i += V) {
+        aie::vector<float, V> v = lanes_f32(x + i);
+        if (bias) v = aie::add(v, lanes_f32(bias + i));
+        aie::store_v(out + i, v);
+        ss = aie::mac(ss, v, v);
+    }
+    if (!norm) return;
+    const float mean = aie::reduce_add(ss.template to_vector<float>()) / (float)hd;
+    const float scale = aie::invsqrt(mean + eps);
+    for (int32_t i = 0; i < hd; i += V) {
+        aie::accum<accfloat, V> y = aie::mul(aie::load_v<V>(out + i), scale);
+        y = aie::mul(y.template to_vector<float>(), lanes_f32(norm + i));
+        aie::store_v(out + i, y.template to_vector<float>());
     }
 }
 }  // namespace
@@ -104,6 +133,34 @@ void qkv_head_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq
     rotate(qkv + (heads + h) * hd, k_rows + iv * hd, inv_freq, p, 1, hd);
     const bfloat16 *v = qkv + (heads + kv_heads + h) * hd;
     for (int32_t i = 0; i < hd; i += V) aie::store_v(v_rows + iv * hd + i, aie::load_v<V>(v + i));
+}
+
+// qkv_head_row for QKVRoPE's Qwen variants: `row` is a q|k|v row followed by its weights, as
+// the memory tile joins them: the q|k|v bias (when bias), then the q and k norm weights (when
+// qk_norm).  Each head is prepared in float32 (`head`: the group's q heads, group x hd) before
+// it is rotated; v plus its bias is rounded to bf16 once.
+void qkv_head_row_qwen(const bfloat16 *row, const int32_t *pos, const float *inv_freq,
+                       bfloat16 *q, bfloat16 *k_rows, bfloat16 *v_rows, float *head, float eps,
+                       int32_t h, int32_t iv, int32_t bias, int32_t qk_norm, int32_t heads,
+                       int32_t kv_heads, int32_t hd) {
+    const int32_t p = iron_load(pos + iv), group = heads / kv_heads;
+    const int32_t width = (heads + 2 * kv_heads) * hd;
+    const bfloat16 *b = bias ? row + width : nullptr;
+    const bfloat16 *q_norm = qk_norm ? row + width * (1 + bias) : nullptr;
+    const bfloat16 *k_norm = qk_norm ? q_norm + hd : nullptr;
+    for (int32_t g = 0; g < group; g++) {
+        const int32_t at = (h * group + g) * hd;
+        prepare(row + at, b ? b + at : nullptr, q_norm, eps, head + g * hd, hd);
+    }
+    rotate(head, q, inv_freq, p, group, hd);
+    const int32_t k = (heads + h) * hd, v = (heads + kv_heads + h) * hd;
+    prepare(row + k, b ? b + k : nullptr, k_norm, eps, head, hd);
+    rotate(head, k_rows + iv * hd, inv_freq, p, 1, hd);
+    prepare(row + v, b ? b + v : nullptr, nullptr, eps, head, hd);
+    for (int32_t i = 0; i < hd; i += V)
+        aie::store_v(v_rows + iv * hd + i, aie::add(aie::zeros<accfloat, V>(),
+                                                    aie::load_v<V>(head + i))
+                                               .template to_vector<bfloat16>());
 }
 
 // Cache tile t (rows t * tile .. of one head, tile x hd) through the core: copied, and the

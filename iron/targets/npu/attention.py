@@ -65,6 +65,7 @@ from ...operators.llm import Slotted
 from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Rtp,
                      Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
+from . import qkv_weights
 from .resources import NpuResources
 from .rotation import rotating
 
@@ -75,12 +76,16 @@ PRICED_AT = 0.5
 #: unit's queries, output and accumulator at 18 KiB of a core's 64.
 ROW_BLOCK = 8
 DESIGNED = (QKVRoPE, Attention, CacheWrite)
+#: The shim tiles a Qwen QKVRoPE's weights come from (shims 0 and 1 feed the rows, the cache
+#: tiles, the positions and the frequencies): two channels each.
+WEIGHT_FEEDS = (shim(2), shim(2), shim(3))
 
 
 def has_design(op) -> bool:
-    """Whether ``op`` is drawn here; QKVRoPE's Qwen variants (``bias``, ``qk_norm``) are not
-    yet, so they run on the host between NPU calls."""
-    return isinstance(op, DESIGNED) and not (isinstance(op, QKVRoPE) and (op.bias or op.qk_norm))
+    """Whether ``op`` is drawn here; the slotted QKVRoPE's Qwen variants (``bias``,
+    ``qk_norm``) are not yet, so they run on the host between NPU calls."""
+    return isinstance(op, DESIGNED) and not (slotted(op) and isinstance(op, QKVRoPE)
+                                             and (op.bias or op.qk_norm))
 
 
 def slotted(op) -> bool:
@@ -334,17 +339,17 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
         ("pos", (rows,), "i32", "rope_positions"),
         ("freq", (hd // 2,), "f32", "rope_frequencies")))
     cores.append(relayed)
-    fifos += [Fifo("qkv", shim(0), (core,), rotating(rows), (width,)),
+    row_fifos, links = qkv_weights.row_fifos(op, core, Tile(0, 1), rotating(rows),
+                                             WEIGHT_FEEDS, shim(0))
+    fifos += [*row_fifos,
               Fifo("q", core, (shim(0),), rotating(rows), (group * hd,)),
               Fifo("cache_in", shim(0), (core,), rotating(tiles), (tile, hd)),
               Fifo("cache_out", core, (shim(0),), rotating(tiles), (tile, hd))]
     buffers = (Buffer("k_rows", core, (rows, hd), "bf16"),
-               Buffer("v_rows", core, (rows, hd), "bf16"))
+               Buffer("v_rows", core, (rows, hd), "bf16"), *qkv_weights.head_buffer(op, core))
 
     rotate = Loop(rows, (*consume("qkv"), *produce("q"),
-                         Call("qkv_head_row", ("qkv", pos, freq, "q", Buf("k_rows"),
-                                               Buf("v_rows"), Iv(1, 1), Iv(0, 1), heads, kvh,
-                                               hd)),
+                         qkv_weights.head_row_call(op, pos, freq),
                          *release("consume", "qkv"), *release("produce", "q")))
     body = (*consume(pos, freq), Loop(kvh, (rotate, patch_loop(ctx, hd, rows, "k_rows", pos),
                                             patch_loop(ctx, hd, rows, "v_rows", pos))),
@@ -352,10 +357,11 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
     cores.append(Core(core, body))
     cache = kvh * ctx * hd
     args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
-            Arg("k_cache", cache), Arg("v_cache", cache), Arg("q", rows * heads * hd),
+            Arg("k_cache", cache), Arg("v_cache", cache),
+            *(Arg(name, n) for name, n in qkv_weights.weights(op)), Arg("q", rows * heads * hd),
             Arg("k_cache_out", cache), Arg("v_cache_out", cache))
-    return Design(op.describe(True), res.name, args, tuple(fifos), (), buffers, tuple(cores),
-                  qkv_rope_sequence(op), "rope.cc")
+    return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links), buffers,
+                  tuple(cores), qkv_rope_sequence(op, res), "rope.cc")
 
 
 def patch_loop(ctx: int, hd: int, rows: int, kept: str, pos: str) -> Loop:
@@ -383,21 +389,22 @@ def cache_tile(ctx: int) -> int:
     return max(d for d in range(1, min(ctx, 32) + 1) if ctx % d == 0)
 
 
-def qkv_rope_sequence(op: QKVRoPE) -> tuple:
+def qkv_rope_sequence(op: QKVRoPE, res: NpuResources) -> tuple:
     """The one sequence every dispatch runs: the positions and frequencies to the relay, then
-    per KV head a phase: the chunk's rows in, the head group's rotated q out (strided into the
-    q rows), the head's keys and then its values through the core and back, a wait."""
+    per KV head a phase: the chunk's rows in (a Qwen variant's weights with each,
+    ``qkv_weights``), the head group's rotated q out (strided into the q rows), the head's keys
+    and then its values through the core and back, a wait."""
     rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
-    group, width = heads // kvh, (heads + 2 * kvh) * hd
+    group, q = heads // kvh, 5 + len(qkv_weights.weights(op))  # q's runtime argument
     phases = []
     for h in range(kvh):
         phase = [Transfer("in", 1, "pos_in", shim(1), linear(0, rows)),
                  Transfer("in", 2, "freq_in", shim(1), linear(0, hd // 2))] if h == 0 else []
-        phase += [Transfer("in", 0, "qkv", shim(0), linear(0, rows * width)),
-                  Transfer("out", 5, "q", shim(0), Pattern(h * group * hd, (1, 1, rows,
+        phase += [*qkv_weights.row_transfers(op, 0, rows, WEIGHT_FEEDS, shim(0), res),
+                  Transfer("out", q, "q", shim(0), Pattern(h * group * hd, (1, 1, rows,
                                                                            group * hd),
                                                           (0, 0, heads * hd, 1))),
-                  *cache_pass(h, ctx, hd, (3, 4), (6, 7))]
+                  *cache_pass(h, ctx, hd, (3, 4), (q + 1, q + 2))]
         phases.append(tuple(phase))
     return tuple(phases)
 

@@ -175,6 +175,11 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
     if f == "qkv_head_row":  # h, iv, heads, kv_heads, hd: one KV head's group of q and its k
         heads, kvh, hd = n[-3:]  # rotated (as qkv_rope_row), its v copied
         return (heads // kvh + 1) * hd / lanes * 2 + hd / 2 * 40 + hd / lanes
+    if f == "qkv_head_row_qwen":  # bias, qk_norm, heads, kv_heads, hd: as qkv_head_row, the
+        bias, norm, heads, kvh, hd = n[-5:]  # angles twice (q, then k), and each of the group's
+        prepared = heads // kvh + 2  # q heads, k and v first a load, an add, a store and a MAC
+        return ((heads // kvh + 1) * hd / lanes * 2 + hd * 40 + hd / lanes  # per vector, normed
+                + prepared * hd / lanes * (3 + bias + 3 * norm) + 2 * norm * ROW_CYCLES)  # 3 more
     if f == "cache_rows_head":  # h, iv, hd: a head's row copied
         return n[-1] / lanes * 2
     if f == "cache_patch":  # t, tile, hd, rows: the tile copied, the rows landing in it too

@@ -1,0 +1,103 @@
+"""QKVRoPE's Qwen variants on the npu (``iron/targets/npu/qkv_weights.py``): the bias and norm
+weights joined to every row in the memory tile, emulated against the operator's reference at
+several positions on one loaded design, and their modules verified."""
+
+import numpy as np
+import pytest
+from opcases import OneStep, assert_close, tolerance_on
+
+from iron.operators import QKVRoPE
+from iron.targets import npu, target_for
+from iron.targets.npu import qkv_weights
+from iron.targets.npu.bds import allocate
+from iron.targets.npu.check import design_rules
+from iron.targets.npu.mlir import render
+from iron.targets.npu.resources import resources
+from iron.targets.npu.trip_rules import RULES
+from iron.targets.npu.verify import check_text, violations
+
+#: (shape and variant, positions of the dispatches in a row, device): the end of the context,
+#: the start, rows past the end; Qwen3-0.6B's head_dim of 128.
+CASES = [
+    (dict(rows=1, heads=7, kv_heads=1, head_dim=64, ctx=32, bias=True), (31, 0, 32), "npu2"),
+    (dict(rows=3, heads=4, kv_heads=2, head_dim=128, ctx=16, qk_norm=True), (13, 0, 15), "npu1"),
+    (dict(rows=8, heads=4, kv_heads=2, head_dim=32, ctx=40, bias=True, qk_norm=True),
+     (36, 0, 30), "npu2"),
+]
+
+
+def variant_inputs(shape, position, seed):
+    fields, inputs = QKVRoPE.example(np.random.default_rng(seed), **shape, pos=0)
+    inputs[1] = np.arange(position, position + shape["rows"], dtype=np.int32)
+    return fields, inputs
+
+
+@pytest.mark.parametrize("shape,positions,dev", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_the_variants_design_matches_the_reference_dispatch_after_dispatch(shape, positions,
+                                                                          dev):
+    fields, first = variant_inputs(shape, positions[0], 0)
+    graph = OneStep(QKVRoPE, fields, dev)
+    exe = target_for(graph.device).emulated().load(graph.record_like(first))
+    assert all(d is not None for d in exe.designs), "placed on the host"
+    for seed, position in enumerate(positions):
+        _, xs = variant_inputs(shape, position, seed)
+        want = graph.reference(*[x.copy() for x in xs])
+        got = exe.run([x.copy() for x in xs])
+        for g, w in zip(got, want):
+            assert_close("QKVRoPE", g, w, tolerance_on("QKVRoPE", dev))
+
+
+def test_each_row_reaches_the_core_joined_with_one_copy_of_each_weight():
+    """The row FIFO's element is the row, the bias and the two norm weights; each weight is
+    sent once per row, in repeats of at most 64 (the shim DMA's outermost dimension)."""
+    op = QKVRoPE(rows=100, heads=4, kv_heads=2, head_dim=64, ctx=256, bias=True, qk_norm=True)
+    d = npu.design_of(op, "npu2")
+    width = 8 * 64
+    (link,) = d.links
+    assert link.srcs == ("qkv_in", "bias_in", "q_norm_in", "k_norm_in")
+    assert link.offsets == (0, width, 2 * width, 2 * width + 64)
+    assert next(f for f in d.fifos if f.name == "qkv").shape == (2 * width + 128,)
+    for arg, n in ((5, width), (6, 64), (7, 64)):
+        sent = [t.pattern for t in d.sequence[0] if t.arg == arg]
+        assert [p.sizes[0] for p in sent] == [64, 36] and {p.strides[0] for p in sent} == {0}
+        assert sum(p.numel for p in sent) == 100 * n
+    assert [a.name for a in d.args][5:] == ["bias", "q_norm", "k_norm", "q", "k_cache_out",
+                                           "v_cache_out"]
+
+
+def test_llamas_design_keeps_its_plain_row_fifo_and_kernel():
+    d = npu.design_of(QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=64), "npu2")
+    assert d.links == () and "qkv_in" not in {f.name for f in d.fifos}
+    assert "qkv_head_row" in d.functions() and "qkv_head_row_qwen" not in d.functions()
+    assert [a.name for a in d.args][5:] == ["q", "k_cache_out", "v_cache_out"]
+
+
+@pytest.mark.parametrize("op", [
+    QKVRoPE(rows=64, heads=14, kv_heads=2, head_dim=64, ctx=8192, bias=True),
+    QKVRoPE(rows=1, heads=16, kv_heads=8, head_dim=128, ctx=4096, qk_norm=True),
+    QKVRoPE(rows=8, heads=4, kv_heads=2, head_dim=64, ctx=64, bias=True, qk_norm=True),
+], ids=["qwen2-prefill", "qwen3-decode", "both"])
+def test_the_variants_designs_fit_and_verify_against_mlir_aies_op_definitions(op):
+    """Within every resource rule and the shim descriptors, verified as mlir-aie's ODS has it;
+    the one trip rule they break is the one Llama's QKVRoPE breaks too: more runtime buffers
+    than aiecc's kernel declares."""
+    for dev in ("npu1", "npu2"):
+        d = npu.design_of(op, dev)
+        assert [r.text for r in design_rules(d, resources(dev), ()) if not r.ok] == []
+        assert allocate(d, resources(dev).shim_bds).overflow is None
+        generic = render(d, generic=True)
+        assert check_text(generic, op.describe(True)) is None
+        broken = violations(generic, RULES)
+        assert len(broken) == 1 and "buffers, more than the 5 aiecc" in broken[0], broken
+        assert d.cost().terms["compute"] > 0  # the cost model prices the variant's kernel
+
+
+def test_the_slotted_variants_run_on_the_host_for_now():
+    from iron.operators import SlotQKVRoPE
+
+    fields, args = SlotQKVRoPE.example(np.random.default_rng(0), rows=2, slots=3, heads=2,
+                                       kv_heads=1, head_dim=16, ctx=4, bias=True)
+    graph = OneStep(SlotQKVRoPE, fields, "npu2")
+    exe = target_for(graph.device).emulated().load(graph.record_like(args))
+    assert exe.designs == [None] or all(d is None for d in exe.designs)
+    assert qkv_weights.weights(graph.record_like(args).ops[0]) == [("bias", 64)]
