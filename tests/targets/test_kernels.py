@@ -1,8 +1,11 @@
 """The cpu kernels against each operator's reference maths: a grid of shapes (odd and minimum
 sizes included) and, for one shape per operator, every legal tunable setting."""
 
+import ctypes
+
 import numpy as np
 import pytest
+from ml_dtypes import bfloat16
 from opcases import (SHAPES, SWEEP, OneStep, assert_builds_agree, assert_close, build,
                      case_inputs, run_built)
 
@@ -167,6 +170,53 @@ def test_attention_avx512_build_gives_the_avx2_builds_bits(name, shape, tmp_path
     encoding reaches."""
     assert_builds_agree(name, shape, "native", "x86-64-v3", rb"zmm|[xy]mm(1[6-9]|2\d|3[01])",
                         tmp_path, seed=5)
+
+
+def summation_order_cases(rows, heads, kv_heads, head_dim, ctx):
+    """Attention inputs (q, k, v) whose bf16 outputs depend on the order of each pair's two
+    products. Both cancel large values: summed small first, a small value is rounded at
+    2^20's scale (to 1/8) before the next pair's -2^20 cancels it; summed 2^20 first, it is
+    not. In the first, every pair of dimensions of a key is (+-2^20, small) against a query of
+    ones, so its scores move; in the second, every key scores 0 (p = 1) and every pair of value
+    rows is (+-2^20, small) in each dimension, so its sums move, and the last dimension of every
+    value is the smallest subnormal bf16, which the products take as zero."""
+    rng = np.random.default_rng(11)
+    small = rng.standard_normal((kv_heads, ctx, head_dim)).astype(bfloat16)
+    q = np.ones((rows, heads * head_dim), bfloat16)
+    big = np.where(np.arange(head_dim) // 16 % 2 == 0, 2.0 ** 20, -(2.0 ** 20))
+    k = np.where(np.arange(head_dim) % 2 == 0, big, small).astype(bfloat16)
+    keys = np.arange(ctx)[None, :, None]
+    big = np.where(keys // 2 % 2 == 0, 2.0 ** 20, -(2.0 ** 20))
+    v = np.where(keys % 2 == 0, big, small).astype(bfloat16)
+    v[..., -1] = np.uint16(1).view(bfloat16)
+    return [(q, k, small), (q, np.zeros_like(k), v)]
+
+
+@pytest.mark.skipif("avx512_bf16" not in host.features(),
+                    reason="host: runs an AVX512-BF16 build: needs a host that has it")
+def test_attention_without_avx512_bf16_does_vdpbf16ps_arithmetic(tmp_path):
+    """attention.c sums pairs of bf16 products as VDPBF16PS does (the odd product first, each
+    step rounded, subnormals taken as zero); the x86-64-v3 build does it with FMAs under
+    MXCSR's flush-to-zero and denormals-are-zero. On inputs whose bits depend on both
+    (summation_order_cases), the two builds agree: a prompt's tokens do not depend on the bundle's -march."""
+    shape = {"rows": 8, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 200}
+    pos = np.arange(200, 208, dtype=np.int32)  # over 2 blocks of 128 keys, odd lengths too
+    libs = {}
+    for march in ("native", "x86-64-v3"):
+        _, _, lib, code = build("Attention", shape, march, tmp_path, np.random.default_rng(0))
+        if code is not None and march == "native":
+            assert b"vdpbf16ps" in code, "the native build has no VDPBF16PS"
+        libs[march] = ctypes.CDLL(str(lib)).iron_kernel
+    cases = summation_order_cases(**{n: shape[n] for n in shape if n != "pos"})
+    for case, (q, k, v) in enumerate(cases):
+        outs = {}
+        for march, kernel in libs.items():
+            out = np.zeros_like(q)
+            arrays = [q, k, v, pos, out]
+            kernel((ctypes.c_void_p * 5)(*(a.ctypes.data for a in arrays)))
+            outs[march] = out.view(np.uint16)
+        differ = np.flatnonzero(outs["native"] != outs["x86-64-v3"])
+        assert differ.size == 0, f"Attention case {case}: {differ.size} of {q.size} differ"
 
 
 AMX_GEMM = ("GEMM", {"M": 48, "K": 96, "N": 64})  # K % 32 == 0: gemm.c's AMX tile path applies

@@ -9,9 +9,11 @@
  * (SLOTS, KV_HEADS, CTX, HEAD_DIM) and a sixth argument slot (ROWS) int32 comes before out:
  * row r sits at position pos[r] of cache slot slot[r]. Each (row, KV head) pair runs the same
  * attend_group() either way, so a row's result does not depend on the other rows.
- * Query head h reads KV head h / (HEADS / KV_HEADS). Scores are scaled by 1/sqrt(HEAD_DIM);
- * softmax and the weighted sum of v are float32 (online softmax over blocks of TILE_SIZE keys,
- * exp by iron_exp8 8 keys at a time); out is rounded to bf16.
+ * Query head h reads KV head h / (HEADS / KV_HEADS). A score is q.k summed in float32 from
+ * exact products of bf16 pairs (dot2_bf16, VDPBF16PS's arithmetic), then scaled by
+ * 1/sqrt(HEAD_DIM); softmax is float32 (online softmax over blocks of TILE_SIZE keys, exp by
+ * iron_exp8 8 keys at a time); its probabilities are rounded to bf16 and the v rows summed by
+ * dot2_bf16 into float32; out is rounded to bf16.
  * macros:
  *   IRON_ROWS             query rows (tokens)
  *   IRON_HEADS            query heads
@@ -54,76 +56,223 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint16_t 
         _mm_prefetch(p + line, _MM_HINT_T0);
 }
 
-/* The 8 scores of keys k[0..7] (rows of HEAD_DIM) against each of the ng <= GROUP query heads
- * qf, into score[g][0..7]. Each head's 8 dot products are computed exactly as
- * iron_dot8_bf16_f32 computes them (the same FMAs in the same order, then iron_hsum8x8); a
- * key is widened from bf16 once for all the heads that read it. */
-static inline __attribute__((always_inline)) void dot8_group(
-    const int ng, const uint16_t *k, const float (*qf)[IRON_HEAD_DIM], float (*score)[BLOCK8],
-    long j) {
-    __m256 acc[GROUP][8];
-    for (int g = 0; g < ng; g++)
-        for (int jj = 0; jj < 8; jj++) acc[g][jj] = _mm256_setzero_ps();
-    for (int i = 0; i < IRON_HEAD_DIM; i += 8) {
-        __m256 qv[GROUP];
-        for (int g = 0; g < ng; g++) qv[g] = _mm256_loadu_ps(qf[g] + i);
-        for (int jj = 0; jj < 8; jj++) {
-            const __m256 kv = iron_load8_bf16(k + jj * IRON_HEAD_DIM + i);
-            for (int g = 0; g < ng; g++) acc[g][jj] = _mm256_fmadd_ps(kv, qv[g], acc[g][jj]);
-        }
-    }
-    for (int g = 0; g < ng; g++) _mm256_storeu_ps(score[g] + j, iron_hsum8x8(acc[g]));
+/* Heads per pass over a block's keys: the keys are loaded (and, for the sums, interleaved) once
+ * for the heads of a pass, at the price of more accumulators than AVX-512's 32 registers of 256
+ * bits (8 per head for 8 keys' scores, 2 per 16 dimensions for the sums) where a pass has 4
+ * heads. Llama 3.2 1B's 4 heads per KV head took 0.81x the time in one pass that they took in
+ * passes of 3 and 1 (1 thread, 64 rows at position 1508, Zen 4); SmolLM2's 3 are one pass
+ * either way. More heads take several passes over the same keys, from L1. */
+#define SCORE_PASS 4
+#define ACC_VECTORS ((IRON_HEAD_DIM + 7) / 8) /* 8-float vectors of one head's accumulator */
+#define SUM_PASS (ACC_VECTORS >= 32 ? 1 : 32 / ACC_VECTORS)
+
+/* Heads per pass when ng heads go in passes of at most `most`: as even as whole passes of one
+ * size allow (4 heads in 2 + 2, 7 in 3 + 3 + 1); a constant where ng is, so that the passes'
+ * arrays stay in registers. */
+static inline __attribute__((always_inline)) int per_pass(const int ng, const int most) {
+    const int passes = (ng + most - 1) / most;
+    return (ng + passes - 1) / passes;
 }
 
+/* The arithmetic is that of VDPBF16PS (AVX512-BF16): products of bf16 pairs added into float32
+ * lanes. Each 32-bit lane of a and b holds two bf16 values; the lane gets acc + a1 * b1, rounded,
+ * then + a0 * b0, rounded (the odd, upper, value first), with subnormal inputs and results taken
+ * as zero (Intel SDM, VDPBF16PS; measured the same on Zen 4). A product of two bf16 values is
+ * exact in float32, so each step is one FMA: builds without AVX512-BF16 run the two FMAs, under
+ * MXCSR's flush-to-zero and denormals-are-zero, which attention_mode() sets in every build; so
+ * every build gives the same bits. */
+static inline __attribute__((always_inline)) __m256 dot2_bf16(__m256 acc, __m256i a, __m256i b) {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+    return _mm256_dpbf16_ps(acc, (__m256bh)a, (__m256bh)b);
+#else
+    const __m256i upper = _mm256_set1_epi32((int)0xffff0000u);
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, upper)),
+                          _mm256_castsi256_ps(_mm256_and_si256(b, upper)), acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+                           _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)), acc);
+#endif
+}
+
+/* MXCSR with flush-to-zero (bit 15) and denormals-are-zero (bit 6) set, as VDPBF16PS computes
+ * whatever MXCSR says; returns the caller's MXCSR, to restore. */
+static inline unsigned attention_mode(void) {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    return csr;
+}
+
+#if IRON_HEAD_DIM % 16 == 0
+#define D16 (IRON_HEAD_DIM / 16)
+
+/* The 8 scores of keys k[0..7] (rows of HEAD_DIM) against each of the ng <= SCORE_PASS query
+ * heads q (bf16, as given), scaled, into score[g][j..j+7]: per key, 16 dimensions per
+ * dot2_bf16 into 8 lanes, which iron_hsum8x8 then adds. A key is loaded once for the heads. */
+static inline __attribute__((always_inline)) void score8(
+    const int ng, const uint16_t *k, const uint16_t *q, float (*score)[BLOCK8], long j,
+    float scale) {
+    __m256 acc[SCORE_PASS][8];
+    for (int g = 0; g < ng; g++)
+        for (int jj = 0; jj < 8; jj++) acc[g][jj] = _mm256_setzero_ps();
+    for (int c = 0; c < D16; c++) {
+        __m256i qv[SCORE_PASS];
+        for (int g = 0; g < ng; g++)
+            qv[g] = _mm256_loadu_si256((const __m256i *)(q + g * IRON_HEAD_DIM + 16 * c));
+        for (int jj = 0; jj < 8; jj++) {
+            const __m256i kv = _mm256_loadu_si256((const __m256i *)(k + jj * IRON_HEAD_DIM
+                                                                    + 16 * c));
+            for (int g = 0; g < ng; g++) acc[g][jj] = dot2_bf16(acc[g][jj], kv, qv[g]);
+        }
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int g = 0; g < ng; g++)
+        _mm256_storeu_ps(score[g] + j, _mm256_mul_ps(iron_hsum8x8(acc[g]), s));
+}
+
+/* acc += the n v rows weighted by their probabilities p (bf16), for ng <= SUM_PASS heads. Two
+ * keys at a time: their rows interleaved (vpunpck{l,h}wd) make each lane a pair of one
+ * dimension's values, which dot2_bf16 multiplies by the pair of probabilities. A lane's
+ * dimensions are therefore permuted within each 16: acc's 16 floats hold dimensions
+ * 0-3, 8-11 (the low unpack), then 4-7, 12-15 (see finish()). An odd n pairs the last row with
+ * zeros. */
+static inline __attribute__((always_inline)) void add_values(
+    const int ng, const uint16_t *v, long n, const uint16_t (*p)[BLOCK8],
+    float (*acc)[IRON_HEAD_DIM], long ahead) {
+    static const uint16_t zero_row[IRON_HEAD_DIM];
+    __m256 va[SUM_PASS][2 * D16];
+    for (int g = 0; g < ng; g++)
+        for (int i = 0; i < 2 * D16; i++) va[g][i] = _mm256_loadu_ps(acc[g] + 8 * i);
+    for (long j = 0; j < n; j += 2) {
+        const uint16_t *v0 = v + j * IRON_HEAD_DIM;
+        const uint16_t *v1 = j + 1 < n ? v0 + IRON_HEAD_DIM : zero_row;
+        prefetch_ahead(v0, 2, ahead);
+        __m256i pp[SUM_PASS];
+        for (int g = 0; g < ng; g++) {
+            int32_t pair;
+            memcpy(&pair, p[g] + j, sizeof pair);
+            pp[g] = _mm256_set1_epi32(pair);
+        }
+        for (int c = 0; c < D16; c++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(v0 + 16 * c));
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(v1 + 16 * c));
+            const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+            for (int g = 0; g < ng; g++) {
+                va[g][2 * c] = dot2_bf16(va[g][2 * c], lo, pp[g]);
+                va[g][2 * c + 1] = dot2_bf16(va[g][2 * c + 1], hi, pp[g]);
+            }
+        }
+    }
+    for (int g = 0; g < ng; g++)
+        for (int i = 0; i < 2 * D16; i++) _mm256_storeu_ps(acc[g] + 8 * i, va[g][i]);
+}
+
+/* out = acc * inv in bf16, acc's dimensions put back in order (add_values). */
+static inline void finish(const float *acc, float inv, uint16_t *out) {
+    const __m256 s = _mm256_set1_ps(inv);
+    for (int c = 0; c < D16; c++) {
+        const __m256 lo = _mm256_loadu_ps(acc + 16 * c), hi = _mm256_loadu_ps(acc + 16 * c + 8);
+        iron_store8_bf16(out + 16 * c, _mm256_mul_ps(_mm256_permute2f128_ps(lo, hi, 0x20), s));
+        iron_store8_bf16(out + 16 * c + 8,
+                         _mm256_mul_ps(_mm256_permute2f128_ps(lo, hi, 0x31), s));
+    }
+}
+#else
+/* Head dimensions that are not whole vectors: the same arithmetic, one pair of dimensions
+ * (then one key) at a time, the odd dimension first. */
+static inline float dot2_scalar(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1) {
+    acc = fmaf(iron_bf16_to_f32(a1), iron_bf16_to_f32(b1), acc);
+    return fmaf(iron_bf16_to_f32(a0), iron_bf16_to_f32(b0), acc);
+}
+
+static inline void score8(const int ng, const uint16_t *k, const uint16_t *q,
+                          float (*score)[BLOCK8], long j, float scale) {
+    for (int g = 0; g < ng; g++)
+        for (int jj = 0; jj < 8; jj++) {
+            const uint16_t *kr = k + jj * IRON_HEAD_DIM, *qr = q + g * IRON_HEAD_DIM;
+            float s = 0.0f;
+            int d = 0;
+            for (; d + 2 <= IRON_HEAD_DIM; d += 2) s = dot2_scalar(s, kr[d], kr[d + 1], qr[d],
+                                                                   qr[d + 1]);
+            if (d < IRON_HEAD_DIM) s = dot2_scalar(s, kr[d], 0, qr[d], 0);
+            score[g][j + jj] = s * scale;
+        }
+}
+
+static inline void add_values(const int ng, const uint16_t *v, long n,
+                              const uint16_t (*p)[BLOCK8], float (*acc)[IRON_HEAD_DIM],
+                              long ahead) {
+    (void)ahead;
+    for (long j = 0; j < n; j += 2)
+        for (int g = 0; g < ng; g++)
+            for (int d = 0; d < IRON_HEAD_DIM; d++)
+                acc[g][d] = dot2_scalar(acc[g][d], v[j * IRON_HEAD_DIM + d],
+                                        j + 1 < n ? v[(j + 1) * IRON_HEAD_DIM + d] : 0,
+                                        p[g][j], p[g][j + 1]);
+}
+
+static inline void finish(const float *acc, float inv, uint16_t *out) {
+    for (int d = 0; d < IRON_HEAD_DIM; d++) out[d] = iron_f32_to_bf16(acc[d] * inv);
+}
+#endif
+
 /* The ng (<= GROUP) query heads q[0 .. ng * HEAD_DIM) that read one KV head, over its keys
- * 0 .. len-1: the keys and values are read once for the heads, not once per head (they are
- * what decode attention streams from memory). Each head's arithmetic is that of one head
- * alone: scores 8 keys at a time by dot8_group, online softmax per head over blocks of
- * TILE_SIZE keys, then acc += p * v in key order, with the same FMAs as iron_axpy_bf16. So a
- * head's result does not depend on which heads share the call (called with constant ng). */
+ * 0 .. len-1: the keys and values are read once for the heads (SCORE_PASS, SUM_PASS at a
+ * time), not once per head (they are what decode attention streams from memory). Each head's
+ * arithmetic is that of one head alone: scores 8 keys at a time by score8 (the last keys of a
+ * run from a zero-padded copy, so a key's score does not depend on where the run ends), online
+ * softmax per head over blocks of TILE_SIZE keys with its probabilities rounded to bf16 (as
+ * FlashAttention rounds P to the inputs' type before its P V product), then the v rows added
+ * two keys at a time by add_values. So a head's result does not depend on which heads share
+ * the call (called with constant ng). */
 static inline __attribute__((always_inline)) void attend_group(
     const int ng, const uint16_t *q, const uint16_t *k, const uint16_t *v, long len,
     uint16_t *out) {
-    float qf[GROUP][IRON_HEAD_DIM], acc[GROUP][IRON_HEAD_DIM], score[GROUP][BLOCK8];
+    float acc[GROUP][IRON_HEAD_DIM], score[GROUP][BLOCK8];
+    uint16_t p[GROUP][BLOCK8];
+    uint16_t tail[8 * IRON_HEAD_DIM];
     float m[GROUP], l[GROUP];
     const float scale = 1.0f / sqrtf((float)IRON_HEAD_DIM);
+    const unsigned csr = attention_mode();
     /* KV_AHEAD rows ahead in a run the first request did not cover; else the row itself (in
      * L1 already: a branch in the loops cost 5% at 4096 positions) */
     const long ahead = len > PREFETCH_KEYS ? KV_AHEAD * IRON_HEAD_DIM : 0;
     for (int g = 0; g < ng; g++) {
-        for (int d = 0; d < IRON_HEAD_DIM; d++) {
-            qf[g][d] = iron_bf16_to_f32(q[g * IRON_HEAD_DIM + d]) * scale;
-            acc[g][d] = 0.0f;
-        }
+        for (int d = 0; d < IRON_HEAD_DIM; d++) acc[g][d] = 0.0f;
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
     for (long j0 = 0; j0 < len; j0 += IRON_TILE_SIZE) {
         const long n = len - j0 < IRON_TILE_SIZE ? len - j0 : IRON_TILE_SIZE;
         const uint16_t *kb = k + j0 * IRON_HEAD_DIM, *vb = v + j0 * IRON_HEAD_DIM;
-        /* scores q.k, 8 keys at a time when HEAD_DIM allows; padding up to BLOCK8 is -inf */
-        long j = 0;
-        if (IRON_HEAD_DIM % 8 == 0)
-            for (; j + 8 <= n; j += 8) {
-                prefetch_ahead(kb + j * IRON_HEAD_DIM, 8, ahead);
-                dot8_group(ng, kb + j * IRON_HEAD_DIM, qf, score, j);
+        /* scores q.k, 8 keys at a time; padding up to BLOCK8 is -inf */
+        for (long j = 0; j < n; j += 8) {
+            const uint16_t *keys = kb + j * IRON_HEAD_DIM;
+            if (j + 8 > n) {
+                memset(tail, 0, sizeof tail);
+                memcpy(tail, keys, (size_t)(n - j) * IRON_HEAD_DIM * sizeof *tail);
+                keys = tail;
+            } else {
+                prefetch_ahead(keys, 8, ahead);
             }
-        for (; j < n; j++)
-            for (int g = 0; g < ng; g++)
-                score[g][j] = iron_dot_bf16_f32(kb + j * IRON_HEAD_DIM, qf[g], IRON_HEAD_DIM);
-        for (; j % 8; j++)
-            for (int g = 0; g < ng; g++) score[g][j] = -INFINITY;
+            const int h = per_pass(ng, SCORE_PASS);
+            int g0 = 0;
+            for (; g0 + h <= ng; g0 += h)
+                score8(h, keys, q + g0 * IRON_HEAD_DIM, score + g0, j, scale);
+            if (g0 < ng) score8(ng - g0, keys, q + g0 * IRON_HEAD_DIM, score + g0, j, scale);
+        }
         for (int g = 0; g < ng; g++) {
-            /* new running max; p = exp(score - max) (exp(-inf) = 0); the block's sum of p */
+            for (long j = n; j % 8; j++) score[g][j] = -INFINITY;
+            /* new running max; p = exp(score - max) (exp(-inf) = 0) rounded to bf16; the
+             * block's sum of the rounded p */
             __m256 vmax = _mm256_set1_ps(-INFINITY);
-            for (j = 0; j < n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(score[g] + j));
+            for (long j = 0; j < n; j += 8)
+                vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(score[g] + j));
             const float mnew = fmaxf(m[g], iron_hmax8(vmax));
             const __m256 vmnew = _mm256_set1_ps(mnew);
             __m256 vsum = _mm256_setzero_ps();
-            for (j = 0; j < n; j += 8) {
-                __m256 p = iron_exp8(_mm256_sub_ps(_mm256_loadu_ps(score[g] + j), vmnew));
-                _mm256_storeu_ps(score[g] + j, p);
-                vsum = _mm256_add_ps(vsum, p);
+            for (long j = 0; j < n; j += 8) {
+                iron_store8_bf16(p[g] + j,
+                                 iron_exp8(_mm256_sub_ps(_mm256_loadu_ps(score[g] + j), vmnew)));
+                vsum = _mm256_add_ps(vsum, iron_load8_bf16(p[g] + j));
             }
             /* rescale what came before to the new max (0 on the first block: m = -inf) */
             const float rescale = expf(m[g] - mnew);
@@ -131,38 +280,15 @@ static inline __attribute__((always_inline)) void attend_group(
             for (int d = 0; d < IRON_HEAD_DIM; d++) acc[g][d] *= rescale;
             m[g] = mnew;
         }
-        /* add this block's p-weighted v rows, each row widened once for the group */
-        if (IRON_HEAD_DIM % 8 == 0) {
-            /* the accumulators stay in registers over the block (GROUP * HEAD_DIM / 8 of
-             * them: 24 for SmolLM2's 3 x 64, within AVX-512's 32) */
-            __m256 va[GROUP][IRON_HEAD_DIM / 8];
-            for (int g = 0; g < ng; g++)
-                for (int i = 0; i < IRON_HEAD_DIM / 8; i++)
-                    va[g][i] = _mm256_loadu_ps(acc[g] + 8 * i);
-            for (j = 0; j < n; j++) {
-                const uint16_t *vr = vb + j * IRON_HEAD_DIM;
-                prefetch_ahead(vr, 1, ahead);
-                __m256 p[GROUP];
-                for (int g = 0; g < ng; g++) p[g] = _mm256_set1_ps(score[g][j]);
-                for (int i = 0; i < IRON_HEAD_DIM / 8; i++) {
-                    const __m256 vv = iron_load8_bf16(vr + 8 * i);
-                    for (int g = 0; g < ng; g++) va[g][i] = _mm256_fmadd_ps(p[g], vv, va[g][i]);
-                }
-            }
-            for (int g = 0; g < ng; g++)
-                for (int i = 0; i < IRON_HEAD_DIM / 8; i++)
-                    _mm256_storeu_ps(acc[g] + 8 * i, va[g][i]);
-        } else {
-            for (j = 0; j < n; j++)
-                for (int g = 0; g < ng; g++)
-                    iron_axpy_bf16(acc[g], score[g][j], vb + j * IRON_HEAD_DIM, IRON_HEAD_DIM);
-        }
+        /* add this block's p-weighted v rows, each row read once for SUM_PASS heads */
+        const int h = per_pass(ng, SUM_PASS);
+        int g0 = 0;
+        for (; g0 + h <= ng; g0 += h) add_values(h, vb, n, p + g0, acc + g0, ahead);
+        if (g0 < ng) add_values(ng - g0, vb, n, p + g0, acc + g0, ahead);
     }
-    for (int g = 0; g < ng; g++) {
-        const float inv = len > 0 ? 1.0f / l[g] : 0.0f;
-        for (int d = 0; d < IRON_HEAD_DIM; d++)
-            out[g * IRON_HEAD_DIM + d] = iron_f32_to_bf16(acc[g][d] * inv);
-    }
+    for (int g = 0; g < ng; g++)
+        finish(acc[g], len > 0 ? 1.0f / l[g] : 0.0f, out + g * IRON_HEAD_DIM);
+    _mm_setcsr(csr);
 }
 
 /* Where pair rk = (row r, KV head) reads: its keys and values, and how many (row r at

@@ -99,7 +99,7 @@ def hooks() -> dict[type, Callable[[Operator, int, Calibration], "Work | None"]]
 
     return {Elementwise: _elementwise, SwiGLU: _swiglu, RowWise: _rowwise,
             Embedding: _embedding, GEMV: lambda op, t, h: _gemv(op, t),
-            GEMM: _gemm, Attention: lambda op, t, h: _attention(op, t),
+            GEMM: _gemm, Attention: _attention,
             CacheWrite: no_estimate, QKVRoPE: no_estimate, Concat: no_estimate}
 
 
@@ -193,22 +193,30 @@ def _gemm(op, threads: int, h: Calibration) -> Work:
                 ops + pack_b + c_traffic, items, threads)
 
 
-def _attention(op, threads: int) -> Work:
-    """attention.c: per key a q.k dot (widen + FMA per 8 of head_dim), its share of the
-    8-key reduction, exp and the block sum, and a v row added into the accumulator (widen,
-    FMA, load and store of acc per 8); per block of ``tile_size`` keys a rescale of the
-    accumulator and a scalar exp.  The tuner times it at a mid-context position."""
+def _attention(op, threads: int, h: Calibration) -> Work:
+    """attention.c: per key and query head, its q.k in pairs of bf16 values (per 16 of head_dim
+    one VDPBF16PS where the host has AVX512-BF16, else its two FMAs and four and/shift steps,
+    and a share of the key's load among the pass's heads), a share of the 8-key reduction and
+    scale, exp, rounding p to bf16 and the block sum; then its v row added the same way, two
+    keys at a time (the two rows' loads and interleave shared by the pass's heads); per block
+    of ``tile_size`` keys a rescale of the accumulator and a scalar exp. The tuner times it at
+    a mid-context position."""
     start = (op.ctx - op.rows) // 2
     lengths = [min(start + r + 1, op.ctx) for r in range(op.rows)]
     keys = op.heads * sum(lengths)
     blocks = op.heads * sum(math.ceil(n / op.tile_size) for n in lengths)
-    d8 = math.ceil(op.head_dim / LANES)
-    per_key = 3 * d8 + 12 / LANES + (EXP8 + 3) / LANES + 4 * d8
-    per_block = 2 * d8 + 40
+    d16 = math.ceil(op.head_dim / 16)
+    dot2 = 1 if h.avx512_bf16 else 6
+    heads_per_pass = min(op.heads // op.kv_heads, 4)
+    scores = d16 * (dot2 + 1 / heads_per_pass) + 12 / LANES
+    softmax = (EXP8 + BF16_STORE8 + 5) / LANES
+    sums = d16 * (dot2 + 2 / heads_per_pass)
+    per_block = 2 * math.ceil(op.head_dim / LANES) + 40
     kv = op.kv_heads * max(lengths) * op.head_dim * 2 * 2
     return Work(kv, op.heads * sum(lengths) * op.head_dim * 2 * 2 - kv
                 + 2 * op.rows * op.heads * op.head_dim * 2,
-                keys * per_key + blocks * per_block, op.rows * op.heads, threads)
+                keys * (scores + softmax + sums) + blocks * per_block, op.rows * op.heads,
+                threads)
 
 
 def cost(op: Operator, h: Calibration | None = None) -> Estimate | None:
