@@ -454,10 +454,12 @@ class SlotQKVRoPE(Slotted, QKVRoPE):
     KV-cache slot ``slot[r]``.
 
     Inputs: qkv, pos, inv_freq as ``QKVRoPE``; k_cache and v_cache (slots, kv_heads, ctx,
-    head_dim); slot int32 (rows,); then the variants' weights, as ``QKVRoPE``'s.  The number
-    of slots is not a param: the kernel indexes the caches by ``slot``, whose range the caller
-    checks, so one compiled instance serves a cache of any number of slots.  Each row is
-    rotated and written by the same code as ``QKVRoPE``'s.
+    head_dim); slot int32 (rows,); then the variants' weights, as ``QKVRoPE``'s.  ``slots``
+    is the caches' first dimension: the cpu kernel indexes the caches by ``slot``, whose range
+    the caller checks, and does not depend on it (a runtime may size the caches for more
+    slots, ``iron.lm.batch``); an npu design moves every slot's cache in its one compiled
+    sequence, so it serves exactly ``slots``.  Each row is rotated and written by the same
+    code as ``QKVRoPE``'s.
     """
 
     test_shapes = ({"rows": 1, "slots": 1, "heads": 1, "kv_heads": 1, "head_dim": 2, "ctx": 1},
@@ -467,13 +469,15 @@ class SlotQKVRoPE(Slotted, QKVRoPE):
                     "ctx": 8, "bias": True, "qk_norm": True})
     sweep_shape = -1
     slot_input = 5
+    slots: int = param()
 
     @classmethod
     def shape_params(cls, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
                      v_cache: Tensor, slot: Tensor, *extra: Tensor) -> dict:
         kv_heads, ctx, head_dim = slot_cache_shape(k_cache, cls)
         flat = Tensor(k_cache.index, (kv_heads, ctx, head_dim), k_cache.dtype)
-        return super().shape_params(qkv, pos, inv_freq, flat, flat, *extra)
+        return {**super().shape_params(qkv, pos, inv_freq, flat, flat, *extra),
+                "slots": k_cache.shape[0]}
 
     def signature(self, qkv: Tensor, pos: Tensor, inv_freq: Tensor, k_cache: Tensor,
                   v_cache: Tensor, slot: Tensor, *extra: Tensor) -> list:
@@ -509,7 +513,7 @@ class SlotAttention(Slotted, Attention):
     ``pos[r]``, attending keys ``0 .. pos[r]`` of KV-cache slot ``slot[r]``.
 
     Inputs: q (rows, heads * head_dim), k_cache and v_cache (slots, kv_heads, ctx, head_dim),
-    pos and slot int32 (rows,).  As with ``SlotQKVRoPE`` the number of slots is not a param.
+    pos and slot int32 (rows,).  ``slots`` as with ``SlotQKVRoPE``.
     Every (row, head) pair runs the same code as ``Attention``'s with the same ``tile_size``, so
     a row's output does not depend on the other rows.
     """
@@ -519,12 +523,13 @@ class SlotAttention(Slotted, Attention):
                     "ctx": 300})
     sweep_shape = 1
     slot_input = 4
+    slots: int = param()
 
     @classmethod
     def shape_params(cls, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
                      slot: Tensor) -> dict:
         flat = Tensor(k_cache.index, slot_cache_shape(k_cache, cls), k_cache.dtype)
-        return super().shape_params(q, flat, flat, pos)
+        return {**super().shape_params(q, flat, flat, pos), "slots": k_cache.shape[0]}
 
     def signature(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
                   slot: Tensor) -> list:

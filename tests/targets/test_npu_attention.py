@@ -1,7 +1,7 @@
 """The npu designs of the KV-cache operators (``iron/targets/npu/attention.py``): QKVRoPE,
 Attention (decode and prefill chunks, grouped-query heads) and their slotted forms, emulated
-against the operators' references at several positions on the same loaded design, their
-position-dependent transfers, and their modules verified against mlir-aie's op definitions."""
+against the operators' references at several positions on the same loaded design, each running
+its one compiled sequence, and their modules verified against mlir-aie's op definitions."""
 
 import dataclasses
 import os
@@ -18,10 +18,9 @@ from iron.targets.npu import attention
 from iron.targets.npu.bds import allocate
 from iron.targets.npu.check import design_rules
 from iron.targets.npu.design import Tile
-from iron.targets.npu.emulator import Emulation, EmulationError
 from iron.targets.npu.mlir import render
 from iron.targets.npu.resources import resources
-from iron.targets.npu.trip_rules import RULES
+from iron.targets.npu.trip_rules import constant_trip_counts, sequence_arguments
 from iron.targets.npu.verify import violations as rule_violations
 from iron.targets.npu.verify import check_text
 from opcases import OneStep, assert_close, tolerance_on
@@ -41,7 +40,7 @@ CASES = [
      None),
     (QKVRoPE, dict(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=64), (63, 0, 64), "npu2", {}),
     (QKVRoPE, dict(rows=8, heads=4, kv_heads=2, head_dim=32, ctx=40), (36, 0, 30), "npu1", {}),
-    (SlotAttention, dict(rows=4, slots=5, heads=9, kv_heads=3, head_dim=64, ctx=300), (), "npu2",
+    (SlotAttention, dict(rows=2, slots=3, heads=9, kv_heads=3, head_dim=64, ctx=300), (), "npu2",
      dict(tile_size=64, num_aie_columns=3)),
     (SlotAttention, dict(rows=4, slots=5, heads=8, kv_heads=2, head_dim=16, ctx=64), (), "npu2",
      None),
@@ -54,7 +53,7 @@ CASES = [
 
 def violations(text: str) -> list[str]:
     """The trip-count and argument rules' messages on ``text``."""
-    return rule_violations(text, RULES)
+    return rule_violations(text, (constant_trip_counts, sequence_arguments))
 
 
 def case_inputs(cls, shape, position, seed):
@@ -105,16 +104,17 @@ def position_args(design, pos):
     return args
 
 
+def moved(design, args) -> int:
+    """Elements the design's sequence moves to or from the runtime arguments ``args``."""
+    return sum(t.pattern.numel for p in design.sequence for t in p if t.arg in args)
+
+
 def test_attention_runs_its_compiled_sequence_at_every_position():
-    """No host rendering: a dispatch at any position runs the design's own sequence (what
-    ``mlir`` wrote), the positions travelling as data of its ``pos`` argument; a decode token
-    reads every key and value of the context, the kernel scoring those up to the position."""
+    """No host rendering: every dispatch runs the design's own sequence (what ``mlir`` wrote),
+    the positions travelling as data of its ``pos`` argument; a decode token reads every key
+    and value of the context, the kernel scoring those up to the position."""
     d = npu.design_of(DECODE, "npu2")
-    assert d.renderer == () and d.rtps == ()
-    for pos in (0, 63, 4095, 8191):
-        assert d.dispatch_for(position_args(d, pos)) == ((), d.sequence)
-    keys = sum(t.pattern.numel for p in d.sequence for t in p if t.arg == 1)
-    assert keys == 3 * 8192 * 64
+    assert moved(d, (1,)) == 3 * 8192 * 64
     assert [t.arg for t in d.sequence[0][:3]] == [3, 3, 3]  # the positions go first
     generic = render(d, generic=True)
     assert "aiex.npu.rtp_write" not in generic and violations(generic) == []
@@ -126,12 +126,7 @@ def test_qkv_rope_runs_its_compiled_sequence_at_every_position():
     more than aiecc's kernel takes."""
     op = QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=2048)
     d = npu.design_of(op, "npu2")
-    assert d.renderer == () and d.rtps == ()
-    for pos in (0, 100, 2047):
-        args = [None, np.arange(pos, pos + 8, dtype=np.int32)] + [None] * 6
-        assert d.dispatch_for(args) == ((), d.sequence)
-    moved = sum(t.pattern.numel for p in d.sequence for t in p if t.arg in (3, 4, 6, 7))
-    assert moved == 4 * 3 * 2048 * 64  # keys and values of every head, in and out
+    assert moved(d, (3, 4, 6, 7)) == 4 * 3 * 2048 * 64  # keys and values, in and out
     assert attention.cache_tile(2048) == 32 and attention.cache_tile(40) == 20
     generic = render(d, generic=True)
     assert "aiex.npu.rtp_write" not in generic
@@ -142,11 +137,31 @@ def test_cache_write_runs_its_compiled_sequence_at_every_position():
     """CacheWrite, as QKVRoPE's cache half: every cache tile through a core that replaces the
     rows landing in it; four buffers, constant loops."""
     d = npu.design_of(CacheWrite(kv_heads=3, ctx=2048, head_dim=64, rows=8), "npu2")
-    assert d.renderer == () and d.rtps == () and len(d.args) == 4
-    assert d.dispatch_for([None] * 4) == ((), d.sequence)
-    moved = sum(t.pattern.numel for p in d.sequence for t in p if t.arg in (0, 3))
-    assert moved == 2 * 3 * 2048 * 64
+    assert len(d.args) == 4 and moved(d, (0, 3)) == 2 * 3 * 2048 * 64
     assert violations(render(d, generic=True)) == []
+
+
+SLOTTED = (SlotAttention(rows=4, slots=6, heads=9, kv_heads=3, head_dim=64, ctx=2048,
+                         tile_size=64, num_aie_columns=3),
+           SlotQKVRoPE(rows=4, slots=6, heads=9, kv_heads=3, head_dim=64, ctx=2048))
+
+
+def test_the_slotted_forms_move_every_slot_in_one_compiled_sequence():
+    """The slotted forms as the unslotted ones: positions and slots relayed as data (the slots
+    a second element of the relay's input, one transfer from the ``slot`` argument), constant
+    loops, every slot's cache moved (one transfer striding over the slots per head and
+    direction) and static argument sizes; only their buffer counts break a rule."""
+    attend, rope = (npu.design_of(op, "npu2") for op in SLOTTED)
+    cache = 6 * 3 * 2048 * 64
+    assert [a.numel for a in attend.args] == [4 * 9 * 64, cache, cache, 4, 4, 4 * 9 * 64]
+    assert moved(attend, (1, 2)) == 2 * cache
+    assert [t.arg for t in attend.sequence[0] if t.fifo.startswith("pos_in")] == [3, 4] * 3
+    assert [a.numel for a in rope.args][3:6] == [cache, cache, 4]
+    assert moved(rope, (3, 4, 7, 8)) == 4 * cache
+    assert sum(t.arg == 3 for p in rope.sequence for t in p) == 3  # one per head
+    for d, n in ((attend, 6), (rope, 9)):
+        messages = violations(render(d, generic=True))
+        assert len(messages) == 1 and f"takes {n} buffers" in messages[0], messages
 
 
 def test_the_last_tile_is_read_shifted_back_when_ctx_is_not_a_multiple():
@@ -178,9 +193,9 @@ def test_every_design_fits_its_descriptors_and_verifies_against_mlir_aies_op_def
            dataclasses.replace(DECODE, rows=32, num_aie_columns=4),
            QKVRoPE(rows=64, heads=9, kv_heads=3, head_dim=64, ctx=8192),
            QKVRoPE(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=8192),
-           SlotAttention(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
-                         num_aie_columns=4),
-           SlotQKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           SlotAttention(rows=8, slots=8, heads=9, kv_heads=3, head_dim=64, ctx=8192,
+                         tile_size=64, num_aie_columns=3),
+           SlotQKVRoPE(rows=8, slots=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
            CacheWrite(kv_heads=3, ctx=8192, head_dim=64, rows=64)]
     for op in ops:
         for dev in ("npu1", "npu2"):
@@ -190,75 +205,18 @@ def test_every_design_fits_its_descriptors_and_verifies_against_mlir_aies_op_def
             assert allocate(d, resources(dev).shim_bds).overflow is None
             generic = render(d, generic=True)
             assert check_text(generic, op.describe(True)) is None
-            if d.renderer and d.cores:  # a kernel counts its loops from the positions
-                assert "aiex.npu.rtp_write" in generic and "-> i32" in generic
-            for pos in (0, 4000):  # every dispatch's sequence within the descriptors too
-                args = attention.positions(d, pos) if d.renderer else [None] * len(d.args)
-                _, seq = d.dispatch_for(args)
-                assert allocate(dataclasses.replace(d, sequence=seq),
-                                resources(dev).shim_bds).overflow is None
-
-
-SLOT = SlotAttention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64, tile_size=16,
-                     num_aie_columns=1)
-
-
-def test_a_sequence_that_disagrees_with_the_kernels_count_is_caught():
-    """SlotAttention still renders its key tiles per dispatch and its core counts them from
-    the position it was given: a rendering one tile short leaves the core waiting (a deadlock,
-    named)."""
-    d = npu.design_of(SLOT, "npu2")
-    lib = npu_cores()
-    at = attention.positions(d, 20)
-    short = dataclasses.replace(d, renderer=(), rtps=(attention.Rtp("rtp_0", 0, 40),),
-                                sequence=attention.render(d, at)[1])
-    args = [np.zeros(64 * 16 if a.numel == 0 else a.numel, _bf16()) for a in d.args[:3]]
-    args += [np.array([40], np.int32), np.zeros(1, np.int32),
-             np.zeros(d.args[5].numel, _bf16())]
-    with pytest.raises(EmulationError, match="deadlock"):
-        Emulation(short, lib).dispatch(args)
-
-
-def test_a_position_past_the_bound_is_refused():
-    d = npu.design_of(SLOT, "npu2")
-    loop = d.cores[0].body[0].body[4]
-    assert loop.dynamic == "tiles" and loop.count == 4
-    capped = dataclasses.replace(d, cores=(dataclasses.replace(d.cores[0], body=(
-        dataclasses.replace(d.cores[0].body[0], body=(
-            *d.cores[0].body[0].body[:4], dataclasses.replace(loop, count=2),
-            *d.cores[0].body[0].body[5:])),)),))
-    args = [np.zeros(64 * 16 if a.numel == 0 else a.numel,
-                     _bf16() if a.dtype == "bf16" else np.int32) for a in d.args]
-    args[3][0] = 63
-    with pytest.raises(EmulationError, match="outside 0..2"):
-        Emulation(capped, npu_cores()).dispatch(args)
-
-
-def _bf16():
-    from iron.tensor import bfloat16
-
-    return bfloat16
-
-
-def npu_cores() -> str:
-    """The core kernels' host build (the npu target's executor artifact)."""
-    import iron
-
-    target = target_for(iron.device("npu2"))
-    return str(target.artifact(target.compile(target.recipe(None))))
+            assert "aiex.npu.rtp_write" not in generic
+            assert rule_violations(generic, (constant_trip_counts,)) == []
 
 
 @pytest.mark.skipif(shutil.which("mlir-opt-22") is None, reason="mlir-opt-22 not found: "
                     "install Debian's mlir-22-tools (apt-get install mlir-22-tools); .ci/run does")
 def test_upstream_mlir_verifies_the_standard_dialects_inside_the_designs():
     """Debian's mlir-opt-22 parses every generic module and verifies the arith / scf / func ops
-    inside: the dynamic loop bounds (a kernel's ``i32`` result through ``arith.index_cast``)
-    included.  The kernel calls become unregistered ops, as in ``test_npu`` (an unregistered
+    inside.  The kernel calls become unregistered ops, as in ``test_npu`` (an unregistered
     ``aie.device`` is no symbol table a ``func.call`` could resolve its callee in)."""
     ops = [DECODE, QKVRoPE(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=8192),
-           SlotAttention(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=8192, tile_size=64,
-                         num_aie_columns=4),
-           SlotQKVRoPE(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=8192),
+           *SLOTTED,
            CacheWrite(kv_heads=3, ctx=8192, head_dim=64, rows=8)]
     text = "\n// -----\n".join(render(npu.design_of(op, "npu2"), generic=True).replace(
         '"func.call"(', '"iron.kernel_call"(') for op in ops)

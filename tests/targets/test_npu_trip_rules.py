@@ -1,25 +1,33 @@
 """The two lowering preconditions of ``iron/targets/npu/trip_rules.py``, on modules as
 ``verify`` parses them: no acquire under a trip count known only at run time (unless the core
-declares dynamic lowering, then none inside a conditional), and no more runtime-sequence
-buffers than aiecc's xclbin kernel declares.  Each is shown rejecting what it should."""
+declares dynamic lowering, then none inside a conditional; in ``verify``'s table), and no more
+runtime-sequence buffers than aiecc's xclbin kernel declares (not yet in it).  Each is shown
+rejecting what it should: the designs all loop a constant number of times, so the loops
+counted at run time are made by editing a design's module (a bound read off the positions the
+core holds)."""
 
 import dataclasses
+import re
 
-from iron.operators import Attention, QKVRoPE, SlotAttention, SlotQKVRoPE
+import pytest
+
+from iron.operators import Attention, CacheWrite, QKVRoPE, SlotAttention, SlotQKVRoPE
 from iron.targets import npu
-from iron.targets.npu.design import Arg, Call, Tile
+from iron.targets.npu.design import Arg
 from iron.targets.npu.mlir import render
-from iron.targets.npu.trip_rules import RULES, constant_trip_counts, sequence_arguments
+from iron.targets.npu.preconditions import RULES as VERIFIED
+from iron.targets.npu.trip_rules import constant_trip_counts, sequence_arguments
+from iron.targets.npu.verify import Problem, check_text
 from iron.targets.npu.verify import violations as rule_violations
 
 DECODE = Attention(rows=1, heads=9, kv_heads=3, head_dim=64, ctx=256, tile_size=64,
                    num_aie_columns=3)
 PREFILL = dataclasses.replace(DECODE, rows=16, num_aie_columns=4)
-SLOT = SlotAttention(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=256, tile_size=64,
-                     num_aie_columns=4)
+SHAPE = dict(rows=4, heads=9, kv_heads=3, head_dim=64, ctx=256)
+SLOT = SlotAttention(**SHAPE, slots=4, tile_size=64, num_aie_columns=3)
 
 
-def violations(text: str, rules=RULES) -> list[str]:
+def violations(text: str, rules=(constant_trip_counts, sequence_arguments)) -> list[str]:
     return rule_violations(text, rules)
 
 
@@ -31,42 +39,75 @@ def module(design) -> str:
     return render(design, generic=True)
 
 
-def test_attention_designs_meet_both_rules():
-    for op in (DECODE, PREFILL):
-        assert violations(module(npu.design_of(op, "npu2"))) == []
+POSITIONS = re.compile(r'(%e\d+) = "aie.objectfifo.subview.access"\(%s\d+\) <\{index = 0 : '
+                       r'i32\}> : \(!aie.objectfifosubview<(memref<\d+xi32>)>\)')
+
+
+def bounded_at_run_time(text: str, fifo: str) -> str:
+    """``text`` with the loop around the first acquire of ``fifo`` in column 0's working core
+    bounded by the first position the core holds, read at run time (``memref.load`` of the
+    positions' element, ``arith.index_cast``), as a kernel counting tiles from it would."""
+    core = text.index('"aie.core"(%tile_0_2)')
+    at = text.index(f"objFifo_name = @{fifo}, port", core)
+    loop = text.rindex('"scf.for"(', core, at)
+    start = text.rindex("\n", 0, loop) + 1
+    lo, hi, step = text[loop + len('"scf.for"('):text.index(")", loop)].split(", ")
+    element, memref = POSITIONS.search(text, core).groups()
+    indent = text[start:loop]
+    bound = (f'{indent}%word = "memref.load"({element}, {lo}) : ({memref}, index) -> i32\n'
+             f'{indent}%bound = "arith.index_cast"(%word) : (i32) -> index\n')
+    return (text[:start] + bound + text[start:loop]
+            + f'"scf.for"({lo}, %bound, {step})' + text[text.index(")", loop) + 1:])
+
+
+def test_the_kv_cache_designs_meet_both_rules_but_for_their_buffer_counts():
+    """Every KV-cache design loops a constant number of times; Attention and CacheWrite take
+    at most 5 buffers, QKVRoPE 8, SlotAttention 6 and SlotQKVRoPE 9."""
+    for op, buffers in ((DECODE, 5), (PREFILL, 5), (SLOT, 6), (QKVRoPE(**SHAPE), 8),
+                        (SlotQKVRoPE(**SHAPE, slots=4), 9),
+                        (CacheWrite(kv_heads=3, ctx=256, head_dim=64, rows=4), 4)):
+        text = module(npu.design_of(op, "npu2"))
+        assert found(text, constant_trip_counts) == [], op
+        over = found(text, sequence_arguments)
+        assert over == ([] if buffers <= 5 else [over[0]]), op
+        assert buffers <= 5 or f"takes {buffers} buffers" in over[0], (op, over)
 
 
 def test_a_key_loop_counted_at_run_time_is_refused():
-    """SlotAttention's key loop takes its bound from a kernel's count of the position."""
-    messages = found(module(npu.design_of(SLOT, "npu2")), constant_trip_counts)
-    assert len(messages) == 4  # one per column
+    """The key loop of column 0 bounded by the position its core holds."""
+    messages = found(bounded_at_run_time(module(npu.design_of(DECODE, "npu2")), "kv_0"),
+                     constant_trip_counts)
+    assert len(messages) == 1, messages
     assert "core tile (0, 2): a loop whose bound comes from arith.index_cast" in messages[0]
     assert "acquires kv_0" in messages[0] and "unrollForLoops" in messages[0]
 
 
+def test_verify_refuses_a_loop_counted_at_run_time():
+    """The trip-count rule is in ``verify``'s table (``preconditions.RULES``): the module of a
+    design whose key loop is bounded at run time is refused with the rule's message."""
+    assert constant_trip_counts in VERIFIED and sequence_arguments not in VERIFIED
+    text = module(npu.design_of(DECODE, "npu2"))
+    check_text(text)
+    with pytest.raises(Problem, match=r"core tile \(0, 2\): a loop whose bound comes from "
+                       r"arith.index_cast at run time acquires kv_0.*unrollForLoops"):
+        check_text(bounded_at_run_time(text, "kv_0"))
+
+
 def test_an_outer_loop_with_a_run_time_bound_is_refused_for_the_acquires_inside_it():
-    """The loop over a column's units made to take its bound from a kernel's count: the key
-    loop inside keeps constant bounds, the acquires of both loops count."""
-    d = npu.design_of(PREFILL, "npu2")
-    core = next(c for c in d.cores if c.tile == Tile(0, 2))
-    count = Call("attn_tiles", ("pos_0", 0, 0, 3, 8, 1, 64, 256), "units")
-    counted = dataclasses.replace(core, body=(
-        core.body[0], count, dataclasses.replace(core.body[1], dynamic="units"),
-        *core.body[2:]))
-    d = dataclasses.replace(d, cores=tuple(counted if c is core else c for c in d.cores))
-    messages = found(module(d), constant_trip_counts)
+    """The loop over a column's units bounded at run time: the key loop inside keeps constant
+    bounds, the acquires of both loops count."""
+    messages = found(bounded_at_run_time(module(npu.design_of(PREFILL, "npu2")), "q_0"),
+                     constant_trip_counts)
     assert len(messages) == 1 and "acquires kv_0, out_0, q_0" in messages[0], messages
 
 
-SMALL = SlotAttention(rows=1, heads=2, kv_heads=1, head_dim=16, ctx=64, tile_size=16,
-                      num_aie_columns=1)
 CORE = '"aie.core"(%tile_0_2) ({'
 KV = '"aie.objectfifo.acquire"() <{objFifo_name = @kv_0, port = 1 : i32, size = 1 : i32}> ' \
-     ': () -> !aie.objectfifosubview<memref<32x16xbf16>>'
+     ': () -> !aie.objectfifosubview<memref<128x64xbf16>>'
 
 
 def test_dynamic_lowering_lifts_the_loop_rule_but_not_an_acquire_under_a_conditional():
-    text = module(npu.design_of(SMALL, "npu2"))
+    text = bounded_at_run_time(module(npu.design_of(DECODE, "npu2")), "kv_0")
     assert text.count(CORE) == 1 and KV in text and found(text, constant_trip_counts)
     lowered = text.replace(CORE, '"aie.core"(%tile_0_2) <{dynamic_objfifo_lowering = true}> '
                            '({\n%yes = "arith.constant"() <{value = true}> : () -> i1')
@@ -87,16 +128,3 @@ def test_more_buffers_than_aieccs_kernel_declares_are_refused():
     messages = found(module(more), sequence_arguments)
     assert len(messages) == 1 and "takes 6 buffers" in messages[0]
     assert "python/compiler/aiecc/main.py, emit_design_kernel_json" in messages[0]
-
-
-def test_the_designs_still_over_the_limits_are_named():
-    """QKVRoPE's sequence takes its three inputs, the two caches and its three outputs;
-    SlotQKVRoPE's the slots too, and it loops on the count of rows stored and past the
-    cache (a loop of 0 or 1 per row)."""
-    shape = dict(rows=8, heads=9, kv_heads=3, head_dim=64, ctx=256)
-    text = module(npu.design_of(QKVRoPE(**shape), "npu2"))
-    assert found(text, constant_trip_counts) == []
-    assert [m for m in found(text, sequence_arguments) if "takes 8 buffers" in m]
-    text = module(npu.design_of(SlotQKVRoPE(**shape), "npu2"))
-    assert len(found(text, constant_trip_counts)) == 2
-    assert [m for m in found(text, sequence_arguments) if "takes 9 buffers" in m]

@@ -1,5 +1,5 @@
-// Attention core kernels (pos: the core's runtime-parameter buffer, the positions the runtime
-// sequence wrote for this dispatch): one work unit is a block of rb query rows of one KV head
+// Attention core kernels (pos: the positions of this dispatch, and slotted the rows' slots after
+// them, as the relay core copied them): one work unit is a block of rb query rows of one KV head
 // with its `group` query heads (rb * group query vectors of head_dim, bf16), scored against the
 // unit's key tiles one tile at a time with an online softmax, as upstream IRON's MHA kernels
 // keep a running maximum and sum per query: scores q.k * scale in float32, the tile's maximum,
@@ -13,12 +13,11 @@ namespace {
 constexpr unsigned V = IRON_LANES;
 constexpr float kLowest = -3.0e38f;  // "minus infinity" that stays finite in differences
 
-// The first query position of unit `u`: pos[0] + its row block's first row when the rows of a
-// chunk follow each other (follow = 1), else the unit's own row's position pos[u / kv_heads].
-int32_t first_position(const int32_t *pos, int32_t u, int32_t kv_heads, int32_t rb,
-                       int32_t follow) {
-    int32_t b = u / kv_heads;
-    return follow ? iron_load(pos) + b * rb : iron_load(pos + b);
+// The position of query row `row` of the dispatch: pos[0] + row when the rows of a chunk follow
+// each other (follow = 1), else the row's own position pos[row] (slotted: every row its own
+// sequence, its slot at pos[rows + row]).
+int32_t row_position(const int32_t *pos, int32_t row, int32_t follow) {
+    return follow ? iron_load(pos) + row : iron_load(pos + row);
 }
 
 float exp_scalar(float x) {
@@ -27,16 +26,6 @@ float exp_scalar(float x) {
 }  // namespace
 
 extern "C" {
-
-// Key tiles unit base + iv attends: those holding keys 0 .. its last row's position (at most
-// ctx); none when every row of the unit is padding (a negative position).
-int32_t attn_tiles(const int32_t *pos, int32_t base, int32_t iv, int32_t kv_heads, int32_t rb,
-                   int32_t follow, int32_t tile, int32_t ctx) {
-    int32_t last = first_position(pos, base + iv, kv_heads, rb, follow) + (follow ? rb - 1 : 0);
-    if (last < 0) return 0;
-    int32_t n = last + 1 < ctx ? last + 1 : ctx;
-    return (n + tile - 1) / tile;
-}
 
 // acc (n x hd float32) = 0; running maximum (ml[0 .. n)) lowest, sums (ml[n .. 2n)) zero.
 void attn_init(float *acc, float *ml, int32_t n, int32_t hd) {
@@ -47,18 +36,21 @@ void attn_init(float *acc, float *ml, int32_t n, int32_t hd) {
     }
 }
 
-// kv: the tile's keys (tile x hd) followed by its values (tile x hd), joined in the memory tile.
+// kv: the tile's keys (tile x hd) followed by its values (tile x hd), joined in the memory tile;
+// key tile kt of slot `slot` (-1: not slotted), whose rows alone it scores.
 void attn_tile(const bfloat16 *q, const bfloat16 *kv, float *acc, float *ml, float *scores,
-               const int32_t *pos, int32_t base, int32_t unit, int32_t kt,
+               const int32_t *pos, int32_t base, int32_t unit, int32_t slot, int32_t kt,
                int32_t kv_heads, int32_t rb, int32_t follow, int32_t group, int32_t hd,
-               int32_t tile, int32_t ctx, float scale) {
+               int32_t tile, int32_t ctx, int32_t rows, float scale) {
     const int32_t n = rb * group;
     const bfloat16 *k = kv, *v = kv + tile * hd;
-    const int32_t first = first_position(pos, base + unit, kv_heads, rb, follow);
+    const int32_t first_row = (base + unit) / kv_heads * rb;
     const int32_t fresh = kt * tile;                                // first key not yet scored
     const int32_t start = fresh + tile <= ctx ? fresh : ctx - tile;  // first key of this tile
     for (int32_t i = 0; i < n; i++) {
-        int32_t p = first + (follow ? i / group : 0);
+        const int32_t row = first_row + i / group;
+        if (slot >= 0 && iron_load(pos + rows + row) != slot) continue;  // another slot's row
+        int32_t p = row_position(pos, row, follow);
         int32_t last = (p < ctx - 1 ? p : ctx - 1) - start;  // last key of the tile it attends
         if (last > tile - 1) last = tile - 1;
         int32_t lo = fresh - start;                           // first key it has not scored
@@ -114,10 +106,11 @@ void attn_finish(const float *acc, const float *ml, bfloat16 *out, int32_t n, in
     }
 }
 
-// The relay core of the positions (a tile the attention core shares memory with): n positions
-// from the FIFO the runtime sequence fills into the FIFO the attention core reads.
-void attn_positions(const int32_t *in, int32_t *out, int32_t n) {
-    for (int32_t i = 0; i < n; i++) iron_store(out + i, iron_load(in + i));
+// The relay core of the positions (a tile the attention core shares memory with): n words
+// (positions, or slots) from the FIFO the runtime sequence fills into the FIFO the attention
+// core reads, from word `at` on.
+void attn_positions(const int32_t *in, int32_t *out, int32_t at, int32_t n) {
+    for (int32_t i = 0; i < n; i++) iron_store(out + at + i, iron_load(in + i));
 }
 
 }  // extern "C"

@@ -1,5 +1,5 @@
-// QKVRoPE core kernels: one stacked q|k|v row (bf16) per call; pos is the core's runtime-
-// parameter buffer (a position per row, written by the runtime sequence).  q and k are rotated
+// QKVRoPE core kernels: one stacked q|k|v row (bf16) per call; pos holds a position per row, as
+// the relay core copied them (slotted: the rows' slots after them).  q and k are rotated
 // (rotate-half RoPE: for each head the halves a, b become a cos - b sin and b cos + a sin) with
 // the angle pos[r] * inv_freq[i] in float32, and rounded once to bf16; v is copied.  The AIE
 // API's sin and cos exist only on the first-generation AIE, so the kernel computes them: Cody-
@@ -84,45 +84,6 @@ void prepare(const bfloat16 *x, const bfloat16 *bias, const bfloat16 *norm, floa
 
 extern "C" {
 
-// Rows of the chunk that land in the cache: from position pos[0] up to ctx.
-int32_t qkv_stored(const int32_t *pos, int32_t rows, int32_t ctx) {
-    int32_t start = iron_load(pos);
-    if (start < 0) return 0;
-    int32_t n = ctx - start;
-    return n < 0 ? 0 : n < rows ? n : rows;
-}
-
-int32_t qkv_past(const int32_t *pos, int32_t rows, int32_t ctx) {
-    return rows - qkv_stored(pos, rows, ctx);
-}
-
-// Slotted: row iv is stored (1) when its own position lies in the cache, else only its q
-// leaves (slot_row_past 1).
-int32_t slot_row_stored(const int32_t *pos, int32_t iv, int32_t ctx) {
-    int32_t p = iron_load(pos + iv);
-    return p >= 0 && p < ctx ? 1 : 0;
-}
-
-int32_t slot_row_past(const int32_t *pos, int32_t iv, int32_t ctx) {
-    return 1 - slot_row_stored(pos, iv, ctx);
-}
-
-// Row base + iv into out, laid out as the row: q and k rotated, v copied.
-void qkv_rope_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq, bfloat16 *out,
-                  int32_t base, int32_t iv, int32_t heads, int32_t kv_heads, int32_t hd) {
-    int32_t p = iron_load(pos + base + iv);
-    rotate(qkv, out, inv_freq, p, heads + kv_heads, hd);
-    const int32_t v = (heads + kv_heads) * hd;
-    for (int32_t i = 0; i < kv_heads * hd; i += V)
-        aie::store_v(out + v + i, aie::load_v<V>(qkv + v + i));
-}
-
-// Row base + iv past the cache's end: q only.
-void q_rope_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq, bfloat16 *q,
-                int32_t base, int32_t iv, int32_t heads, int32_t kv_heads, int32_t hd) {
-    rotate(qkv, q, inv_freq, iron_load(pos + base + iv), heads, hd);
-}
-
 // QKVRoPE's pass over KV head h: row iv's query heads of group h rotated into q (group x hd),
 // its key head h rotated and its value head h copied into row iv of k_rows / v_rows (rows x hd).
 void qkv_head_row(const bfloat16 *qkv, const int32_t *pos, const float *inv_freq, bfloat16 *q,
@@ -163,17 +124,21 @@ void qkv_head_row_qwen(const bfloat16 *row, const int32_t *pos, const float *inv
                                                .template to_vector<bfloat16>());
 }
 
-// Cache tile t (rows t * tile .. of one head, tile x hd) through the core: copied, and the
-// chunk's rows that land in it (row r at position pos[0] + r, none when pos[0] < 0) replaced
-// by row r of `rows_in` (rows x hd).
+// Cache tile t (rows t * tile .. of one head, tile x hd) of slot `slot` (-1: not slotted) through
+// the core: copied, and the chunk's rows that land in it replaced by their rows of `rows_in`
+// (rows x hd).  Row r lands at pos[0] + r when the chunk's rows follow each other (follow = 1;
+// none when pos[0] < 0), else at its own pos[r] when that is in the cache and its slot
+// pos[rows + r] is `slot`.
 void cache_patch(const bfloat16 *in, bfloat16 *out, const bfloat16 *rows_in,
-                 const int32_t *pos, int32_t t, int32_t tile, int32_t hd, int32_t rows) {
+                 const int32_t *pos, int32_t t, int32_t slot, int32_t tile, int32_t hd,
+                 int32_t rows, int32_t follow) {
     for (int32_t i = 0; i < tile * hd; i += V) aie::store_v(out + i, aie::load_v<V>(in + i));
-    const int32_t start = iron_load(pos);
-    if (start < 0) return;
+    if (follow && iron_load(pos) < 0) return;
     for (int32_t r = 0; r < rows; r++) {
-        const int32_t at = start + r - t * tile;
-        if (at < 0 || at >= tile) continue;
+        if (slot >= 0 && iron_load(pos + rows + r) != slot) continue;
+        const int32_t p = follow ? iron_load(pos) + r : iron_load(pos + r);
+        const int32_t at = p - t * tile;
+        if (p < 0 || at < 0 || at >= tile) continue;
         for (int32_t i = 0; i < hd; i += V)
             aie::store_v(out + at * hd + i, aie::load_v<V>(rows_in + r * hd + i));
     }
@@ -187,14 +152,14 @@ void cache_rows_head(const bfloat16 *x, bfloat16 *rows_out, int32_t h, int32_t i
         aie::store_v(rows_out + iv * hd + i, aie::load_v<V>(x + h * hd + i));
 }
 
-// The relay core of QKVRoPE's parameters: n positions, or n frequencies, from the FIFO the
-// runtime sequence fills into the FIFO the rotating core reads.
-void rope_positions(const int32_t *in, int32_t *out, int32_t n) {
-    for (int32_t i = 0; i < n; i++) iron_store(out + i, iron_load(in + i));
+// The relay core of QKVRoPE's parameters: n positions (or slots), or n frequencies, from the
+// FIFO the runtime sequence fills into the FIFO the rotating core reads, from word `at` on.
+void rope_positions(const int32_t *in, int32_t *out, int32_t at, int32_t n) {
+    for (int32_t i = 0; i < n; i++) iron_store(out + at + i, iron_load(in + i));
 }
 
-void rope_frequencies(const float *in, float *out, int32_t n) {
-    for (int32_t i = 0; i < n; i++) iron_store(out + i, iron_load(in + i));
+void rope_frequencies(const float *in, float *out, int32_t at, int32_t n) {
+    for (int32_t i = 0; i < n; i++) iron_store(out + at + i, iron_load(in + i));
 }
 
 }  // extern "C"

@@ -7,13 +7,14 @@ and the slotted ``SlotQKVRoPE`` / ``SlotAttention`` of batched decode.
 so position ``p`` of KV head ``h`` in slot ``s`` is the ``head_dim`` elements at
 ``((s * kv_heads + h) * ctx + p) * head_dim``.  The designs write it in place.
 
-**Attention, QKVRoPE and CacheWrite run what was compiled.** Their core loops have constant
-trip counts and their runtime sequences are the same at every position: the positions travel as
-data of the ``pos`` argument, to a relay core on the tile above the working core and on through
-a FIFO the two share in memory (``relay``: the working core's two input channels are taken),
-and the kernels use them where the data cannot: Attention reads every key tile of the context
-and scores only the keys up to each row's position; QKVRoPE passes every cache tile through its
-core and replaces the rows that land in it (``cache_patch``), as CacheWrite does.
+**Every design runs what was compiled.** Their core loops have constant trip counts and their
+runtime sequences are the same at every position: the positions (slotted: and the rows' slots)
+travel as data of the ``pos`` (and ``slot``) argument, to a relay core on the tile above the
+working core and on through a FIFO the two share in memory (``relay``: the working core's two
+input channels are taken), and the kernels use them where the data cannot: Attention reads
+every key tile of the context and scores only the keys up to each row's position; QKVRoPE
+passes every cache tile through its core and replaces the rows that land in it
+(``cache_patch``), as CacheWrite does.
 (``aiex.npu.rtp_write`` cannot carry a position instead: its value is an ``I32Attr``, a
 constant of the compiled instruction stream.) The price is bytes moved per layer and dispatch,
 whatever the position: Attention reads ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys and
@@ -21,14 +22,14 @@ values, QKVRoPE reads and writes them, twice that (SmolLM2's 3 x 64 at ctx 8192:
 12 MiB). A sequence per context bucket (powers of two up to the context, the smallest covering the
 position chosen per dispatch) would cut both to the bucket's size; it is not built.
 
-**The slotted forms still follow the position on the host** (``render``,
-``RENDERERS``): they write it as runtime parameters (``Rtp``, ``aiex.npu.rtp_write``) that a
-kernel reads after the core's first acquire and turns into a loop's trip count
-(``Call.result``, ``Loop.dynamic``), and their transfers (a row's slot, its key tiles and the
-cache rows it lands on) are drawn per dispatch.  Their ``sequence`` is the one at the bound
-(the last rows of the context, every key tile): what the legality rules measure and ``mlir``
-writes; the cost model prices them at the middle of the context (``PRICED_AT``).
-``trip_rules`` names what the pinned toolchain would refuse in them, and QKVRoPE's 8 buffers.
+**The slotted forms** (batched decode, every row its own sequence at ``pos[r]`` of cache slot
+``slot[r]``) are the same designs over ``slots`` caches: the slots follow the positions through
+the relay (a second element of its input FIFO, one transfer from the ``slot`` argument: the
+positions' shim tile has no third channel), the cache tiles of every slot pass (one transfer
+striding over the slots per head and direction), and the kernels score a row, or patch its
+cache row, only in its own slot's pass.  A dispatch moves ``slots`` times the bytes above,
+whatever the positions and slots; the design serves exactly ``slots`` slots (static argument
+sizes, as ``aiex.run`` needs), the operator's ``slots`` param.
 
 **Attention.** A work unit is a block of ``row_block`` query rows of one KV head with its
 ``heads // kv_heads`` query heads, so each key tile is read once for the group; columns split
@@ -45,33 +46,26 @@ descriptor cannot pad) and the kernel skips the keys an earlier tile scored.
 of that head's group rotated out to q (rotate-half RoPE, angle ``pos[r] * inv_freq`` in
 float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` / ``cos`` exist
 only on the first-generation AIE), the rotated key head and the value head kept in core
-buffers, then the head's cache tiles of keys and of values through the core and back.
-**SlotQKVRoPE** rotates each row whole and splits it in the memory tile into q and the k, v
-rows of its slot.  **CacheWrite** is QKVRoPE's cache half: per KV head the rows in, then the
+buffers, then the head's cache tiles of keys and of values (of each slot in turn, slotted)
+through the core and back.  **CacheWrite** is QKVRoPE's cache half: per KV head the rows in, then the
 head's cache tiles through the core.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Iterator
-
-import numpy as np
 
 from ...operator import Rule, rule
 from ...operators import Attention, CacheWrite, QKVRoPE
 from ...operators.llm import Slotted
-from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Rtp,
+from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern,
                      Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
 from . import qkv_weights
 from .resources import NpuResources
 from .rotation import rotating
 
-#: Where the cost model prices a design whose transfers follow the position: the middle of
-#: its context (a decode token at position ctx / 2 reads half of its keys).
-PRICED_AT = 0.5
 #: Query rows of one attention work unit at most (prefill): 8 rows of 3 heads of 64 keep a
 #: unit's queries, output and accumulator at 18 KiB of a core's 64.
 ROW_BLOCK = 8
@@ -95,8 +89,8 @@ def slotted(op) -> bool:
 
 
 def row_block(op: Attention) -> int:
-    if slotted(op):  # rows of different sequences share no keys
-        return 1
+    """Query rows of a work unit: the largest divisor of the rows up to ``ROW_BLOCK`` (slotted
+    too: rows of different slots share the unit's pass over every slot's keys)."""
     return max(d for d in range(1, min(op.rows, ROW_BLOCK) + 1) if op.rows % d == 0)
 
 
@@ -139,65 +133,74 @@ def design_for(op, res: NpuResources) -> Design:
 # ---- attention -----------------------------------------------------------------------------
 
 
-def rtp_words(rows: int) -> int:
-    """Words of a core's runtime-parameter buffer: a position per row, whole 16-word rows."""
-    return rows + (-rows) % 16
-
-
 def attention(op: Attention, res: NpuResources) -> Design:
-    if slotted(op):
-        return slot_attention(op, res)
-    rows, cols = op.rows, op.num_aie_columns
+    rows, cols, slots = op.rows, op.num_aie_columns, slot_count(op)
     fifos, links, buffers, cores = [], [], [], []
     for c in range(cols):
         core, (pos,) = relay(fifos, shim(c), Tile(c, 3), Tile(c, 2),
-                             (("pos", (rows,), "i32", "attn_positions"),), f"_{c}")
+                             (position_param(op, "attn_positions"),), f"_{c}")
         cores.append(core)
         units_loop = attention_units(op, c, pos, fifos, links, buffers)
         cores.append(Core(Tile(c, 2), (*consume(pos), units_loop, *release("consume", pos))))
-    cache = op.kv_heads * op.ctx * op.head_dim
+    cache = slots * op.kv_heads * op.ctx * op.head_dim
     args = (Arg("q", rows * op.heads * op.head_dim), Arg("k_cache", cache),
             Arg("v_cache", cache), Arg("pos", rows, "i32"),
+            *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
             Arg("out", rows * op.heads * op.head_dim))
     return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
                   tuple(buffers), tuple(cores), attention_sequence(op), "attention.cc",
                   ("tile_size",))
 
 
-def attention_units(op: Attention, c: int, pos, fifos: list, links: list, buffers: list,
-                    counted: bool = False) -> Loop:
+def slot_count(op) -> int:
+    """Cache slots a design moves: the slotted forms' ``slots``, else the one sequence."""
+    return op.slots if slotted(op) else 1
+
+
+def position_param(op, function: str) -> tuple:
+    """The relay parameter carrying the positions (``relay``): the rows' positions, and in a
+    slotted form their slots after them (two elements of the relay's input, one transfer
+    each: the positions' shim tile has no third channel for a FIFO of their own)."""
+    if slotted(op):
+        return ("pos", (2 * op.rows,), "i32", function, 2)
+    return ("pos", (op.rows,), "i32", function, 1)
+
+
+def attention_units(op: Attention, c: int, pos, fifos: list, links: list,
+                    buffers: list) -> Loop:
     """Column ``c``'s FIFOs, link and core buffers (added to the lists) and its core's loop
-    over its units: per unit the queries, the key tiles one by one, the output.  ``pos`` is
-    what the kernels read the positions from (a FIFO or a core buffer); ``counted``: the
-    slotted form, whose kernel counts the unit's key tiles from its row's position
-    (``attn_tiles``) and loops that many times, at most every tile."""
+    over its units: per unit the queries, the key tiles one by one (slotted: every slot's, the
+    kernel scoring a row only in its own slot), the output.  ``pos`` is the FIFO the kernels
+    read the positions (and slots) from."""
     kvh, hd, ctx, tile = op.kv_heads, op.head_dim, op.ctx, op.tile_size
     group, rb, cols = op.heads // kvh, row_block(op), op.num_aie_columns
-    per, most, follow = units(op) // cols, -(-ctx // tile), 0 if counted else 1
+    per, most, follow = units(op) // cols, -(-ctx // tile), 0 if slotted(op) else 1
     core, mem, feed = Tile(c, 2), Tile(c, 1), shim(cols + c)
     q, k, v, kv, out = (f"{n}_{c}" for n in ("q", "k", "v", "kv", "out"))
     acc, ml, scores = f"acc_{c}", f"ml_{c}", f"scores_{c}"
-    unit, key = (2, 2) if counted else (rotating(per), rotating(most))
-    fifos += [Fifo(q, shim(c), (core,), unit, (rb * group, hd)),
+    fifos += [Fifo(q, shim(c), (core,), rotating(per), (rb * group, hd)),
               Fifo(k, feed, (mem,), 2, (tile, hd)),
               Fifo(v, feed, (mem,), 2, (tile, hd)),
-              Fifo(kv, mem, (core,), key, (2 * tile, hd)),
-              Fifo(out, core, (shim(c),), unit, (rb * group, hd))]
+              Fifo(kv, mem, (core,), rotating(most), (2 * tile, hd)),
+              Fifo(out, core, (shim(c),), rotating(per), (rb * group, hd))]
     links.append(Link((k, v), (kv,), (0, tile * hd)))
     buffers += [Buffer(acc, core, (rb * group, hd)),
                 Buffer(ml, core, (2 * rb * group + (-2 * rb * group) % 16,)),
                 Buffer(scores, core, (tile + (-tile) % lanes(),))]
-    shape = (kvh, rb, follow, group, hd, tile, ctx)
+    shape = (kvh, rb, follow, group, hd, tile, ctx, op.rows)
+    if slotted(op):  # the unit, the slot, the key tile
+        unit, slot, key = Iv(2, 1), Iv(1, 1), Iv(0, 1)
+    else:
+        unit, slot, key = Iv(1, 1), -1, Iv(0, 1)
     tiles = Loop(most, (*consume(kv),
                         Call("attn_tile", (q, kv, Buf(acc), Buf(ml), Buf(scores), pos, c * per,
-                                           Iv(1, 1), Iv(0, 1), *shape,
+                                           unit, slot, key, *shape,
                                            float(1 / math.sqrt(hd)))),
-                        *release("consume", kv)), dynamic="tiles" if counted else "")
-    count = (Call("attn_tiles", (pos, c * per, Iv(0, 1), kvh, rb, follow, tile, ctx),
-                  "tiles"),) if counted else ()
-    return Loop(per, (*consume(q), *produce(out), *count,
+                        *release("consume", kv)))
+    keys = Loop(op.slots, (tiles,)) if slotted(op) else tiles
+    return Loop(per, (*consume(q), *produce(out),
                       Call("attn_init", (Buf(acc), Buf(ml), rb * group, hd)),
-                      tiles,
+                      keys,
                       Call("attn_finish", (Buf(acc), Buf(ml), out, rb * group, hd)),
                       *release("consume", q), *release("produce", out)))
 
@@ -206,77 +209,89 @@ def relay(fifos: list, feed: Tile, at: Tile, to: Tile, params,
           suffix: str = "") -> tuple[Core, list[str]]:
     """How data of the dispatch reach a compute tile ``to`` whose two input channels are taken
     (Attention's queries and keys, QKVRoPE's rows and cache tiles): the runtime sequence sends
-    each parameter ``(stem, shape, dtype, function)`` (the positions, as data: the same transfer
-    at every position) from ``feed`` to the neighbouring tile ``at``, whose core copies it (a
-    call of ``function``) into a FIFO the two share in memory, with no DMA channel (mlir-aie's
-    object FIFO lowering, ``requiresDMAs``: one consumer sharing the producer's memory). The
-    FIFO's locks are the handshake: ``to``'s core acquires the copy, once per dispatch, after
-    the relay released it. Adds the FIFOs (``<stem>_in<suffix>`` from ``feed``,
-    ``<stem><suffix>`` shared); returns the relay core and the shared FIFOs' names."""
-    ins, shared, calls = [], [], []
-    for stem, shape, dtype, function in params:
+    each parameter ``(stem, shape, dtype, function, parts)`` (the positions, as data: the same
+    transfer at every position) from ``feed`` to the neighbouring tile ``at``, in ``parts``
+    elements (one transfer each), whose core copies them (calls of ``function``: input, output,
+    offset, count) into one element of a FIFO the two share in memory, with no DMA channel
+    (mlir-aie's object FIFO lowering, ``requiresDMAs``: one consumer sharing the producer's
+    memory). The FIFO's locks are the handshake: ``to``'s core acquires the copy, once per
+    dispatch, after the relay released it. Adds the FIFOs (``<stem>_in<suffix>`` from
+    ``feed``, ``<stem><suffix>`` shared); returns the relay core and the shared FIFOs' names."""
+    body, shared = [], []
+    for stem, shape, dtype, function, parts in params:
         into, out = f"{stem}_in{suffix}", f"{stem}{suffix}"
-        fifos += [Fifo(into, feed, (at,), 1, shape, dtype), Fifo(out, at, (to,), 1, shape, dtype)]
-        ins.append(into)
+        n = math.prod(shape) // parts
+        fifos += [Fifo(into, feed, (at,), rotating(parts), (n,), dtype),
+                  Fifo(out, at, (to,), 1, shape, dtype)]
         shared.append(out)
-        calls.append(Call(function, (into, out, math.prod(shape))))
-    core = Core(at, (*consume(*ins), *produce(*shared), *calls, *release("consume", *ins),
-                     *release("produce", *shared)))
+        copy = (*consume(into), Call(function, (into, out, Iv(0, n) if parts > 1 else 0, n)),
+                *release("consume", into))
+        body += [*produce(out), *((Loop(parts, copy),) if parts > 1 else copy)]
+    core = Core(at, (*body, *release("produce", *shared)))
     return core, shared
 
 
+def relay_transfers(feed: Tile, stem: str, args: tuple[int, ...], n: int,
+                    suffix: str = "") -> list[Transfer]:
+    """The transfers filling relay parameter ``stem``: ``n`` elements from each of ``args``,
+    one element of its input FIFO each, in order."""
+    return [Transfer("in", a, f"{stem}_in{suffix}", feed, linear(0, n)) for a in args]
+
+
+def position_args(op, pos: int, slot: int) -> tuple[int, ...]:
+    """The runtime arguments relayed as the positions: ``pos``, and slotted ``slot`` after."""
+    return (pos, slot) if slotted(op) else (pos,)
+
+
 def attention_sequence(op: Attention) -> tuple:
-    """The one sequence every dispatch runs: the positions to each column's relay first, then
-    per unit its queries, every key and value tile of its KV head (the whole context: the
-    kernel scores only the keys up to each row's position, so the data moved does not depend
-    on it) and its output, and a wait."""
+    """The one sequence every dispatch runs: the positions (and slots) to each column's relay
+    first, then per unit its queries, every key and value tile of its KV head (of every slot,
+    slotted: the whole context of each; the kernel scores only the keys up to each row's
+    position in its own slot, so the data moved depend on neither) and its output, and a
+    wait."""
     rows, heads, kvh, hd, ctx, tile = (op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx,
                                        op.tile_size)
     group, rb, cols = heads // kvh, row_block(op), op.num_aie_columns
     per, most = units(op) // cols, -(-ctx // tile)
+    out_arg = 5 if slotted(op) else 4
     phases = []
     for i in range(per):
-        phase = [Transfer("in", 3, f"pos_in_{c}", shim(c), linear(0, rows))
-                 for c in range(cols)] if i == 0 else []
+        phase = [t for c in range(cols) for t in relay_transfers(
+            shim(c), "pos", position_args(op, 3, 4), rows, f"_{c}")] if i == 0 else []
         for c in range(cols):
             b, h = divmod(c * per + i, kvh)
             qp = Pattern(b * rb * heads * hd + h * group * hd, (1, 1, rb, group * hd),
                          (0, 0, heads * hd, 1))
             phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
             for arg, name in ((1, "k"), (2, "v")):
-                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c), h * ctx * hd, most,
-                                        tile, hd, ctx)
-            phase.append(Transfer("out", 4, f"out_{c}", shim(c), qp))
+                phase += slot_tile_transfers(op, arg, f"{name}_{c}", shim(cols + c), h, most)
+            phase.append(Transfer("out", out_arg, f"out_{c}", shim(c), qp))
         phases.append(tuple(phase))
     return tuple(phases)
 
 
-def slot_attention(op: Attention, res: NpuResources) -> Design:
-    rows, cols = op.rows, op.num_aie_columns
-    fifos, links, buffers, cores = [], [], [], []
-    for c in range(cols):
-        rtp = f"rtp_{c}"
-        buffers.append(Buffer(rtp, Tile(c, 2), (rtp_words(rows),), "i32"))
-        cores.append(Core(Tile(c, 2), (attention_units(op, c, Buf(rtp), fifos, links, buffers,
-                                                       counted=True),)))
-    args = (Arg("q", rows * op.heads * op.head_dim), Arg("k_cache", 0), Arg("v_cache", 0),
-            Arg("pos", rows, "i32"), Arg("slot", rows, "i32"),
-            Arg("out", rows * op.heads * op.head_dim))
-    params = (("cols", cols), ("ctx", op.ctx), ("head_dim", op.head_dim), ("heads", op.heads),
-              ("kind", "slot_attention"), ("kv_heads", op.kv_heads),
-              ("rows", rows), ("tile", op.tile_size))
-    design = Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
-                    tuple(buffers), tuple(cores), (), "attention.cc", ("tile_size",), params)
-    return at_bound(design)
+def slot_tile_transfers(op: Attention, arg: int, fifo: str, feed: Tile, h: int,
+                        most: int) -> list[Transfer]:
+    """Every key (or value) tile of KV head ``h``, slot after slot: one transfer striding over
+    the slots when the tiles cover the context exactly, else each slot's own."""
+    hd, ctx, tile, slots = op.head_dim, op.ctx, op.tile_size, slot_count(op)
+    if most * tile == ctx:
+        return [Transfer("in", arg, fifo, feed, p) for p in over_slots(op, h)]
+    return [t for s in range(slots) for t in tile_transfers(
+        arg, fifo, feed, (s * op.kv_heads + h) * ctx * hd, most, tile, hd, ctx)]
 
 
-def key_tiles(first: int, last: int, tile: int, ctx: int) -> int:
-    """Key tiles a block of query rows at positions ``first .. last`` attends: those holding
-    keys ``0 .. min(last, ctx - 1)``; none when every row is padding (``last < 0``).  The same
-    count as ``attn_tiles`` in ``attention.cc``."""
-    if last < 0:
-        return 0
-    return -(-min(last + 1, ctx) // tile)
+def over_slots(op, h: int) -> list[Pattern]:
+    """KV head ``h``'s whole context in every slot, in slot order: one pattern striding over
+    the slots where the head's run fits three dimensions, else one run per slot."""
+    hd, ctx, kvh, slots = op.head_dim, op.ctx, op.kv_heads, slot_count(op)
+    run = linear(h * ctx * hd, ctx * hd)
+    if slots == 1:
+        return [run]
+    if run.sizes[1] == 1 and slots <= 1023:
+        return [Pattern(run.offset, (1, slots, *run.sizes[2:]),
+                        (0, kvh * ctx * hd, *run.strides[2:]))]
+    return [linear((s * kvh + h) * ctx * hd, ctx * hd) for s in range(slots)]
 
 
 def tile_transfers(arg: int, fifo: str, feed: Tile, base: int, n: int, tile: int, hd: int,
@@ -292,52 +307,26 @@ def tile_transfers(arg: int, fifo: str, feed: Tile, base: int, n: int, tile: int
     return head + [Transfer("in", arg, fifo, feed, linear(base + (ctx - tile) * hd, tile * hd))]
 
 
-def attention_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
-    """SlotAttention: unit (row r, KV head h) reads the key tiles of ``pos[r]`` in slot
-    ``slot[r]``."""
-    rows, heads, kvh, hd, ctx, tile, cols = (p[k] for k in (
-        "rows", "heads", "kv_heads", "head_dim", "ctx", "tile", "cols"))
-    group = heads // kvh
-    per = rows * kvh // cols
-    rtps = tuple(Rtp(f"rtp_{c}", r, int(pos[r])) for c in range(cols) for r in range(rows))
-    phases = []
-    for i in range(per):
-        phase = []
-        for c in range(cols):
-            r, h = divmod(c * per + i, kvh)
-            qp = Pattern(r * heads * hd + h * group * hd, (1, 1, 1, group * hd),
-                         (0, 0, heads * hd, 1))
-            phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
-            n = key_tiles(int(pos[r]), int(pos[r]), tile, ctx)
-            for arg, name in ((1, "k"), (2, "v")):
-                phase += tile_transfers(arg, f"{name}_{c}", shim(cols + c),
-                                        (int(slot[r]) * kvh + h) * ctx * hd, n, tile, hd, ctx)
-            phase.append(Transfer("out", 5, f"out_{c}", shim(c), qp))
-        phases.append(tuple(phase))
-    return rtps, tuple(phases)
-
-
 # ---- QKVRoPE -------------------------------------------------------------------------------
 
 
 def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
     """One pass per KV head h on compute tile (0, 2): the chunk's rows in, their query heads of
     group h rotated out to q, the rotated key head h and value head h kept in core buffers;
-    then every cache tile of head h's keys and values through the core, the rows that land in
-    it replaced (``cache_patch``), back to the cache.  The positions and frequencies reach the
-    core through the tile above it (``relay``), as Attention's positions do.  Every count is
-    constant: a dispatch moves the whole cache, at any position."""
-    if slotted(op):
-        return slot_qkv_rope(op, res)
+    then every cache tile of head h's keys and values (of every slot, slotted) through the
+    core, the rows that land in it replaced (``cache_patch``), back to the cache.  The
+    positions (and slots) and frequencies reach the core through the tile above it
+    (``relay``), as Attention's positions do.  Every count is constant: a dispatch moves the
+    whole cache, at any position."""
     rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
     group, width, tile = heads // kvh, (heads + 2 * kvh) * hd, cache_tile(ctx)
-    tiles = ctx // tile
+    tiles, slots = ctx // tile, slot_count(op)
     core = Tile(0, 2)
     fifos: list = []
     cores = []
     relayed, (pos, freq) = relay(fifos, shim(1), Tile(0, 3), core, (
-        ("pos", (rows,), "i32", "rope_positions"),
-        ("freq", (hd // 2,), "f32", "rope_frequencies")))
+        position_param(op, "rope_positions"),
+        ("freq", (hd // 2,), "f32", "rope_frequencies", 1)))
     cores.append(relayed)
     row_fifos, links = qkv_weights.row_fifos(op, core, Tile(0, 1), rotating(rows),
                                              WEIGHT_FEEDS, shim(0))
@@ -351,36 +340,42 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
     rotate = Loop(rows, (*consume("qkv"), *produce("q"),
                          qkv_weights.head_row_call(op, pos, freq),
                          *release("consume", "qkv"), *release("produce", "q")))
-    body = (*consume(pos, freq), Loop(kvh, (rotate, patch_loop(ctx, hd, rows, "k_rows", pos),
-                                            patch_loop(ctx, hd, rows, "v_rows", pos))),
+    body = (*consume(pos, freq), Loop(kvh, (rotate, *patch_loops(op, "k_rows", pos),
+                                            *patch_loops(op, "v_rows", pos))),
             *release("consume", pos, freq))
     cores.append(Core(core, body))
-    cache = kvh * ctx * hd
-    args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
-            Arg("k_cache", cache), Arg("v_cache", cache),
-            *(Arg(name, n) for name, n in qkv_weights.weights(op)), Arg("q", rows * heads * hd),
-            Arg("k_cache_out", cache), Arg("v_cache_out", cache))
+    cache = slots * kvh * ctx * hd
+    ins = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
+           Arg("k_cache", cache), Arg("v_cache", cache),
+           *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
+           *(Arg(name, n) for name, n in qkv_weights.weights(op)))
+    args = (*ins, Arg("q", rows * heads * hd), Arg("k_cache_out", cache),
+            Arg("v_cache_out", cache))
     return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links), buffers,
                   tuple(cores), qkv_rope_sequence(op, res), "rope.cc")
 
 
-def patch_loop(ctx: int, hd: int, rows: int, kept: str, pos: str) -> Loop:
-    """One head's cache tiles through the core: each copied out with the chunk's rows that
-    land in it (core buffer ``kept``, at the positions of FIFO ``pos``) in place."""
+def patch_loops(op, kept: str, pos: str) -> tuple[Loop, ...]:
+    """One head's cache tiles through the core (of each slot in turn, slotted): each copied out
+    with the chunk's rows that land in it (core buffer ``kept``, at the positions of FIFO
+    ``pos``; slotted, only the rows of that slot) in place."""
+    ctx, hd, rows = op.ctx, op.head_dim, op.rows
     tile = cache_tile(ctx)
-    return Loop(ctx // tile, (*consume("cache_in"), *produce("cache_out"),
-                              Call("cache_patch", ("cache_in", "cache_out", Buf(kept), pos,
-                                                   Iv(0, 1), tile, hd, rows)),
-                              *release("consume", "cache_in"),
-                              *release("produce", "cache_out")))
+    follow, slot = (0, Iv(1, 1)) if slotted(op) else (1, -1)
+    tiles = Loop(ctx // tile, (*consume("cache_in"), *produce("cache_out"),
+                               Call("cache_patch", ("cache_in", "cache_out", Buf(kept), pos,
+                                                    Iv(0, 1), slot, tile, hd, rows, follow)),
+                               *release("consume", "cache_in"),
+                               *release("produce", "cache_out")))
+    return (Loop(op.slots, (tiles,)),) if slotted(op) else (tiles,)
 
 
-def cache_pass(h: int, ctx: int, hd: int, ins: tuple[int, ...], outs: tuple[int, ...]) -> list:
+def cache_pass(op, h: int, ins: tuple[int, ...], outs: tuple[int, ...]) -> list:
     """The transfers of head ``h``'s cache tiles: in from each runtime argument of ``ins``
-    (keys, then values), out to each of ``outs``, the whole head every time."""
-    head = linear(h * ctx * hd, ctx * hd)
-    return ([Transfer("in", a, "cache_in", shim(0), head) for a in ins]
-            + [Transfer("out", a, "cache_out", shim(0), head) for a in outs])
+    (keys, then values), out to each of ``outs``, the whole head (of every slot) every time."""
+    runs = over_slots(op, h)
+    return ([Transfer("in", a, "cache_in", shim(0), p) for a in ins for p in runs]
+            + [Transfer("out", a, "cache_out", shim(0), p) for a in outs for p in runs])
 
 
 def cache_tile(ctx: int) -> int:
@@ -390,86 +385,24 @@ def cache_tile(ctx: int) -> int:
 
 
 def qkv_rope_sequence(op: QKVRoPE, res: NpuResources) -> tuple:
-    """The one sequence every dispatch runs: the positions and frequencies to the relay, then
-    per KV head a phase: the chunk's rows in (a Qwen variant's weights with each,
+    """The one sequence every dispatch runs: the positions (and slots) and frequencies to the
+    relay, then per KV head a phase: the chunk's rows in (a Qwen variant's weights with each,
     ``qkv_weights``), the head group's rotated q out (strided into the q rows), the head's keys
-    and then its values through the core and back, a wait."""
-    rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
-    group, q = heads // kvh, 5 + len(qkv_weights.weights(op))  # q's runtime argument
+    and then its values through the core and back (of every slot, slotted), a wait."""
+    rows, heads, kvh, hd = op.rows, op.heads, op.kv_heads, op.head_dim
+    first = 5 + int(slotted(op))  # the runtime argument after the inputs QKVRoPE always has
+    group, q = heads // kvh, first + len(qkv_weights.weights(op))  # q's runtime argument
     phases = []
     for h in range(kvh):
-        phase = [Transfer("in", 1, "pos_in", shim(1), linear(0, rows)),
-                 Transfer("in", 2, "freq_in", shim(1), linear(0, hd // 2))] if h == 0 else []
-        phase += [*qkv_weights.row_transfers(op, 0, rows, WEIGHT_FEEDS, shim(0), res),
+        phase = [*relay_transfers(shim(1), "pos", position_args(op, 1, 5), rows),
+                 *relay_transfers(shim(1), "freq", (2,), hd // 2)] if h == 0 else []
+        phase += [*qkv_weights.row_transfers(op, 0, rows, WEIGHT_FEEDS, shim(0), res, first),
                   Transfer("out", q, "q", shim(0), Pattern(h * group * hd, (1, 1, rows,
                                                                            group * hd),
                                                           (0, 0, heads * hd, 1))),
-                  *cache_pass(h, ctx, hd, (3, 4), (q + 1, q + 2))]
+                  *cache_pass(op, h, (3, 4), (q + 1, q + 2))]
         phases.append(tuple(phase))
     return tuple(phases)
-
-
-def slot_qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
-    """SlotQKVRoPE: every row its own sequence, at ``pos[r]`` of slot ``slot[r]``, its cache
-    rows rendered per dispatch."""
-    rows, heads, kvh, hd, ctx = op.rows, op.heads, op.kv_heads, op.head_dim, op.ctx
-    width = (heads + 2 * kvh) * hd
-    core, mem = Tile(0, 2), Tile(0, 1)
-    fifos = (Fifo("freq", shim(0), (core,), 1, (hd // 2,), "f32"),
-             Fifo("qkv", shim(0), (core,), 2, (width,)),
-             Fifo("rot", core, (mem,), 2, (width,)),
-             Fifo("q", mem, (shim(0),), 2, (heads * hd,)),
-             Fifo("k", mem, (shim(1),), 2, (kvh * hd,)),
-             Fifo("v", mem, (shim(1),), 2, (kvh * hd,)),
-             Fifo("q_past", core, (shim(0),), 2, (heads * hd,)))
-    links = (Link(("rot",), ("q", "k", "v"), (0, heads * hd, (heads + kvh) * hd)),)
-    buffers = (Buffer("rtp", core, (rtp_words(rows),), "i32"),)
-    shape = (heads, kvh, hd)
-    # each row stored or not on its own position: loops of 0 or 1
-    one = Loop(1, (*consume("qkv"), *produce("rot"),
-                   Call("qkv_rope_row", ("qkv", Buf("rtp"), "freq", "rot", 0, Iv(1, 1),
-                                         *shape)),
-                   *release("consume", "qkv"), *release("produce", "rot")),
-               dynamic="stored")
-    none = Loop(1, (*consume("qkv"), *produce("q_past"),
-                    Call("q_rope_row", ("qkv", Buf("rtp"), "freq", "q_past", 0, Iv(1, 1),
-                                        *shape)),
-                    *release("consume", "qkv"), *release("produce", "q_past")),
-                dynamic="past")
-    row = Loop(rows, (Call("slot_row_stored", (Buf("rtp"), Iv(0, 1), ctx), "stored"), one,
-                      Call("slot_row_past", (Buf("rtp"), Iv(0, 1), ctx), "past"), none))
-    body = (*consume("freq"), row, *release("consume", "freq"))
-    # caches of 0 elements: as many slots as the caller's cache has
-    args = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
-            Arg("k_cache", 0), Arg("v_cache", 0), Arg("slot", rows, "i32"),
-            Arg("q", rows * heads * hd), Arg("k_cache_out", 0), Arg("v_cache_out", 0))
-    params = (("ctx", ctx), ("head_dim", hd), ("heads", heads), ("kind", "slot_qkv_rope"),
-              ("kv_heads", kvh), ("rows", rows))
-    design = Design(op.describe(True), res.name, args, fifos, links, buffers,
-                    (Core(core, body),), (), "rope.cc", (), params)
-    return at_bound(design)
-
-
-def qkv_rope_dispatch(p: dict, pos: np.ndarray, slot: np.ndarray):
-    """SlotQKVRoPE, one phase per row: q, and k, v at ``pos[r]`` of slot ``slot[r]`` when
-    stored."""
-    rows, heads, kvh, hd, ctx = (p[k] for k in ("rows", "heads", "kv_heads", "head_dim", "ctx"))
-    width, qw = (heads + 2 * kvh) * hd, heads * hd
-    rtps = tuple(Rtp("rtp", r, int(pos[r])) for r in range(rows))
-    phases = []
-    for r in range(rows):
-        phase = [Transfer("in", 2, "freq", shim(0), linear(0, hd // 2))] if r == 0 else []
-        phase.append(Transfer("in", 0, "qkv", shim(0), linear(r * width, width)))
-        if 0 <= int(pos[r]) < ctx:
-            at = Pattern((int(slot[r]) * kvh * ctx + int(pos[r])) * hd, (1, 1, kvh, hd),
-                         (0, 0, ctx * hd, 1))
-            phase += [Transfer("out", 6, "q", shim(0), linear(r * qw, qw)),
-                      Transfer("out", 7, "k", shim(1), at),
-                      Transfer("out", 8, "v", shim(1), at)]
-        else:
-            phase.append(Transfer("out", 6, "q_past", shim(0), linear(r * qw, qw)))
-        phases.append(tuple(phase))
-    return rtps, tuple(phases)
 
 
 # ---- CacheWrite ----------------------------------------------------------------------------
@@ -485,84 +418,21 @@ def cache_write(op: CacheWrite, res: NpuResources) -> Design:
     core, tiles = Tile(0, 2), ctx // cache_tile(ctx)
     fifos: list = []
     relayed, (pos,) = relay(fifos, shim(1), Tile(0, 3), core,
-                            (("pos", (rows,), "i32", "rope_positions"),))
+                            (position_param(op, "rope_positions"),))
     fifos += [Fifo("x", shim(0), (core,), rotating(rows), (kvh * hd,)),
               Fifo("cache_in", shim(0), (core,), rotating(tiles), (cache_tile(ctx), hd)),
               Fifo("cache_out", core, (shim(0),), rotating(tiles), (cache_tile(ctx), hd))]
     take = Loop(rows, (*consume("x"),
                        Call("cache_rows_head", ("x", Buf("head_rows"), Iv(1, 1), Iv(0, 1), hd)),
                        *release("consume", "x")))
-    body = (*consume(pos), Loop(kvh, (take, patch_loop(ctx, hd, rows, "head_rows", pos))),
+    body = (*consume(pos), Loop(kvh, (take, *patch_loops(op, "head_rows", pos))),
             *release("consume", pos))
     cache = kvh * ctx * hd
     args = (Arg("cache", cache), Arg("x", rows * kvh * hd), Arg("pos", rows, "i32"),
             Arg("cache_out", cache))
-    phases = tuple(tuple(([Transfer("in", 2, "pos_in", shim(1), linear(0, rows))] if h == 0
-                          else [])
+    phases = tuple(tuple((relay_transfers(shim(1), "pos", (2,), rows) if h == 0 else [])
                          + [Transfer("in", 1, "x", shim(0), linear(0, rows * kvh * hd)),
-                            *cache_pass(h, ctx, hd, (0,), (3,))]) for h in range(kvh))
+                            *cache_pass(op, h, (0,), (3,))]) for h in range(kvh))
     return Design(op.describe(True), res.name, args, tuple(fifos), (),
                   (Buffer("head_rows", core, (rows, hd), "bf16"),), (relayed, Core(core, body)),
                   phases, "rope.cc")
-
-
-# ---- per-dispatch rendering ------------------------------------------------------------------
-
-#: Per design kind: its renderer (parameters, positions -> runtime parameters and sequence)
-#: and the runtime argument holding the positions.
-RENDERERS = {"slot_attention": (attention_dispatch, 3, 4),
-             "slot_qkv_rope": (qkv_rope_dispatch, 1, 5)}
-
-
-def render(design: Design, args):
-    """The runtime parameters and runtime sequence of one dispatch, drawn for the positions
-    among ``args``."""
-    p = dict(design.renderer)
-    dispatch, pos_arg, slot_arg = RENDERERS[p["kind"]]
-    slot = None if slot_arg is None else np.asarray(args[slot_arg]).reshape(-1)
-    return dispatch(p, np.asarray(args[pos_arg]).reshape(-1), slot)
-
-
-def positions(design: Design, start: int) -> list:
-    """Arguments carrying only the positions ``start ..`` (all the renderers read); slotted,
-    every row at ``start`` in slot 0."""
-    p = dict(design.renderer)
-    _, pos_arg, slot_arg = RENDERERS[p["kind"]]
-    args: list = [None] * len(design.args)
-    if slot_arg is None:
-        args[pos_arg] = np.arange(start, start + p["rows"], dtype=np.int32)
-    else:
-        args[pos_arg] = np.full(p["rows"], start + p["rows"] - 1, np.int32)
-        args[slot_arg] = np.zeros(p["rows"], np.int32)
-    return args
-
-
-def at_bound(design: Design) -> Design:
-    """The design with the sequence of its bound: the last rows of the context, every key
-    tile read (what the legality rules measure and ``mlir`` writes)."""
-    p = dict(design.renderer)
-    rtps, sequence = render(design, positions(design, max(0, p["ctx"] - p["rows"])))
-    return replace(design, rtps=rtps, sequence=sequence)
-
-
-def priced(design: Design) -> Design:
-    """The design as the cost model prices it: its sequence at ``PRICED_AT`` of the context and
-    each core's dynamic loops at the counts its kernel returns there (a column's mean)."""
-    p = dict(design.renderer)
-    start = int((p["ctx"] - p["rows"]) * PRICED_AT) if p["ctx"] > p["rows"] else 0
-    rtps, sequence = render(design, positions(design, start))
-    counts = {}
-    if p["kind"] == "slot_attention":
-        pos = positions(design, start)[RENDERERS[p["kind"]][1]]
-        n = key_tiles(int(pos[0]), int(pos[0]), p["tile"], p["ctx"])
-        counts = {Tile(c, 2): {"tiles": n} for c in range(p["cols"])}
-    else:  # slot_qkv_rope
-        counts[Tile(0, 2)] = {"stored": 1, "past": 0}
-
-    def fix(body, mine):
-        return tuple(replace(op, body=fix(op.body, mine), dynamic="",
-                             count=mine[op.dynamic] if op.dynamic else op.count)
-                     if isinstance(op, Loop) else op for op in body)
-
-    cores = tuple(replace(c, body=fix(c.body, counts[c.tile])) for c in design.cores)
-    return replace(design, cores=cores, rtps=rtps, sequence=sequence, renderer=())

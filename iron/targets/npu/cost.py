@@ -126,8 +126,6 @@ QUANTIZE_BLOCK_OPS = 15
 #: lanes keys, with the reduction counted as one operation: an assumption) and the
 #: exponential (``EXP_OPS``).
 ATTENTION_KEY_OPS = 6
-#: Kernels that only read a position and return a trip count.
-COUNTING = ("attn_tiles", "qkv_stored", "qkv_past", "slot_row_stored", "slot_row_past")
 
 
 def kernel_cycles(call: Call, res: NpuResources) -> float:
@@ -161,19 +159,18 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return n[1] * n[0] / kernels.qmatrix_block() * QUANTIZE_BLOCK_OPS
     if f == "qmatrix_store":  # vectors: a load, a rounding and a store each
         return n[0] * 3
-    if f == "attn_tile":  # kv_heads, rb, follow, group, hd, tile, ctx: every query x key
-        _, rb, _, group, hd, tile, _ = n[-7:]
+    if f == "attn_tile":  # kv_heads, rb, follow, group, hd, tile, ctx, rows: every query x
+        _, rb, _, group, hd, tile, _, _ = n[-8:]  # key (a slotted row in every slot's pass)
         queries = rb * group
         return queries * (3 * tile * hd / lanes + (ATTENTION_KEY_OPS + exp) * tile / lanes
                           + 2 * hd / lanes) + queries * ROW_CYCLES
     if f in ("attn_init", "attn_finish"):  # queries x hd: a store (a multiply and a store)
         return n[0] * n[1] / lanes * (1 if f == "attn_init" else 2) + n[0] * ROW_CYCLES
-    if f in COUNTING:  # a few scalar operations
-        return 0
-    if f in ("attn_positions", "rope_positions", "rope_frequencies"):  # words: a scalar
-        return n[0] * 2  # load and store each
+    if f in ("attn_positions", "rope_positions", "rope_frequencies"):  # (offset,) words: a
+        return n[-1] * 2  # scalar load and store each
     if f == "qkv_head_row":  # h, iv, heads, kv_heads, hd: one KV head's group of q and its k
-        heads, kvh, hd = n[-3:]  # rotated (as qkv_rope_row), its v copied
+        heads, kvh, hd = n[-3:]  # rotated (per rotated pair of vectors two multiplies and two
+        # MACs, and the angles' sine and cosine, ~40 scalar cycles), its v copied
         return (heads // kvh + 1) * hd / lanes * 2 + hd / 2 * 40 + hd / lanes
     if f == "qkv_head_row_qwen":  # bias, qk_norm, heads, kv_heads, hd: as qkv_head_row, the
         bias, norm, heads, kvh, hd = n[-5:]  # angles twice (q, then k), and each of the group's
@@ -182,13 +179,9 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
                 + prepared * hd / lanes * (3 + bias + 3 * norm) + 2 * norm * ROW_CYCLES)  # 3 more
     if f == "cache_rows_head":  # h, iv, hd: a head's row copied
         return n[-1] / lanes * 2
-    if f == "cache_patch":  # t, tile, hd, rows: the tile copied, the rows landing in it too
-        tile, hd, rows = n[-3:]
+    if f == "cache_patch":  # (slot,) tile, hd, rows, follow: the tile copied, the rows
+        tile, hd, rows = n[-4:-1]  # landing in it too
         return tile * hd / lanes * 2 + rows * ROW_CYCLES
-    if f in ("qkv_rope_row", "q_rope_row"):  # heads, kv_heads, hd: per rotated pair of
-        heads, kvh, hd = n[-3:]  # vectors two multiplies and two MACs, and the angles' sine
-        rotated = heads + (kvh if f == "qkv_rope_row" else 0)  # and cosine, ~40 scalar cycles
-        return rotated * hd / lanes * 2 + hd / 2 * 40 + 2 * kvh * hd / lanes
     if f == "zero_f32":  # a 16-float store per step
         return n[0] / 16
     if f == "store_bf16":  # per MMUL block a load and a conversion; per output row vector

@@ -99,20 +99,10 @@ class Release:
 @dataclass(frozen=True)
 class Call:
     """A call of a core kernel; ``args`` are FIFO names (the element this core holds), buffer
-    names (``Buf``), core scalars (``Scalar``) and ``int`` / ``float`` constants.  A call with
-    a ``result`` returns an ``i32`` the core keeps under that name: a count read off the data
-    of this dispatch (a position), which a later ``Loop`` may take as its trip count."""
+    names (``Buf``), loop indices (``Iv``) and ``int`` / ``float`` constants."""
 
     function: str
-    args: tuple[Union[str, "Buf", "Iv", "Scalar", int, float], ...]
-    result: str = ""
-
-
-@dataclass(frozen=True)
-class Scalar:
-    """The ``i32`` an earlier ``Call`` of the same core returned (``Call.result``)."""
-
-    name: str
+    args: tuple[Union[str, "Buf", "Iv", int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -131,8 +121,9 @@ class Iv:
 
 @dataclass(frozen=True)
 class Loop:
-    """``count`` iterations; with ``dynamic`` the trip count is that core scalar's value at
-    run time, at most ``count`` (the bound the legality rules and the renderer use)."""
+    """``count`` iterations.  ``dynamic`` says why a loop read from a parsed module
+    (``rotation.region_program``) has a bound computed at run time; no design makes one (the
+    pinned static lowering unrolls every loop that acquires, by a constant trip count)."""
 
     count: int
     body: tuple["Op", ...]
@@ -174,18 +165,6 @@ class Transfer:
 
 
 @dataclass(frozen=True)
-class Rtp:
-    """A runtime parameter: the runtime sequence writes ``value`` into word ``index`` of the
-    ``i32`` core buffer ``buffer`` before its transfers (``aiex.npu.rtp_write``), and the
-    core's kernel reads it after the dispatch's first acquire, whose data the sequence sends
-    only after the write."""
-
-    buffer: str
-    index: int
-    value: int
-
-
-@dataclass(frozen=True)
 class Arg:
     name: str
     numel: int
@@ -206,21 +185,6 @@ class Design:
     sequence: tuple[tuple[Transfer, ...], ...]  # phases
     kernel_source: str  # file in iron/kernels/npu/ holding the core functions
     memory_fields: tuple[str, ...] = field(default=())  # tunables that size the buffers
-    #: A design whose transfers depend on a dispatch's data (a KV-cache position): the name of
-    #: its runtime-sequence renderer (``attention.RENDERERS``) and that renderer's parameters.
-    #: ``sequence`` then holds the sequence at the renderer's bound (what the legality rules
-    #: measure and ``mlir`` writes), ``sequence_for`` the one a dispatch runs.
-    renderer: tuple = ()
-    rtps: tuple[Rtp, ...] = ()  # written at the start of the sequence (at the bound)
-
-    def dispatch_for(self, args) -> tuple[tuple[Rtp, ...], tuple[tuple[Transfer, ...], ...]]:
-        """The runtime parameters and runtime sequence of one dispatch on ``args`` (flat host
-        arrays)."""
-        if not self.renderer:
-            return self.rtps, self.sequence
-        from .attention import render
-
-        return render(self, args)
 
     def fifo(self, name: str) -> Fifo:
         return next(f for f in self.fifos if f.name == name)
@@ -231,10 +195,6 @@ class Design:
         from .cost import design_cost
         from .resources import resources
 
-        if self.renderer:  # priced where its position-dependent transfers are typical
-            from .attention import priced
-
-            return design_cost(priced(self), resources(self.device))
         return design_cost(self, resources(self.device))
 
     def tiles(self) -> list[Tile]:
@@ -264,13 +224,10 @@ class Design:
             out = []
             for op in body:
                 if isinstance(op, Loop):
-                    out.append({"loop": op.count, "body": ops(op.body),
-                                **({"dynamic": op.dynamic} if op.dynamic else {})})
+                    out.append({"loop": op.count, "body": ops(op.body)})
                 elif isinstance(op, Call):
-                    out.append({"call": op.function, **({"result": op.result} if op.result
-                                                        else {}), "args": [
+                    out.append({"call": op.function, "args": [
                         {"buffer": a.name} if isinstance(a, Buf) else
-                        {"scalar": a.name} if isinstance(a, Scalar) else
                         {"iv": a.level, "scale": a.scale} if isinstance(a, Iv) else
                         {"fifo": a} if isinstance(a, str) else
                         {"f32": a} if isinstance(a, float) else {"i32": a} for a in op.args]})
@@ -280,9 +237,6 @@ class Design:
 
         return {
             "name": self.name, "device": self.device, "kernel_source": self.kernel_source,
-            **({"renderer": dict(self.renderer)} if self.renderer else {}),
-            **({"rtps": [[r.buffer, r.index, r.value] for r in self.rtps]} if self.rtps
-               else {}),
             "args": [{"name": a.name, "numel": a.numel, "dtype": a.dtype} for a in self.args],
             "fifos": [{"name": f.name, "producer": tile(f.producer),
                        "consumers": [tile(c) for c in f.consumers], "depth": f.depth,
@@ -352,8 +306,6 @@ def design_from_json(doc: dict) -> Design:
             return Buf(a["buffer"])
         if "iv" in a:
             return Iv(int(a["iv"]), int(a["scale"]))
-        if "scalar" in a:
-            return Scalar(a["scalar"])
         if "fifo" in a:
             return a["fifo"]
         return float(a["f32"]) if "f32" in a else int(a["i32"])
@@ -362,10 +314,9 @@ def design_from_json(doc: dict) -> Design:
         out = []
         for op in body:
             if "loop" in op:
-                out.append(Loop(int(op["loop"]), ops(op["body"]), op.get("dynamic", "")))
+                out.append(Loop(int(op["loop"]), ops(op["body"])))
             elif "call" in op:
-                out.append(Call(op["call"], tuple(arg(a) for a in op["args"]),
-                                op.get("result", "")))
+                out.append(Call(op["call"], tuple(arg(a) for a in op["args"])))
             elif "acquire" in op:
                 out.append(Acquire(op["acquire"], op["port"]))
             else:
@@ -385,6 +336,4 @@ def design_from_json(doc: dict) -> Design:
         tuple(tuple(Transfer(t["direction"], int(t["arg"]), t["fifo"], tile(t["tile"]),
                              Pattern(int(t["offset"]), tuple(t["sizes"]), tuple(t["strides"])))
                     for t in phase) for phase in doc["sequence"]),
-        doc["kernel_source"], (),
-        tuple(sorted(doc["renderer"].items())) if "renderer" in doc else (),
-        tuple(Rtp(b, int(i), int(v)) for b, i, v in doc.get("rtps", ())))
+        doc["kernel_source"], ())

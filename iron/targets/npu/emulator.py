@@ -48,10 +48,10 @@ import numpy as np
 from ...errors import IronError
 from ...tensor import bfloat16
 from .cost import acquires
-from .design import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Scalar, Tile,
-                     Transfer, walk_ops)
+from .design import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Tile,
+                     Transfer)
 from .check import buffers_at
-from .rotation import Copy, NotStatic, Slot, Unrolled, lower, problems
+from .rotation import Copy, Slot, Unrolled, lower, problems
 
 NP_DTYPE = {"bf16": bfloat16, "f32": np.float32, "i32": np.int32, "i8": np.int8,
             "u8": np.uint8}
@@ -217,33 +217,33 @@ class Kernels:
         self.violation.restype = ctypes.c_char_p
         self.violation.argtypes = []
 
-    def function(self, name: str, example: tuple, result: bool = False) -> Callable:
+    def function(self, name: str, example: tuple) -> Callable:
         fn = self.functions.get(name)
         if fn is None:
             fn = getattr(self.lib, name)
-            fn.restype = ctypes.c_int32 if result else None
+            fn.restype = None
             fn.argtypes = [ctypes.c_float if isinstance(a, float) else ctypes.c_int32
-                           if isinstance(a, (int, Iv, Scalar)) else ctypes.c_void_p
+                           if isinstance(a, (int, Iv)) else ctypes.c_void_p
                            for a in example]
             self.functions[name] = fn
         return fn
 
-    def call(self, name: str, example: tuple, values: list, buffers: list[Guarded],
-             result: bool = False) -> tuple[str | None, int | None]:
-        """Call ``name``; return what it did outside ``buffers`` (or None) and its result."""
+    def call(self, name: str, example: tuple, values: list,
+             buffers: list[Guarded]) -> str | None:
+        """Call ``name``; return what it did outside ``buffers`` (or None)."""
         n = len(buffers)
         bases = (ctypes.c_void_p * max(n, 1))(*(b.array.ctypes.data for b in buffers))
         sizes = (ctypes.c_int64 * max(n, 1))(*(b.array.nbytes for b in buffers))
         self.set_bounds(n, bases, sizes)
-        value = self.function(name, example, result)(*values)
+        self.function(name, example)(*values)
         message = self.violation()
         if message:
             return re.sub(r"buffer argument (\d+)", lambda m: buffers[int(m.group(1))].name,
-                          message.decode()), value
+                          message.decode())
         bad = [b for b in buffers if not b.intact()]
         if bad:
-            return "; ".join(f"wrote {b.damage()} of {b.name}" for b in bad), value
-        return None, value
+            return "; ".join(f"wrote {b.damage()} of {b.name}" for b in bad)
+        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -262,12 +262,8 @@ class Emulation:
         self.rings = {f.name: Ring(f) for f in design.fifos}
         self.sched = Scheduler()
         self.moved: dict[tuple[Tile, str, str], int] = defaultdict(int)  # consumed / released
-        #: per core, the elements one program run takes and gives (None when its loops are
-        #: dynamic), and what it had moved at the end of each program run (one per dispatch)
-        self.per_program = {c.tile: None if any(isinstance(op, Loop) and op.dynamic for op in
-                                                walk_ops(c.body)) else acquires(c.body)
-                            for c in design.cores}
-        self.programs: dict[Tile, list[dict]] = {c.tile: [] for c in design.cores}
+        #: per core, the elements one program run (a dispatch) takes and gives
+        self.per_program = {c.tile: acquires(c.body) for c in design.cores}
         self.buffers = {b.name: Guarded(b.name, b.shape, b.dtype) for b in design.buffers}
         self.dispatches = 0
         self.drift: str | None = None  # the first acquire of a buffer the DMA did not use
@@ -338,26 +334,13 @@ class Emulation:
         buffers = {b.name: self.buffers[b.name] for b in self.design.buffers
                    if b.tile == core.tile}
         ivs: list[int] = []
-        scalars: dict[str, int] = {}
-
-        try:
-            copies = lower(self.design, core)
-        except NotStatic:  # not statically lowerable (refused by the trip-count rule)
-            copies = (core.body,)
+        copies = lower(self.design, core)
 
         def run(body) -> Iterator[Wait]:
             for op in body:
                 if isinstance(op, Loop):
-                    count = op.count
-                    if op.dynamic:
-                        count = scalars[op.dynamic]
-                        if not 0 <= count <= op.count:
-                            raise EmulationError(
-                                f"{self.design.name}: {core.tile} loops {count} times on "
-                                f"{op.dynamic}, outside 0..{op.count} (the bound it was "
-                                "rendered and checked with)")
                     ivs.append(0)
-                    for i in range(count):
+                    for i in range(op.count):
                         ivs[-1] = i
                         yield from run(op.body)
                     ivs.pop()
@@ -396,15 +379,11 @@ class Emulation:
                     else:
                         ring.release_consume(ring.fifo.consumers.index(core.tile))
                 elif isinstance(op, Call):
-                    value = self.call(core, op, held, buffers, ivs, scalars)
-                    if op.result:
-                        scalars[op.result] = value
+                    self.call(core, op, held, buffers, ivs)
 
         while True:
             for copy in copies:
                 yield from run(copy)
-                self.programs[core.tile].append({k: v for k, v in self.moved.items()
-                                                 if k[0] == core.tile})
 
     def named_buffer(self, core, op, element: int) -> int | None:
         """The buffer a core's acquire takes for the FIFO's ``element``-th element: the one its
@@ -421,7 +400,7 @@ class Emulation:
                           f"{verb} buffer {dma}")
         return op.index % self.rings[op.fifo].fifo.depth
 
-    def call(self, core, op: Call, held, buffers, ivs, scalars) -> int | None:
+    def call(self, core, op: Call, held, buffers, ivs) -> None:
         values, given = [], []
         for a in op.args:
             if isinstance(a, Buf):
@@ -429,8 +408,6 @@ class Emulation:
                 values.append(given[-1].array.ctypes.data)
             elif isinstance(a, Iv):
                 values.append(ivs[-1 - a.level] * a.scale)
-            elif isinstance(a, Scalar):
-                values.append(scalars[a.name])
             elif isinstance(a, str):
                 if not held.get(a):
                     raise EmulationError(f"{self.design.name}: {core.tile} calls "
@@ -439,11 +416,10 @@ class Emulation:
                 values.append(given[-1].array.ctypes.data)
             else:
                 values.append(a)
-        problem, value = self.kernels.call(op.function, op.args, values, given, bool(op.result))
+        problem = self.kernels.call(op.function, op.args, values, given)
         if problem:
             raise EmulationError(f"{self.design.name}: kernel {op.function} on {core.tile} "
                                  f"accessed memory outside the buffers it was given: {problem}")
-        return value
 
     def sequence(self, sequence) -> Iterator[Wait]:
         for i, phase in enumerate(sequence):
@@ -466,11 +442,11 @@ class Emulation:
 
     def dispatch(self, args: Sequence[np.ndarray]) -> None:
         d = self.design
-        for a, spec in zip(args, d.args):  # numel 0: sized by the caller (a slotted cache)
-            if (spec.numel and a.size != spec.numel) or a.dtype != NP_DTYPE[spec.dtype]:
+        for a, spec in zip(args, d.args):
+            if a.size != spec.numel or a.dtype != NP_DTYPE[spec.dtype]:
                 raise EmulationError(f"{d.name}: argument {spec.name} must be {spec.numel} "
                                      f"{spec.dtype} elements, got {a.size} {a.dtype}")
-        rtps, sequence = d.dispatch_for(args)
+        sequence = d.sequence
         for phase in sequence:
             for t in phase:
                 a, size = d.args[t.arg], args[t.arg].size
@@ -482,33 +458,15 @@ class Emulation:
                         f"{list(t.pattern.strides)}) reaches elements {lo}..{hi}, outside "
                         f"its {size} elements")
         self.args = args
-        for r in rtps:  # aiex.npu.rtp_write, before the sequence issues any transfer
-            word = self.buffers[r.buffer].array.reshape(-1)
-            if not 0 <= r.index < word.size:
-                raise EmulationError(f"{d.name}: runtime parameter write to word {r.index} of "
-                                     f"{r.buffer}, which has {word.size}")
-            word[r.index] = r.value
         self.sched.spawn(self.sequence(sequence), "runtime sequence")
         self.sched.run(d.name)
         self.dispatches += 1
         for c in d.cores:
             per_program = self.per_program[c.tile]
-            runs = self.programs[c.tile]
-            if per_program is None:  # dynamic loops: what it had moved after its program run
-                ends = runs[self.dispatches - 1] if len(runs) >= self.dispatches else None
-                keys = sorted(k[1:] for k in self.moved if k[0] == c.tile)
-            else:
-                keys = sorted(per_program)
-            for fifo, port in keys:
+            for fifo, port in sorted(per_program):
                 moved = self.moved[(c.tile, fifo, port)]
-                if per_program is not None:
-                    per = per_program[(fifo, port)]
-                    want, said = per * self.dispatches, f"its program {per} per dispatch"
-                elif ends is not None:
-                    want = ends.get((c.tile, fifo, port), 0)
-                    said = f"{want} at the end of its program run {self.dispatches}"
-                else:
-                    want, said = None, f"only {len(runs)} program run(s) done"
+                per = per_program[(fifo, port)]
+                want, said = per * self.dispatches, f"its program {per} per dispatch"
                 if moved != want:
                     verb = "taken" if port == "consume" else "filled"
                     raise EmulationError(

@@ -17,7 +17,7 @@ mlir-aie's op definitions in ``ods``.
 from __future__ import annotations
 
 from .bds import allocate
-from .design import (DTYPE_BYTES, Acquire, Buf, Call, Design, Fifo, Iv, Loop, Release, Scalar,
+from .design import (DTYPE_BYTES, Acquire, Buf, Call, Design, Fifo, Iv, Loop, Release,
                      walk_ops)
 from .ods import AIE_DEVICE, OBJECTFIFO_PORT, UPSTREAM
 from .resources import resources
@@ -72,7 +72,7 @@ class Writer:
     def arg_type(self, a) -> str:
         if isinstance(a, float):
             return "f32"
-        if isinstance(a, (int, Iv, Scalar)):
+        if isinstance(a, (int, Iv)):
             return "i32"
         if isinstance(a, Buf):
             b = next(b for b in self.d.buffers if b.name == a.name)
@@ -108,16 +108,13 @@ class Writer:
         d = self.d
         self.emit(1, device_open(d.device, self.symbol, self.custom))
         link = object_file(d.kernel_source)
-        returning = self.returning()
         for name, args in sorted(d.functions().items()):
             types = ", ".join(self.arg_type(a) for a in args)
-            result = "i32" if name in returning else "()"
             if self.custom:
-                tail = " -> i32" if name in returning else ""
-                self.emit(2, f'func.func private @{name}({types}){tail} attributes {{link_with = '
+                self.emit(2, f'func.func private @{name}({types}) attributes {{link_with = '
                           f'"{link}"}}')
             else:
-                self.emit(2, f'"func.func"() <{{function_type = ({types}) -> {result}, sym_name = '
+                self.emit(2, f'"func.func"() <{{function_type = ({types}) -> (), sym_name = '
                           f'"{name}", sym_visibility = "private"}}> ({{\n'
                           f'    }}) {{link_with = "{link}"}} : () -> ()')
         for t in d.tiles():
@@ -159,11 +156,6 @@ class Writer:
         self.sequence()
         self.lines += device_close(self.custom)
 
-    def returning(self) -> set[str]:
-        """The kernels called for a result (an ``i32``, a dynamic loop's trip count)."""
-        return {op.function for c in self.d.cores for op in walk_ops(c.body)
-                if isinstance(op, Call) and op.result}
-
     def core(self, core) -> None:
         """The core's program, one iteration per dispatch, until reconfiguration."""
         name = f"%core_{core.tile.col}_{core.tile.row}"
@@ -174,11 +166,10 @@ class Writer:
         self.held: dict[str, str] = {}
         self.ivs: list[str] = []
         self.consts: dict[tuple, str] = {}
-        self.scalars: dict[str, str] = {}
         program = (Loop(FOREVER, core.body),)
         for op in walk_ops(program):  # constants first: one definition each, used in the loops
             if isinstance(op, Loop):
-                for v in (0, 1) if op.dynamic else (0, op.count, 1):
+                for v in (0, op.count, 1):
                     self.const(3, v, "index")
             elif isinstance(op, Call):
                 for a in op.args:
@@ -194,8 +185,7 @@ class Writer:
         for op in ops:
             if isinstance(op, Loop):
                 lo, step = (self.const(depth, v, "index") for v in (0, 1))
-                hi = self.const(depth, op.count, "index") if not op.dynamic else (
-                    self.trip_count(depth, op.dynamic))
+                hi = self.const(depth, op.count, "index")
                 iv = self.fresh("i")
                 if self.custom:
                     self.emit(depth, f"scf.for {iv} = {lo} to {hi} step {step} {{")
@@ -235,21 +225,11 @@ class Writer:
             elif isinstance(op, Call):
                 self.call(depth, op)
 
-    def trip_count(self, depth: int, scalar: str) -> str:
-        """A dynamic loop's upper bound: the core scalar as an ``index``."""
-        n = self.fresh("n")
-        self.emit(depth, f"{n} = arith.index_cast {self.scalars[scalar]} : i32 to index"
-                  if self.custom else
-                  f'{n} = "arith.index_cast"({self.scalars[scalar]}) : (i32) -> index')
-        return n
-
     def call(self, depth: int, op: Call) -> None:
         values = []
         for a in op.args:
             if isinstance(a, Buf):
                 values.append(f"%{a.name}")
-            elif isinstance(a, Scalar):
-                values.append(self.scalars[a.name])
             elif isinstance(a, str):
                 values.append(self.held[a])
             elif isinstance(a, Iv):
@@ -267,16 +247,11 @@ class Writer:
             else:
                 values.append(self.const(depth, a, self.arg_type(a)))
         types = ", ".join(self.arg_type(a) for a in op.args)
-        lhs, result = "", "()"
-        if op.result:
-            lhs, result = self.fresh("r") + " = ", "i32"
-            self.scalars[op.result] = lhs[:-3]
         if self.custom:
-            self.emit(depth, f"{lhs}func.call @{op.function}({', '.join(values)}) : ({types}) "
-                      f"-> {result}")
+            self.emit(depth, f"func.call @{op.function}({', '.join(values)}) : ({types}) -> ()")
         else:
-            self.emit(depth, f'{lhs}"func.call"({", ".join(values)}) <{{callee = '
-                      f"@{op.function}}}> : ({types}) -> {result}")
+            self.emit(depth, f'"func.call"({", ".join(values)}) <{{callee = '
+                      f"@{op.function}}}> : ({types}) -> ()")
 
     def sequence(self) -> None:
         d = self.d
@@ -287,10 +262,6 @@ class Writer:
         else:
             self.emit(2, '"aie.runtime_sequence"() <{sym_name = "sequence"}> ({')
             self.emit(2, f"^bb0({params}):")
-        for r in d.rtps:  # the runtime parameters, before any transfer
-            self.emit(3, f"aiex.npu.rtp_write(@{r.buffer}, {r.index}, {r.value})" if self.custom
-                      else f'"aiex.npu.rtp_write"() <{{buffer = @{r.buffer}, index = {r.index} : '
-                      f"ui32, value = {r.value} : i32}}> : () -> ()")
         for phase, ids in zip(d.sequence, self.bd_ids):
             for t, ident in zip(phase, ids):
                 p = t.pattern

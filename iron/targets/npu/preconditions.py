@@ -38,6 +38,7 @@ from .check import shares_memory
 from .design import DTYPE_BYTES, Fifo, Tile
 from .rotation import fifo_rotation
 from .traced import untraceable
+from .trip_rules import constant_trip_counts
 
 # ---- the target model (AIETargetModel.h) ---------------------------------------------------
 
@@ -452,6 +453,7 @@ RULES: tuple[Callable[[Device], Iterator[Violation]], ...] = (
     dma_channels,
     descriptors,
     memory,
+    constant_trip_counts,
     fifo_rotation,
 )
 

@@ -50,15 +50,16 @@ def row_fifos(op: QKVRoPE, core: Tile, mem: Tile, depth: int, feeds: tuple[Tile,
 
 
 def row_transfers(op: QKVRoPE, first: int, rows: int, feeds: tuple[Tile, ...], source: Tile,
-                  res: NpuResources) -> list[Transfer]:
+                  res: NpuResources, weight_arg: int = 5) -> list[Transfer]:
     """The rows ``first ..`` (``rows`` of them) of runtime argument 0 into the row FIFO, and for a
-    variant a copy of each weight (runtime arguments 5 ..) per row."""
+    variant a copy of each weight (runtime arguments ``weight_arg`` ..: 6 .. slotted, after the
+    slots) per row."""
     width = row_width(op)
     parts = weights(op)
     out = [Transfer("in", 0, "qkv_in" if parts else "qkv", source,
                     linear(first * width, rows * width))]
     for i, ((name, n), feed) in enumerate(zip(parts, feeds)):
-        out += repeated(5 + i, f"{name}_in", feed, n, rows, res)
+        out += repeated(weight_arg + i, f"{name}_in", feed, n, rows, res)
     return out
 
 
