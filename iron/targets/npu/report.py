@@ -147,6 +147,12 @@ def us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f}"
 
 
+#: What the packed row is: a count of what packing would save, not what the bundle runs.
+NOT_RENDERED = ("Packed: counted (coresidence.pack, upstream IRON's adjacent co-resident "
+                "packing), not rendered: the bundle's folds still load one aie.device per "
+                "design, so they run the folded row's configurations.")
+
+
 def markdown(report: ProgramReport) -> str:
     """One report as a markdown table: each NPU step its own dispatch, folded, and folded with
     consecutive designs packed (or, without folds, why there are none)."""
@@ -167,6 +173,8 @@ def markdown(report: ProgramReport) -> str:
     if not report.folds:
         rows.append(f"\n{report.device} has no folds: no full-ELF flow, so each NPU step is its "
                     "own xclbin and dispatch, as upstream IRON runs Phoenix; nothing is packed.")
+    else:
+        rows.append(f"\n{NOT_RENDERED}")
     return "\n".join(rows)
 
 
