@@ -23,14 +23,19 @@ import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from .errors import IronError
 from .jsonfile import loads
+
+if TYPE_CHECKING:  # the bundle module loads only when a model is resolved
+    from .pipeline.bundle import Bundle
 
 APP = "llama"
 
 
-class BuildFailed(Exception):
-    """The build of MODEL failed; doit has said why."""
+class BuildFailed(IronError):
+    """The build of MODEL failed; doit has said why (so ``main`` adds nothing)."""
 
 
 MODEL_HELP = ("a bundle folder, a Hugging Face checkpoint folder or a .gguf file (default: "
@@ -59,9 +64,10 @@ def build_options(p: argparse.ArgumentParser, context: bool = True, model: bool 
                    help="print every build task and compile line")
 
 
-def selection(args: argparse.Namespace) -> tuple[dict[str, str], Path | None]:
+def selection(args: argparse.Namespace) -> tuple[dict[str, str], Bundle | None]:
     """The doit variables MODEL and the flags select, and the bundle to run as it is when no
-    build is needed (a bundle folder that already holds what was asked)."""
+    build is needed (a bundle folder that already holds what was asked), opened and checked
+    once."""
     given = {name: str(value) for name, value in (
         ("device", args.device), ("weights", args.weights), ("batch", args.batch),
         ("march", args.march)) if value is not None}
@@ -70,9 +76,12 @@ def selection(args: argparse.Namespace) -> tuple[dict[str, str], Path | None]:
     if model is None:
         variables = {}
     elif (model / "manifest.json").is_file():
-        bundle_context = bundle_positions(model)
-        if not given and (context is None or context <= bundle_context):
-            return {}, model  # the run is held to -c N, if given, at run time
+        if not given:
+            from .pipeline.bundle import Bundle
+
+            bundle = Bundle.open(model)
+            if context is None or context <= bundle_positions(bundle):
+                return {}, bundle  # the run is held to -c N, if given, at run time
         variables = rebuild_variables(model)
     elif model.is_dir() and (model / "config.json").is_file():
         variables = {"checkpoint": str(model.resolve())}
@@ -91,10 +100,8 @@ def selection(args: argparse.Namespace) -> tuple[dict[str, str], Path | None]:
     return variables, None
 
 
-def bundle_positions(bundle: Path) -> int:
-    from .pipeline.bundle import read_manifest
-
-    return int(read_manifest(bundle)["meta"].get("context", 0))
+def bundle_positions(bundle: Bundle) -> int:
+    return int(bundle.meta.get("context", 0))
 
 
 def rebuild_variables(bundle: Path) -> dict[str, str]:
@@ -113,32 +120,35 @@ def rebuild_variables(bundle: Path) -> dict[str, str]:
     return variables
 
 
-def ensure_bundle(variables: dict[str, str], verbose: bool = False) -> Path:
+def ensure_bundle(variables: dict[str, str], verbose: bool = False) -> Bundle:
     """The bundle of ``variables``, built through the doit graph when it is missing or out of
-    date (doit's output goes to stderr: standard output is the model's)."""
+    date (doit's output goes to stderr: standard output is the model's), opened: the bundle
+    the ``bundle`` task's up-to-date check already checked is not read or hashed again."""
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from .pipeline import tasks
+    from .pipeline.bundle import Bundle
+    from .pipeline.tasks import BuildRun, dodo_namespace
 
     if verbose:
         variables = {**variables, "verbose": "1"}
-    tasks.REPORT_CURRENT = verbose  # an up-to-date bundle is used without a word
+    run = BuildRun(report_current=verbose)  # an up-to-date bundle is used without a word
     try:
         with redirect_stdout(sys.stderr):
-            namespace = tasks.dodo_namespace(variables)
+            namespace = dodo_namespace(variables, run)
             namespace["DOIT_CONFIG"] = {**namespace["DOIT_CONFIG"], "outfile": sys.stderr}
             code = DoitMain(ModuleTaskLoader(namespace)).run(["bundle"])
-    except tasks.BuildError as e:
-        raise IronError(str(e)) from None
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if code != 0:
-        raise BuildFailed(code)  # doit said why, in one line
-    return namespace["graph"].bundle_dir
+        raise BuildFailed(f"the build of {run.bundle_dir} failed (exit status {code})")
+    if run.checked is not None and not run.bundle_written:
+        run.checked.require_host()
+        return run.checked
+    return Bundle.open(namespace["graph"].bundle_dir)
 
 
-def resolve(args: argparse.Namespace) -> Path:
+def resolve(args: argparse.Namespace) -> Bundle:
     variables, bundle = selection(args)
     if bundle is not None:
         return bundle
@@ -151,17 +161,17 @@ def cmd_run(args, parse, chat: bool = False) -> int:
     from .lm import run
 
     bundle = resolve(args)
-    args.bundle = str(bundle)
+    args.bundle = str(bundle.path)
     args.chat = args.chat or chat
     if args.ctx_size is not None and args.ctx_size > bundle_positions(bundle):
         args.ctx_size = None  # built for it
-    return run.run(args, parse)
+    return run.run(args, parse, bundle)
 
 
 def cmd_serve(args, rest: list[str]) -> int:
     from .lm import serve
 
-    return serve.main([str(resolve(args)), *rest])
+    return serve.main([str(resolve(args).path), *rest])
 
 
 def cmd_tune(rest: list[str]) -> int:
@@ -273,10 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             return cmd_list()
         return cmd_run(args, parsers[args.command], chat=args.command == "chat")
+    except BuildFailed:
+        return 2  # doit said why, in one line
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except BuildFailed:
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -14,6 +14,7 @@ command line without importing numpy; ``App`` is imported on first use.
 
 from __future__ import annotations
 
+from iron.lm.flags import run_options
 from iron.pipeline.variables import Variable, choice, positive
 
 #: Most sequences one batched decode step runs (programs for 2, 4, ... up to it).
@@ -31,6 +32,9 @@ VARIABLES = {
     "batch": Variable(DEFAULT_BATCH, positive(64), "most sequences one batched decode step "
                       "runs", tag="batch{}"),
 }
+
+#: The run command's flags ``doit generate`` passes on (``top_k=40`` becomes ``--top-k=40``).
+RUN_OPTIONS = run_options()
 
 
 def __getattr__(name: str):

@@ -20,11 +20,8 @@ import sys
 from ..errors import IronError
 from ..util import MAX_USER_FILE, read_bounded
 from .chat import ChatTemplate
+from .flags import add_flags
 from .generate import LanguageModel, SamplingError, Sampler, Stats, StopText
-
-
-#: New tokens per answer unless told (``doit generate`` runs this command, so it is the same).
-DEFAULT_MAX_NEW_TOKENS = 128
 
 
 def parser(prog: str = "python -m iron.lm.run") -> argparse.ArgumentParser:
@@ -33,55 +30,6 @@ def parser(prog: str = "python -m iron.lm.run") -> argparse.ArgumentParser:
     p.add_argument("bundle", help="a bundle folder, e.g. build/llama/cpu")
     add_flags(p)
     return p
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    """The generation flags, shared with ``iron run`` / ``iron chat`` (llama.cpp's short
-    names)."""
-    p.add_argument("-p", "--prompt", default=None,
-                   help="the prompt (default: -f, else piped standard input, else the bundle's; "
-                        "with --chat: ask interactively)")
-    p.add_argument("-f", "--file", default=None, metavar="FILE",
-                   help="read the prompt from FILE ('-' for standard input)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                   help=f"most tokens generated per answer, at least 1 (default "
-                        f"{DEFAULT_MAX_NEW_TOKENS})")
-    p.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
-                   help="most positions a conversation uses, at most the bundle's context "
-                        "(default: the bundle's)")
-    p.add_argument("--chat", action="store_true",
-                   help="use the checkpoint's chat template; without a prompt, a conversation")
-    p.add_argument("-s", "--system", default=None,
-                   help="a system message (implies --chat: only the template has a place "
-                        "for it)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end the answer before this text (repeatable)")
-    p.add_argument("--temperature", "--temp", type=float, default=0.0,
-                   help="0 <= T <= 100; 0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=0,
-                   help="sample from the k most likely tokens, k >= 0 (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0,
-                   help="sample from the smallest set of tokens whose probability reaches p, "
-                        "0 < p <= 1")
-    p.add_argument("--min-p", type=float, default=0.0,
-                   help="sample only tokens at least this fraction as likely as the most "
-                        "likely one, 0 <= p <= 1 (0: off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed, >= 0")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="divide the logits of tokens already seen (prompt and output) by this, "
-                        "0 < r <= 10; 1 is off, 1.1-1.3 stops greedy loops")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtract this times a token's count in the output, -2 .. 2")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtract this from every token in the output, -2 .. 2")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object at the end (text, tokens, finish_reason, "
-                        "figures)")
-    p.add_argument("-t", "--threads", type=int, default=None,
-                   help="at most this many threads per kernel (default: as built, which is at "
-                        "most the cores this process may use)")
-    p.add_argument("--emulate", action="store_true",
-                   help="run an npu1 / npu2 bundle in the emulator (slow)")
 
 
 def sampler_from(args, parse: argparse.ArgumentParser) -> Sampler:
@@ -212,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     return run(parse.parse_args(argv), parse)
 
 
-def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
-    """Generate as the parsed flags say (``args.bundle``: the bundle folder)."""
+def run(args: argparse.Namespace, parse: argparse.ArgumentParser, bundle=None) -> int:
+    """Generate as the parsed flags say (``args.bundle``: the bundle folder; ``bundle``, when
+    given, that bundle already opened and checked)."""
     args.chat = args.chat or args.system is not None
     sampler = sampler_from(args, parse)
     stats = Stats()
@@ -229,8 +178,9 @@ def run(args: argparse.Namespace, parse: argparse.ArgumentParser) -> int:
         prompt = read_prompt(args)
         if prompt is not None:
             check_text(prompt, "--prompt" if args.prompt is not None else "the prompt")
-        not_a_bundle(args.bundle)
-        model = LanguageModel(args.bundle, emulate=args.emulate)
+        if bundle is None:
+            not_a_bundle(args.bundle)
+        model = LanguageModel(bundle or args.bundle, emulate=args.emulate)
         limit_context(model, args.ctx_size)
         tokenizer = model.tokenizer()
         if args.chat:

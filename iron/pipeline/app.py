@@ -8,7 +8,8 @@ member with ``hasattr``.
 The package's module-level ``VARIABLES`` (name -> ``iron.pipeline.variables.Variable``)
 declares the options ``App`` takes, with their defaults and checks: ``doit NAME=VALUE``
 accepts them, and the tuner and ``iron run`` pass them through ``open_app``.  An application
-without options declares none.
+without options declares none.  Its ``RUN_OPTIONS`` (a tuple of names) are the flags of its run
+command that ``doit generate NAME=VALUE`` passes on to ``run_command``.
 
 Profiles live in ``profiles/<app>/<device>.json`` (on the cpu ``cpu-<host class>.json``, see
 ``profile_path``); a missing file means "defaults only".
@@ -84,9 +85,9 @@ class Application(ABC):
 
     def run_command(self, bundle: Path, prompt: str | None = None,
                     options: dict[str, str] | None = None) -> list[str]:
-        """The command ``doit generate`` runs on ``bundle`` (``options``: the generation doit
-        variables given, by name, as strings).  By default there is none: an application
-        that only builds bundles refuses, naming itself."""
+        """The command ``doit generate`` runs on ``bundle`` (``options``: the run options
+        given as doit variables, by name, as strings; see ``RUN_OPTIONS`` above).  By default
+        there is none: an application that only builds bundles refuses, naming itself."""
         raise IronError(f"application {self.name!r} has no run command: it builds bundles, "
                         "but `doit generate` cannot run them")
 
@@ -115,6 +116,11 @@ def app_variables(name: str) -> dict[str, Variable]:
     return dict(getattr(app_module(name), "VARIABLES", {}))
 
 
+def app_run_options(name: str) -> tuple[str, ...]:
+    """The run options application ``name`` declares (``RUN_OPTIONS`` in its package)."""
+    return tuple(getattr(app_module(name), "RUN_OPTIONS", ()))
+
+
 def open_app(name: str, checkpoint: str | Path | None = None,
              variables: dict[str, str] | None = None):
     """The application opened with ``variables`` (name -> text, as on a command line), each
@@ -140,13 +146,14 @@ def profile_path(app: str, device: str, host_class: str | None = None) -> Path:
     return profiles_dir() / app / f"{device}.json"
 
 
-def app_profile(app: str, device: str) -> Profile:
-    """The committed profile of ``app`` on ``device`` (on the cpu, this host class's); an empty
-    one, every tunable from ``resolve()``, if there is none.  A cpu profile whose recorded
-    class is not this host's is refused: it was copied under the wrong name."""
+def app_profile(app: str, device: str, host_class: str | None = None) -> Profile:
+    """The committed profile of ``app`` on ``device`` (on the cpu, this host class's, or
+    ``host_class``'s); an empty one, every tunable from ``resolve()``, if there is none.  A cpu
+    profile whose recorded class is not this host's is refused: it was copied under the wrong
+    name."""
     from ..profile import Profile  # not at import: a no-op doit reads only profile_path
 
-    path = profile_path(app, device)
+    path = profile_path(app, device, host_class)
     if not path.exists():
         return Profile(device=device)
     profile = Profile.load(path)

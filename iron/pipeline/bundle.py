@@ -71,35 +71,70 @@ STAMP = ".weights-mtime"  # the weights' mtime as written
 
 def write_bundle(app, device, profile: Profile, out: Path, store: Store | None = None,
                  build: dict[str, Any] | None = None, key: bytes | None = None) -> Path:
-    """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``;
+    """Compile ``app``'s programs for ``device`` under ``profile`` and write the bundle ``out``
+    (``plan_bundle`` then ``write_planned``, which say the rest)."""
+    plan, _ = plan_bundle(app, device, profile)
+    return write_planned(plan, app, out, store, build, key)
+
+
+def plan_bundle(app, device, profile: Profile) -> tuple[dict[str, Any], dict]:
+    """What the bundle of ``app`` for ``device`` under ``profile`` holds, as JSON data, and the
+    recipe of each distinct operator instance (by instance).  The plan holds the programs,
+    recorded and resolved, each step with its artifact's key and placement; the recipe of
+    every artifact (the executor's too); the application's metadata; the profile; and what a
+    host needs to run the kernels.  Recording is the slow part of a build: the build keeps the
+    plan and writes the bundle from it, without recording again."""
+    from ..targets import target_for
+
+    target = target_for(device)
+    programs: dict[str, Program] = app.programs(device, profile)
+    recipes = {}
+    docs = {}
+    for name, program in programs.items():
+        for op in program.ops:
+            if op not in recipes:
+                recipes[op] = target.recipe(op)
+        doc = program.to_json()
+        doc["kernels"] = [recipes[op].key for op in program.ops]
+        doc["placements"] = [target.placement(op) for op in program.ops]
+        docs[name] = doc
+    runtime = target.recipe(None)
+    plan = {"app": app.name, "device": device.name, "programs": docs, "runtime": runtime.key,
+            "recipes": {r.key: r.to_json() for r in [*recipes.values(), runtime]},
+            "meta": app.meta(), "profile": profile.dumps(),
+            "requirements": target.requirements()}
+    return plan, recipes
+
+
+def write_planned(plan: dict[str, Any], app, out: Path, store: Store | None = None,
+                  build: dict[str, Any] | None = None, key: bytes | None = None) -> Path:
+    """Write the bundle ``plan`` (see ``plan_bundle``) describes into ``out``: its artifacts
+    (compiled where the store lacks them), ``app``'s weights and files, the manifest.
     ``build`` (the selection it was built from: application, checkpoint, variables) is kept in
     the manifest so that a bundle can be rebuilt with one variable changed. The bundle is
     signed with ``key``, by default ``IRON_REMOTE_CACHE_KEY`` when it is set."""
-    secret = key or signing_key()  # (``key`` names artifacts below)
+    secret = key or signing_key()
     from safetensors.numpy import save_file
 
+    from ..devices import device
     from ..targets import target_for
+    from ..targets.base import Recipe
 
-    target = target_for(device)  # building needs no runtime: an npu bundle runs emulated
+    # building needs no runtime: an npu bundle runs emulated
+    target = target_for(device(plan["device"]))
     out = Path(out)
     recover(out)
-    programs: dict[str, Program] = app.programs(device, profile)
-    ops = [op for p in programs.values() for op in p.ops]
-    entries = target.compile_all([*ops, None], store)
-    artifacts = {e.key: target.artifact(e) for e in entries}
+    entries = target.compile_recipes(
+        (Recipe.from_json(r) for r in plan["recipes"].values()), store)
+    artifacts = {k: target.artifact(e) for k, e in entries.items()}
+    kernel = {k: f"kernels/{k}{artifact.suffix}" for k, artifact in artifacts.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked_temp_folder(out.parent, f".tmp-{out.name}-") as tmp:
         (tmp / "kernels").mkdir()
-        for key, artifact in artifacts.items():
-            shutil.copyfile(artifact, tmp / "kernels" / f"{key}{artifact.suffix}")
-        names = iter(f"kernels/{e.key}{artifacts[e.key].suffix}" for e in entries)
-        manifest_programs = {}
-        for name, program in programs.items():
-            doc = program.to_json()
-            doc["kernels"] = [next(names) for _ in program.steps]
-            doc["placements"] = [target.placement(op) for op in program.ops]
-            manifest_programs[name] = doc
-        runtime = next(names)
+        for k, artifact in artifacts.items():
+            shutil.copyfile(artifact, tmp / kernel[k])
+        programs = {name: {**doc, "kernels": [kernel[k] for k in doc["kernels"]]}
+                    for name, doc in plan["programs"].items()}
         weights = tmp / WEIGHTS
 
         def write_weights() -> None:
@@ -109,12 +144,12 @@ def write_bundle(app, device, profile: Profile, out: Path, store: Store | None =
         digest = shared_weights(app, weights, write_weights)
         for name, src in app.files().items():
             shutil.copyfile(src, tmp / name)  # as the umask allows, not as src is
-        (tmp / "profile.json").write_text(profile.dumps())
+        (tmp / "profile.json").write_text(plan["profile"])
         files = {str(p.relative_to(tmp)): sha256_file(p)
                  for p in sorted(tmp.rglob("*")) if p.is_file()}
-        manifest = {"format": FORMAT, "app": app.name, "device": device.name,
-                    "programs": manifest_programs, "runtime": runtime, "meta": app.meta(),
-                    "files": files, **target.requirements(),
+        manifest = {"format": FORMAT, "app": plan["app"], "device": plan["device"],
+                    "programs": programs, "runtime": kernel[plan["runtime"]],
+                    "meta": plan["meta"], "files": files, **plan["requirements"],
                     "weights": {"xxh3_128": digest, "size": weights.stat().st_size}}
         if build:
             manifest["build"] = build
@@ -260,25 +295,38 @@ class Bundle:
         ``IRON_REMOTE_CACHE_KEY`` when it is set."""
         path = Path(path)
         recover(path)
+        bundle = cls.checked(path, key)
+        bundle.require_host(flags)
+        if verify and xxh3_file(path / WEIGHTS) != bundle.manifest["weights"]["xxh3_128"]:
+            raise BundleError(f"{path}: {WEIGHTS} does not match its manifest hash")
+        return bundle
+
+    @classmethod
+    def checked(cls, path: Path, key: bytes | None = None) -> Bundle:
+        """The bundle at ``path`` with its manifest, signature and files checked (the weights
+        aside: they are hashed as they are read): the manifest read once, each file hashed
+        once."""
         manifest = read_manifest(path)
         check_signature(path, manifest, key or signing_key())
-        missing = host.missing_features(manifest["isa"], flags)
-        if missing:
-            raise BundleError(
-                f"{path}: built with -march={manifest['march']} on {manifest['cpu']}, it needs "
-                f"CPU feature{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which this "
-                f"host ({host.model()}) lacks; rebuild it here, or build with "
-                "march=x86-64-v3 for a bundle most x86-64 hosts run")
-        bundle = cls(path, manifest)
         for name, digest in manifest["files"].items():
             file = path / name
             if not file.is_file():
                 raise BundleError(f"{path}: {name} is missing")
             if name != WEIGHTS and sha256_file(file) != digest:
                 raise BundleError(f"{path}: {name} does not match its manifest hash")
-        if verify and xxh3_file(path / WEIGHTS) != manifest["weights"]["xxh3_128"]:
-            raise BundleError(f"{path}: {WEIGHTS} does not match its manifest hash")
-        return bundle
+        return cls(path, manifest)
+
+    def require_host(self, flags=None) -> None:
+        """Refuse a host that lacks a CPU feature the kernels' -march level needs (``flags``
+        stand in for this host's features)."""
+        manifest = self.manifest
+        missing = host.missing_features(manifest["isa"], flags)
+        if missing:
+            raise BundleError(
+                f"{self.path}: built with -march={manifest['march']} on {manifest['cpu']}, it "
+                f"needs CPU feature{'s' if len(missing) > 1 else ''} {', '.join(missing)}, "
+                f"which this host ({host.model()}) lacks; rebuild it here, or build with "
+                "march=x86-64-v3 for a bundle most x86-64 hosts run")
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -349,26 +397,23 @@ class Bundle:
         return self.path / name
 
 
-def check(path: Path) -> bool:
-    """Whether the bundle at ``path`` checks out as ``Bundle.open`` would have it, the weights
-    included: by size and time when those are as written, else by their hash."""
+def check(path: Path) -> Bundle | None:
+    """The bundle at ``path`` if it checks out as ``Bundle.checked`` would have it, the weights
+    included (by size and time when those are as written, else by their hash), else None; the
+    caller may run it without checking it again (after ``Bundle.require_host``)."""
     try:
-        manifest = read_manifest(path)
-        check_signature(path, manifest, signing_key())
-        for name, digest in manifest["files"].items():
-            if name != WEIGHTS and sha256_file(path / name) != digest:
-                return False
-        st, weights = (path / WEIGHTS).stat(), manifest["weights"]
+        bundle = Bundle.checked(path)
+        st, weights = (path / WEIGHTS).stat(), bundle.manifest["weights"]
         if st.st_size != weights["size"]:
-            return False
+            return None
         try:
             if json.loads((path / STAMP).read_text()) == st.st_mtime_ns:
-                return True
+                return bundle
         except (OSError, ValueError):
             pass
-        return xxh3_file(path / WEIGHTS) == weights["xxh3_128"]
+        return bundle if xxh3_file(path / WEIGHTS) == weights["xxh3_128"] else None
     except (BundleError, OSError):
-        return False
+        return None
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

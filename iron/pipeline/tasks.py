@@ -23,8 +23,8 @@ another's tasks current.
 The pipeline's variables: ``app`` (``apps.DEFAULT_APP`` unless given), ``device``
 (``$IRON_DEVICE`` or cpu), ``checkpoint`` (the application's default; a folder or a file),
 ``march`` (``$IRON_MARCH`` or native), ``threads`` (at most the usable cores), ``verbose``,
-``prompt`` and the other options of ``generate`` (``GENERATE_OPTIONS``: the flags of the
-application's run command, which it validates), the tuner's ``only``, ``budget``, ``prune``
+``prompt`` and the other options of ``generate`` (the application's ``RUN_OPTIONS``: flags of
+its run command, which it validates), the tuner's ``only``, ``budget``, ``prune``
 (``0``: measure every candidate), ``fresh``, ``max_load``, ``scheduler``, and gc's ``days``;
 ``doit list`` shows each with its default.  The default bundle is ``build/<app>/<device>/``;
 another checkpoint, application variable or -march level gets its own folder beside it,
@@ -48,14 +48,15 @@ import os
 import re
 import sys
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from ..targets.cpu import host
-from ..devices import DEVICE_NAMES, affinity_cores, device as get_device
+from ..devices import DEVICE_NAMES, Device, affinity_cores, device as get_device
 from ..errors import IronError
 from ..jsonfile import loads
 from ..paths import PACKAGE_DIR, build_dir, project_root
@@ -64,29 +65,84 @@ from ..util import atomic_write_bytes, read_bounded
 from . import variables as v
 from .variables import Variable
 
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 
 
-#: ``verbose=1`` given: every task line and every compile line, as doit prints them
-VERBOSE = False
-#: set once Ctrl-C was pressed: the run ends with the one line already printed
-INTERRUPTED = False
-#: whether a run that built nothing says so (``iron run`` uses a current bundle silently)
-REPORT_CURRENT = True
-#: the bundle folder of the selection (the progress line names it)
-BUNDLE = ""
+@dataclass
+class BuildRun:
+    """One run of the build graph: what its tasks, its reporter, its Ctrl-C handler and the
+    command that started it (``doit``, ``iron run``) share, instead of module globals."""
+
+    #: ``verbose=1`` given: every task line and every compile line, as doit prints them
+    verbose: bool = False
+    #: whether a run that built nothing says so (``iron run`` uses a current bundle silently)
+    report_current: bool = True
+    #: the bundle folder of the selection (the progress line names it)
+    bundle_dir: str = ""
+    #: set once Ctrl-C was pressed: the run ends with the one line already printed
+    interrupted: bool = False
+    #: the bundle as the ``bundle`` task's up-to-date check opened and checked it, so that
+    #: ``iron run`` loads what was checked without reading or hashing it again
+    checked: Any = None
+    #: whether the ``bundle`` task wrote the bundle in this run (then ``checked`` is stale)
+    bundle_written: bool = False
+
+    def on_interrupt(self, signum, frame):
+        """Ctrl-C during a build: one line, then doit stops; its state file keeps every task
+        that finished, and an unfinished bundle or cache entry is a temporary folder the next
+        run replaces (the previous bundle stays in place)."""
+        if not self.interrupted:
+            self.interrupted = True
+            print("\ninterrupted: the previous bundle and every finished compile are kept; the "
+                  "same command resumes", file=sys.stderr, flush=True)
+        raise SystemExit(130)
+
+    def bundle_intact(self, out: str) -> bool:
+        """doit uptodate check: the bundle on disk still checks out (see ``bundle.check``);
+        the checked bundle is kept for the command that runs it."""
+        from .bundle import check
+
+        self.checked = check(Path(out))
+        return self.checked is not None
+
+    def run_command(self, argv: list[str], env: dict[str, str] | None = None):
+        """doit action: run ``argv`` (the bundle, the tuner) in the foreground, with ``env``
+        added to its environment. Ctrl-C goes to it alone, so it ends its own way (statistics
+        so far, the profile untouched) and doit ends with one line, not a traceback."""
+        import signal
+        import subprocess
+
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = subprocess.run(argv, env={**os.environ, **env} if env else None).returncode
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if code in (130, -signal.SIGINT):
+            self.interrupted = True  # the program said so itself
+            raise SystemExit(130)
+        if code != 0:
+            return TaskFailed(f"{Path(argv[2] if argv[1:2] == ['-m'] else argv[0]).name} "
+                              f"exited with status {code}")
+        return None
 
 
 class Reporter(ConsoleReporter):
     """doit's console reporter, quiet unless ``verbose=1`` (or ``doit -v 2``): instead of a
     line per task, one line says what was built, before the answer of ``generate`` (or at the
     end).  iron's own errors are one line instead of a traceback, and the remote cache's hits,
-    misses and uploads of the run are added up into one line at the end."""
+    misses and uploads of the run are added up into one line at the end.  doit makes the
+    reporter from its class: ``for_run`` binds a subclass to one ``BuildRun``."""
+
+    run = BuildRun()
+
+    @classmethod
+    def for_run(cls, run: BuildRun) -> type[Reporter]:
+        return type(cls.__name__, (cls,), {"run": run})
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
         self.remote_counts: Counter[str] = Counter()
-        self.verbose = VERBOSE or options.get("verbosity") == 2
+        self.verbose = self.run.verbose or options.get("verbosity") == 2
         self.compiled, self.instances = 0, 0
         self.bundle: str | None = None
         self.bundle_written = self.said = self.started = self.failed = False
@@ -99,7 +155,8 @@ class Reporter(ConsoleReporter):
         elif task.name.startswith("compile:") or task.name == "bundle":
             if not self.started:
                 self.started = True
-                self.write(f"building {BUNDLE} (once: later runs reuse it) ...\n")
+                self.write(f"building {self.run.bundle_dir} (once: later runs reuse it) "
+                           "...\n")
                 self.outstream.flush()
 
     def skip_uptodate(self, task):
@@ -123,6 +180,7 @@ class Reporter(ConsoleReporter):
         elif task.name == "bundle":
             self.bundle = str(Path(task.targets[0]).parent)
             self.bundle_written = ran
+            self.run.bundle_written |= ran
 
     def add_failure(self, task, fail):
         self.failed = True
@@ -140,12 +198,12 @@ class Reporter(ConsoleReporter):
             if not self.compiled:
                 what = f"every one of its {self.instances} instances was cached"
             self.write(f"built {self.bundle}: {what}; -v 2 or verbose=1 lists every task\n")
-        elif REPORT_CURRENT:
+        elif self.run.report_current:
             self.write(f"{self.bundle} is up to date ({self.instances} instances)\n")
         self.outstream.flush()
 
     def complete_run(self):
-        if INTERRUPTED:
+        if self.run.interrupted:
             return
         # an iron error was said in one line already: no dump of the task's captured output
         self.failures = [f for f in self.failures if not (
@@ -164,38 +222,15 @@ class Reporter(ConsoleReporter):
             super()._write_failure(result, write_exception)
 
 
-def on_interrupt(signum, frame):
-    """Ctrl-C during a build: one line, then doit stops; its state file keeps every task that
-    finished, and an unfinished bundle or cache entry is a temporary folder the next run
-    replaces (the previous bundle stays in place)."""
-    global INTERRUPTED
-    if not INTERRUPTED:
-        INTERRUPTED = True
-        print("\ninterrupted: the previous bundle and every finished compile are kept; the "
-              "same command resumes", file=sys.stderr, flush=True)
-    raise SystemExit(130)
+class BuildError(IronError, InvalidDodoFile):
+    """An iron error while setting up tasks: doit prints ``ERROR: <message>``, one line (it
+    stops a dodo file with its ``InvalidDodoFile``), and ``iron run`` says it as any other."""
 
 
-class BuildError(InvalidDodoFile):
-    """An iron error while setting up tasks: doit prints ``ERROR: <message>``, one line."""
-
-
-try:
-    build_dir().mkdir(parents=True, exist_ok=True)  # doit opens its state file before any task
-except OSError as e:
-    raise BuildError(f"cannot create the build folder {build_dir()} ({e.strerror}); make it "
-                     "writable or point $IRON_BUILD_DIR elsewhere") from None
 DOIT_CONFIG = {
-    "reporter": Reporter,
     "backend": "sqlite3",
     "default_tasks": ["bundle"],
 }
-
-
-#: doit variables ``generate`` passes on to the application's run command (as its flags)
-GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
-                    "repetition_penalty", "frequency_penalty", "presence_penalty", "chat",
-                    "system")
 
 
 def _march(name: str, text: str) -> str:
@@ -216,8 +251,6 @@ VARIABLES: dict[str, Variable] = {
                         shown="the usable cores"),
     "verbose": Variable(0, v.choice("0", "1", as_int=True), "1: every task and compile line"),
     "prompt": Variable(None, v.text, "generate's prompt", shown="the bundle's"),
-    **{name: Variable(None, v.text, "a flag of the application's run command")
-       for name in GENERATE_OPTIONS},
     "only": Variable(None, v.operators, "tune: only these operators"),
     "budget": Variable(None, v.number, "tune: seconds"),
     "prune": Variable(None, v.count, "tune: candidates measured per instance (0: all)",
@@ -232,7 +265,7 @@ VARIABLES: dict[str, Variable] = {
 
 #: Variables each task reads (shown with their defaults by ``doit list`` / ``doit help``).
 _BUILD = ("app", "device", "checkpoint", "march", "threads")
-_TASK_VARIABLES = {"bundle": _BUILD, "generate": (*_BUILD, "prompt", *GENERATE_OPTIONS),
+_TASK_VARIABLES = {"bundle": _BUILD, "generate": (*_BUILD, "prompt"),
                    "tune": ("app", "device", "checkpoint", "only", "budget", "prune", "fresh",
                             "max_load", "scheduler"),
                    "gc": ("days",)}
@@ -247,10 +280,14 @@ def default_app() -> str:
 
 
 def declared_variables(app_name: str) -> dict[str, Variable]:
-    """The pipeline's variables and those application ``app_name`` declares."""
-    from .app import app_variables
+    """The pipeline's variables, those application ``app_name`` declares and its run options
+    (flags of its run command, which the command checks)."""
+    from .app import app_run_options, app_variables
 
     declared = app_variables(app_name)
+    for name in app_run_options(app_name):
+        declared.setdefault(name, Variable(None, v.text, "a flag of the application's run "
+                                           "command", run_option=True))
     clash = sorted(set(declared) & set(VARIABLES))
     if clash:
         raise IronError(f"application {app_name!r} declares variable {clash[0]!r}, which the "
@@ -310,24 +347,27 @@ def _file_stamp(paths) -> dict[str, list[int]]:
 class BuildGraph:
     """The tasks of one (application, device, checkpoint, context, -march) selection."""
 
-    def __init__(self, get_var: Callable[[str, Any], Any],
-                 variables: dict[str, str] | None = None):
-        global VERBOSE
+    def __init__(self, variables: dict[str, str] | None = None, run: BuildRun | None = None):
+        """``variables``: the command line's NAME=VALUE pairs; ``run``: what this run's tasks
+        share with its reporter and its command (a new one by default).  ``march`` and
+        ``threads`` are held here and passed on explicitly, never through the environment."""
         try:
             self.vars, self.declared = check_variables(dict(variables or {}))
-            if "march" in self.vars:
-                os.environ["IRON_MARCH"] = self.vars["march"]
-            if "threads" in self.vars:
-                os.environ["IRON_THREADS"] = str(self.vars["threads"])
-            self.level = host.march()
+            self.level = self.vars.get("march") or host.march()
             self.app_name = self.vars.get("app") or default_app()
-            self.device = get_device(self.vars.get("device"))
+            self.device = with_threads(get_device(self.vars.get("device")),
+                                       self.vars.get("threads"))
         except IronError as e:
             raise BuildError(str(e)) from None
-        VERBOSE = bool(self.vars.get("verbose"))
+        self.run = run or BuildRun()
+        self.run.verbose = bool(self.vars.get("verbose"))
         self.checkpoint = self.vars.get("checkpoint")
         #: the application's variables given on the command line, checked
-        self.options = {k: val for k, val in self.vars.items() if k not in VARIABLES}
+        self.options = {k: val for k, val in self.vars.items()
+                        if k not in VARIABLES and not self.declared[k].run_option}
+        #: the run options given (flags of the application's run command), as text
+        self.run_options = {k: val for k, val in self.vars.items()
+                            if self.declared[k].run_option}
         self.prompt = self.vars.get("prompt")
         self.tune_options = {k: self.vars.get(k) for k in ("only", "budget", "fresh",
                                                             "max_load", "scheduler", "prune")}
@@ -335,11 +375,10 @@ class BuildGraph:
 
         self.store = default_store()
         self.bundle_dir = build_dir() / self.app_name / self.bundle_name()
-        global BUNDLE
-        BUNDLE = str(self.bundle_dir)
+        self.run.bundle_dir = str(self.bundle_dir)
         from .app import profile_path
 
-        self.profile_file = profile_path(self.app_name, self.device.name)
+        self.profile_file = profile_path(self.app_name, self.device.name, self.host_class())
         self._app = None
         self._record = None
 
@@ -365,15 +404,31 @@ class BuildGraph:
 
     def variables_doc(self, task: str) -> str:
         """``; variables: name=default ...`` of what ``task`` reads (the application's too)."""
-        names = [n for n in _TASK_VARIABLES[task] if n not in GENERATE_OPTIONS]
+        names = list(_TASK_VARIABLES[task])
         if task in ("bundle", "generate"):
-            names += [n for n in self.declared if n not in VARIABLES]
+            names += [n for n, d in self.declared.items()
+                      if n not in VARIABLES and not d.run_option]
         line = "; variables: " + v.defaults_line({n: self.declared[n] for n in names},
                                                  {**self.vars, "app": self.app_name})
-        if task == "generate":
-            line += (f", and the run command's flags {', '.join(GENERATE_OPTIONS)} (its "
+        run_options = [n for n, d in self.declared.items() if d.run_option]
+        if task == "generate" and run_options:
+            line += (f", and the run command's flags {', '.join(run_options)} (its "
                      "defaults)")
         return line
+
+    def command_env(self) -> dict[str, str] | None:
+        """What a command this build runs (the bundle, the tuner) is told of its -march level
+        and threads: its own environment (the tuner reads the host class from it)."""
+        if self.device.kind != "cpu":
+            return None
+        return {"IRON_MARCH": self.level, "IRON_THREADS": str(self.device.columns)}
+
+    def host_class(self) -> str | None:
+        """The cpu's host class at this build's -march level and threads (it names the
+        profile file), None on another device."""
+        if self.device.kind != "cpu":
+            return None
+        return host.class_name(self.device.columns, self.level)
 
     # the application is opened lazily: only when the record of its programs is stale
     @property
@@ -387,7 +442,7 @@ class BuildGraph:
     def profile(self):
         from .app import app_profile
 
-        return app_profile(self.app_name, self.device.name)
+        return app_profile(self.app_name, self.device.name, self.host_class())
 
     # ---- the record of the recorded programs ----------------------------------------------
 
@@ -423,44 +478,53 @@ class BuildGraph:
         return self._record
 
     def _load_record(self) -> dict[str, Any]:
+        """The record is small (a no-op ``doit`` and a warm ``iron run`` read it); the plan
+        of the bundle (every program, step by step) is a file beside it that only the
+        ``bundle`` task reads."""
         path = build_dir() / ".programs" / f"{self._fingerprint()}.json"
         try:
             record = loads(path.read_bytes())
-            if _file_stamp(record["inputs"]) == record["inputs"]:
+            if _file_stamp(record["inputs"]) == record["inputs"] and \
+                    Path(record["plan"]).is_file():
                 return record
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        record = self._make_record()
+        record, plan = self._make_record()
+        plan_path = path.with_suffix(".plan.json")
+        atomic_write_bytes(plan_path, json.dumps(plan).encode())
+        record["plan"] = str(plan_path)
         atomic_write_bytes(path, json.dumps(record).encode())
         return record
 
-    def _make_record(self) -> dict[str, Any]:
+    def _make_record(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Record the application's programs, once: the compile tasks' recipes and the plan
+        the bundle is written from (``bundle.plan_bundle``)."""
         from ..targets import target_for
+        from .bundle import plan_bundle
 
         target = target_for(self.device)
         app = self.app
         profile, warnings = self.profile(), io.StringIO()
         profile.warnings_to = warnings
-        programs = app.programs(self.device, profile).values()
-        distinct = dict.fromkeys(op for program in programs for op in program.ops)
+        with host.march_level(self.level):
+            plan, recipes = plan_bundle(app, self.device, profile)
         instances = {}
-        for op in distinct:
-            recipe = target.recipe(op)
+        for op, recipe in recipes.items():
             instances[task_name(op, recipe.key)] = {
-                "key": recipe.key, "description": recipe.description,
-                "sources": [str(p) for p in recipe.sources],
+                "key": recipe.key, "recipe": recipe.to_json(),
                 "doc": f"{op.describe(tunables=True)} -> artifact {recipe.key}"
                        f"{where(target.placement(op))}"}
-        runtime = target.recipe(None)
+        runtime = plan["recipes"][plan["runtime"]]
         sources = [str(p) for p in app.sources()]
         mark = "\0prompt\0"
-        return {"instances": instances, "runtime": runtime.key,
-                "runtime_sources": [str(p) for p in runtime.sources],
-                "warnings": warnings.getvalue().splitlines(),
-                "meta": app.meta(), "sources": sources,
-                "inputs": _file_stamp(sources),
-                "generate": {"default": app.run_command(self.bundle_dir, None),
-                             "prompt": app.run_command(self.bundle_dir, mark), "mark": mark}}
+        record = {"instances": instances, "runtime": plan["runtime"],
+                  "runtime_sources": runtime["sources"],
+                  "warnings": warnings.getvalue().splitlines(),
+                  "meta": plan["meta"], "sources": sources,
+                  "inputs": _file_stamp(sources),
+                  "generate": {"default": app.run_command(self.bundle_dir, None),
+                               "prompt": app.run_command(self.bundle_dir, mark), "mark": mark}}
+        return record, plan
 
     # ---- tasks ----------------------------------------------------------------------------
 
@@ -483,14 +547,14 @@ class BuildGraph:
                "doc": "compile every operator instance of the application (one subtask each)"}
         instances = sorted(self.record["instances"].items())
         for i, (name, inst) in enumerate(instances, 1):
+            recipe = inst["recipe"]
             yield {"name": name,
-                   "actions": [(compile_action, [self.device.name, inst["description"],
-                                                 inst["sources"], inst["key"],
+                   "actions": [(compile_action, [self.device.name, recipe, inst["key"],
                                                  f"{i}/{len(instances)}"])],
-                   "file_dep": inst["sources"],
+                   "file_dep": recipe["sources"],
                    "targets": [str(self.store.path(inst["key"]) / ENTRY_MANIFEST)],
-                   "uptodate": [config_changed(inst["description"])],
-                   "verbosity": 2 if VERBOSE else 1,
+                   "uptodate": [config_changed(recipe["description"])],
+                   "verbosity": 2 if self.run.verbose else 1,
                    "doc": inst["doc"]}
 
     def task_bundle(self) -> dict:
@@ -510,7 +574,7 @@ class BuildGraph:
                  "variables": {k: str(val) for k, val in self.options.items()},
                  "march": self.vars.get("march")}
         return {"actions": [(write_bundle_action, [self.app_name, self.checkpoint,
-                                                   self.options, self.device.name,
+                                                   self.options, record["plan"],
                                                    str(self.bundle_dir), build])],
                 "file_dep": sorted(set(deps)),
                 "task_dep": ["compile"],
@@ -520,38 +584,39 @@ class BuildGraph:
                                              "runtime": record["runtime"],
                                              "march": self.level, "build": build,
                                              "columns": self.device.columns}),
-                             (bundle_intact, [str(self.bundle_dir)])],
-                "verbosity": 2 if VERBOSE else 1,
+                             (self.run.bundle_intact, [str(self.bundle_dir)])],
+                "verbosity": 2 if self.run.verbose else 1,
                 "doc": f"the runnable {self.app_name} bundle for {self.device} in "
                        f"{self.bundle_dir}{self.variables_doc('bundle')}"}
 
     def task_generate(self) -> dict:
-        options = {k: self.vars.get(k) for k in GENERATE_OPTIONS if k in self.vars}
         gen = self.record["generate"]
-        if options:  # flags beyond the prompt: the application builds its command
-            command = self.app.run_command(self.bundle_dir, self.prompt, options)
+        if self.run_options:  # flags beyond the prompt: the application builds its command
+            command = self.app.run_command(self.bundle_dir, self.prompt, self.run_options)
         elif self.prompt is None:
             command = gen["default"]
         else:
             command = [a.replace(gen["mark"], self.prompt) for a in gen["prompt"]]
-        return {"actions": [(run_command, [command])], "task_dep": ["bundle"],
+        return {"actions": [(self.run.run_command, [command, self.command_env()])],
+                "task_dep": ["bundle"],
                 "uptodate": [False], "verbosity": 2,
                 "doc": "build the bundle if needed, then run it"
                        f"{self.variables_doc('generate')}"}
 
     def task_tune(self) -> dict:
-        argv = [sys.executable, "-m", "iron.lm.tune", self.app_name, "--device",
+        argv = [sys.executable, "-m", "iron.tuning", self.app_name, "--device",
                 self.device.name]
         if self.checkpoint:
             argv.append(f"--checkpoint={self.checkpoint}")  # one word: never an option
-        if "weights" in self.options:  # the tuner's own option (see iron.tuning)
-            argv.append(f"--weights={self.options['weights']}")
+        for name, value in self.options.items():  # that bundle's instances are tuned
+            argv.append(f"--var={name}={value}")
         for option in ("only", "budget", "prune", "max_load", "scheduler"):
             if self.tune_options[option] is not None:
                 argv.append(f"--{option.replace('_', '-')}={self.tune_options[option]}")
         if self.tune_options["fresh"] == "1":
             argv.append("--fresh")
-        return {"actions": [(run_command, [argv])], "task_dep": ["checkpoint"],
+        return {"actions": [(self.run.run_command, [argv, self.command_env()])],
+                "task_dep": ["checkpoint"],
                 "uptodate": [False], "verbosity": 2,
                 "doc": f"time every legal setting and rewrite {self.profile_file} "
                        f"(a later `doit` rebuilds what moved){self.variables_doc('tune')}"}
@@ -591,74 +656,49 @@ def where(placement: str) -> str:
     return " (host placement: no npu design)" if placement == "host" else ""
 
 
-def compile_action(device_name: str, description: dict, sources: list, key: str, counter: str):
-    """doit action: compile one instance into the store (a no-op when it is already there)."""
+def compile_action(device_name: str, recipe: dict, key: str, counter: str):
+    """doit action: compile one instance (``recipe``, as ``Recipe.to_json`` wrote it, whose
+    key was ``key`` when recorded) into the store; a no-op when it is already there."""
     from ..devices import device
     from ..cache import default_store
     from ..targets import target_for
+    from ..targets.base import Recipe
 
     try:
         target = target_for(device(device_name))
         store = default_store()
         cached = store.lookup(key) is not None  # compiled for another selection, or remotely
-        entry = target.compile(target.recipe_from(description, sources), store)
+        entry = target.compile(Recipe.from_json(recipe), store)
     except IronError as e:
         return TaskFailed(str(e))
+    what = recipe["description"].get("operator") or recipe["name"]
     if entry.key != key:
-        return TaskFailed(f"the recipe of {description.get('operator')} hashes to {entry.key}, "
-                          f"its task expects {key}: iron's sources changed during the build")
-    print(f"[{counter}] {description.get('operator') or description.get('kernel')} -> "
-          f"{entry.path}{' (cached)' if cached else ''}")
+        return TaskFailed(f"the recipe of {what} hashes to {entry.key}, its task expects {key}: "
+                          "iron's sources changed during the build")
+    print(f"[{counter}] {what} -> {entry.path}{' (cached)' if cached else ''}")
     return {**remote_values(store), "cached": cached}
 
 
-def write_bundle_action(app_name, checkpoint, options, device_name, out, build):
-    """doit action: write the bundle (opens the application: it needs the weights)."""
-    from ..devices import device
+def write_bundle_action(app_name, checkpoint, options, plan_path, out, build):
+    """doit action: write the bundle from the plan recorded with the programs (it opens the
+    application for its weights and files, and records nothing again)."""
     from ..cache import default_store
-    from .app import app_profile, load_app
-    from .bundle import write_bundle
+    from .app import load_app
+    from .bundle import write_planned
 
+    try:
+        plan = loads(read_bounded(Path(plan_path), "a build plan"))
+    except (OSError, ValueError) as e:
+        return TaskFailed(f"{plan_path}: cannot read the recorded plan ({e}); run the build "
+                          "again")
     try:
         store = default_store()
         app = load_app(app_name, checkpoint, **options)
-        dev = device(device_name)
-        profile = app_profile(app_name, dev.name)
-        profile.warnings_to = io.StringIO()  # said when the tasks were set up
-        write_bundle(app, dev, profile, Path(out), store, build)
+        write_planned(plan, app, Path(out), store, build)
     except IronError as e:
         return TaskFailed(str(e))
     print(f"bundle written to {out}")
     return remote_values(store)
-
-
-def run_command(argv: list[str]):
-    """doit action: run ``argv`` (the bundle, the tuner) in the foreground. Ctrl-C goes to it
-    alone, so it ends its own way (statistics so far, the profile untouched) and doit ends
-    with one line, not a traceback."""
-    import signal
-    import subprocess
-
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        code = subprocess.run(argv).returncode
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if code in (130, -signal.SIGINT):
-        global INTERRUPTED
-        INTERRUPTED = True  # the program said so itself
-        raise SystemExit(130)
-    if code != 0:
-        return TaskFailed(f"{Path(argv[2] if argv[1:2] == ['-m'] else argv[0]).name} "
-                          f"exited with status {code}")
-    return None
-
-
-def bundle_intact(out: str) -> bool:
-    """doit uptodate check: the bundle on disk still checks out (see ``bundle.check``)."""
-    from .bundle import check
-
-    return check(Path(out))
 
 
 def remote_values(store) -> dict:
@@ -672,20 +712,33 @@ def config_changed(config: dict):
     return changed(config)
 
 
-def dodo_namespace(variables: dict[str, str]) -> dict[str, Any]:
+def with_threads(dev: Device, threads: int | None) -> Device:
+    """``dev`` with at most ``threads`` columns on the cpu (a column is a worker thread); an
+    NPU's columns are the hardware's."""
+    if threads is None or dev.kind != "cpu":
+        return dev
+    return replace(dev, columns=min(dev.columns, threads))
+
+
+def dodo_namespace(variables: dict[str, str], run: BuildRun | None = None) -> dict[str, Any]:
     """What a dodo file holds for the selection ``variables`` (NAME=VALUE pairs): doit's
-    configuration and the task creators.  ``dodo.py`` is this namespace; ``iron run`` loads it
-    with doit's API, so both build through the same graph and the same state file."""
+    configuration and the task creators, bound to ``run`` (a new ``BuildRun`` by default).
+    ``dodo.py`` is this namespace; ``iron run`` loads it with doit's API, so both build
+    through the same graph and the same state file."""
     import signal
 
     from doit import create_after
 
-    graph = BuildGraph(None, variables)
-    signal.signal(signal.SIGINT, on_interrupt)
+    graph = BuildGraph(variables, run)
     # one state file per selection: building one bundle does not make another's tasks stale
     states = build_dir() / ".doit"
-    states.mkdir(exist_ok=True)
-    config = {**DOIT_CONFIG,
+    try:  # doit opens its state file before any task runs
+        states.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BuildError(f"cannot create the build folder {build_dir()} ({e.strerror}); make "
+                         "it writable or point $IRON_BUILD_DIR elsewhere") from None
+    signal.signal(signal.SIGINT, graph.run.on_interrupt)
+    config = {**DOIT_CONFIG, "reporter": Reporter.for_run(graph.run),
               "dep_file": str(states / f"{graph.app_name}-{graph.bundle_dir.name}.db")}
 
     def task_checkpoint():

@@ -32,6 +32,9 @@ class Variable:
     help: str
     tag: str | None = None
     shown: str | None = None
+    #: a flag of the application's run command (``doit generate`` passes it on), not an option
+    #: of its ``App``
+    run_option: bool = False
 
     def describe(self) -> str:
         if self.default is None:

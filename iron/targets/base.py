@@ -62,6 +62,9 @@ class Recipe:
 
     ``description`` is JSON data: what the key hashes and the store's manifest records.
     ``sources`` are the files it was made from (the doit compile task's ``file_dep``).
+    ``to_json`` / ``from_json`` carry a recipe between processes and runs (the build keeps
+    its recipes in a file); a target's ``build`` checks what it takes from one, since it may
+    come from a file.
     """
 
     name: str  # the kernel's name, e.g. "gemv"; "runtime" for a program executor
@@ -76,6 +79,16 @@ class Recipe:
     @property
     def operator(self) -> str:
         return self.description.get("operator") or self.name
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "macros": [list(m) for m in self.macros],
+                "description": self.description, "sources": [str(p) for p in self.sources]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Recipe:
+        """The recipe ``to_json`` wrote."""
+        return cls(doc["name"], tuple((str(m), v) for m, v in doc["macros"]),
+                   doc["description"], tuple(Path(s) for s in doc["sources"]))
 
 
 class Executable(Protocol):
@@ -117,12 +130,6 @@ class Target:
 
     def unavailable(self, dev: Device) -> str | None:
         return None
-
-    def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
-        """The recipe ``recipe(op)`` made, from its description and sources as data (the doit
-        tasks keep them in a file between runs)."""
-        macros = tuple(sorted(description.get("macros", {}).items()))
-        return Recipe(description["kernel"], macros, description, tuple(map(Path, sources)))
 
     def requirements(self) -> dict[str, Any]:
         """What a host needs to run this target's artifacts, as a bundle's manifest records it:
@@ -203,11 +210,16 @@ class Target:
                     jobs: int | None = None) -> list[Entry]:
         """Compile the distinct recipes of ``ops`` (in parallel), returning an entry per op."""
         recipes = [self.recipe(op) for op in ops]
+        entries = self.compile_recipes(recipes, store, jobs)
+        return [entries[r.key] for r in recipes]
+
+    def compile_recipes(self, recipes: Iterable[Recipe], store: Store | None = None,
+                        jobs: int | None = None) -> dict[str, Entry]:
+        """The entry of each distinct recipe, by key, compiled in parallel where missing."""
         distinct = {r.key: r for r in recipes}
         with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-            built = pool.map(lambda r: self.compile(r, store), distinct.values())
-            entries = dict(zip(distinct, built))
-        return [entries[r.key] for r in recipes]
+            return dict(zip(distinct, pool.map(lambda r: self.compile(r, store),
+                                               distinct.values())))
 
     def load(self, program: Program, store: Store | None = None) -> Executable:
         """Compile what is missing and return a ready executable of ``program``."""

@@ -21,7 +21,7 @@ from typing import Sequence
 from ..devices import device as get_device
 from ..errors import IronError
 from ..paths import build_dir
-from ..pipeline.app import load_app, profile_path
+from ..pipeline.app import open_app, profile_path
 from ..targets import target_for
 from ..util import finite_float
 from .measure import TargetBenchmark
@@ -38,9 +38,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
     parser.add_argument("--checkpoint", help="the checkpoint directory (default: the "
                         "application's own)")
     parser.add_argument("--device", default="cpu", help="the device to tune for (default cpu)")
-    parser.add_argument("--weights", help="the application's weights option, if it has one: "
-                        "the instances of that bundle are tuned; entries for other weight "
-                        "formats are kept")
+    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                        help="one of the application's variables (as `doit NAME=VALUE` takes "
+                        "it; repeatable): the instances of that bundle are tuned, entries for "
+                        "other selections are kept")
+    parser.add_argument("--weights", help="the application's weights variable, if it has one "
+                        "(the same as --var weights=VALUE)")
     parser.add_argument("--only", help="tune only these operators, comma-separated "
                         "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
     parser.add_argument("--budget", type=finite_float, help="stop after this many seconds, keeping "
@@ -78,7 +81,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     try:
-        app = open_app(args.app, args.checkpoint, args.weights)
+        app = open_app(args.app, args.checkpoint, app_variables(args.var, args.weights))
         dev = get_device(args.device)
         # a device that cannot run here is ranked by its target's cost model (tune says so)
         bench = (None if target_for(dev).unavailable(dev)
@@ -100,15 +103,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
     return 0
 
 
-def open_app(name: str, checkpoint: str | None, weights: str | None):
-    """The application, with its ``weights`` option when one is given."""
-    if weights is None:
-        return load_app(name, checkpoint)
-    try:
-        return load_app(name, checkpoint, weights=weights)
-    except TypeError:
-        raise IronError(f"--weights {weights}: the application {name!r} has no weights "
-                        "option") from None
+def app_variables(pairs: list[str], weights: str | None) -> dict[str, str]:
+    """``--var NAME=VALUE`` pairs (and ``--weights``) as the variables ``open_app`` checks."""
+    variables = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            raise IronError(f"--var {pair!r}: must be NAME=VALUE, e.g. --var weights=bf16")
+        variables[name] = value
+    if weights is not None:
+        variables["weights"] = weights
+    return variables
 
 
 if __name__ == "__main__":

@@ -266,10 +266,8 @@ def test_march_bundle_has_its_own_folder_and_manifest_record(project):
 def test_bundle_names_keep_checkpoints_and_contexts_apart(monkeypatch):
     from iron.pipeline.tasks import BuildGraph
 
-    monkeypatch.setattr(os, "environ", os.environ.copy())  # BuildGraph sets IRON_MARCH
-
     def name(**variables):
-        return BuildGraph(lambda *a: None, variables).bundle_dir.name
+        return BuildGraph(variables).bundle_dir.name
 
     assert name() == "cpu"
     assert name(context="4096") == "cpu-ctx4096"
@@ -754,18 +752,19 @@ def test_kernels_wait_passively_and_threads_cap_the_team():
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in chosen.stderr, chosen.stderr
 
 
-def test_threads_variable_sets_the_cpu_columns(monkeypatch):
+def test_threads_and_march_variables_are_held_by_the_graph_not_the_environment():
     from iron.pipeline.tasks import BuildGraph
 
-    monkeypatch.setattr(os, "environ", os.environ.copy())  # BuildGraph sets IRON_THREADS
-    one = BuildGraph(lambda *a: None, {"threads": "1"})
-    assert one.device.columns == 1
+    before = dict(os.environ)
+    one = BuildGraph({"threads": "1", "march": "x86-64-v3"})
+    assert one.device.columns == 1 and one.level == "x86-64-v3"
+    assert dict(os.environ) == before  # the next graph in this process is not changed by it
     if len(os.sched_getaffinity(0)) > 1:  # its kernels are compiled for one thread: own folder
-        assert one.bundle_dir.name == "cpu-1t"
-        monkeypatch.delenv("IRON_THREADS")
-        assert BuildGraph(lambda *a: None, {}).bundle_dir.name == "cpu"
-    with pytest.raises(Exception, match="threads='0': must be an integer from 1"):
-        BuildGraph(lambda *a: None, {"threads": "0"})
+        assert one.bundle_dir.name == "cpu-x86-64-v3-1t"
+        assert one.profile_file.name == f"cpu-{host.class_name(1, 'x86-64-v3')}.json"
+        assert BuildGraph({}).bundle_dir.name == "cpu"
+    with pytest.raises(IronError, match="threads='0': must be an integer from 1"):
+        BuildGraph({"threads": "0"})
 
 
 @pytest.mark.parametrize("option", ["--budget", "--max-load"])

@@ -26,9 +26,8 @@ def tiny(tmp_path_factory):
 def command(tiny, tmp_path, monkeypatch, task="generate", **variables) -> list[str]:
     """The command ``doit <task> VARIABLES`` runs, as the build graph makes it."""
     monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
-    graph = BuildGraph(lambda name, default=None: default,
-                       {"app": "llama", "checkpoint": str(tiny), **variables})
-    (action, (argv,)), = getattr(graph, f"task_{task}")()["actions"]
+    graph = BuildGraph({"app": "llama", "checkpoint": str(tiny), **variables})
+    (action, (argv, env)), = getattr(graph, f"task_{task}")()["actions"]
     return argv
 
 

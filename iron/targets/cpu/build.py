@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
 
 from ...errors import CompileError, DeviceError
 from ...operator import Operator
@@ -82,15 +81,6 @@ def kernel_source(op: Operator | None) -> Path:
     return path
 
 
-def recipe_from(description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
-    """The recipe a description (as ``recipe_for`` made it) and its source files stand for;
-    the macros are checked again, since both may come from a file."""
-    macros = tuple(sorted(description["macros"].items()))
-    check_macros(macros)
-    host.check_march(description["march"])
-    return Recipe(description["kernel"], macros, description, tuple(Path(s) for s in sources))
-
-
 def check_macros(macros) -> None:
     for macro, value in macros:
         if type(value) is not int or not re.fullmatch(r"IRON_[A-Z0-9_]+", macro):
@@ -124,8 +114,10 @@ def source_recipe(name: str, source: Path, op: Operator | None = None) -> Recipe
 
 
 def build(recipe: Recipe, folder: Path) -> None:
-    """Compile ``recipe``'s kernel into ``folder``/kernel.so."""
+    """Compile ``recipe``'s kernel into ``folder``/kernel.so; its macros and -march level are
+    checked first, since a recipe may come from a file."""
     cc, _ = compiler()
+    check_macros(recipe.macros)
     level = host.check_march(recipe.description["march"])
     command = [cc, *flags(level), f"-I{SOURCE_DIR}", *(f"-D{m}={v}" for m, v in recipe.macros),
                str(recipe.sources[0]), "-o", str(folder / LIBRARY)]

@@ -6,12 +6,13 @@ affinity, ``iron.devices.usable_cores``, since resolution needs it too).
 
 - ``identity()``: what ``-march=native`` code depends on (model and flags, hashed), part of
   every native artifact's key; ``summary()``: what a tuned profile records of its host.
-- The ``-march`` level is an explicit build choice (``$IRON_MARCH``, ``doit march=...``;
-  ``native`` by default).  The features a level requires are read from the compiler itself:
-  the ISA macros ``cc -march=LEVEL -dM -E`` predefines beyond plain ``-march=x86-64``
-  (``__AVX2__``, ``__AVX512BF16__``, ``__AMX_TILE__``, ...), named as Linux names them in
-  ``/proc/cpuinfo`` (``avx2``, ``avx512_bf16``, ``amx_tile``).  Whatever kernels are added
-  later, the list follows the flags they are compiled with.
+- The ``-march`` level is an explicit build choice (``doit march=...``, which holds it for the
+  recording with ``march_level``; else ``$IRON_MARCH``; ``native`` by default).  The
+  features a level requires are read from the compiler itself: the ISA macros
+  ``cc -march=LEVEL -dM -E`` predefines beyond plain ``-march=x86-64`` (``__AVX2__``,
+  ``__AVX512BF16__``, ``__AMX_TILE__``, ...), named as Linux names them in ``/proc/cpuinfo``
+  (``avx2``, ``avx512_bf16``, ``amx_tile``).  Whatever kernels are added later, the list
+  follows the flags they are compiled with.
 
 Nothing here imports numpy or a target: a no-op ``doit`` reads these facts.
 """
@@ -24,6 +25,8 @@ import os
 import re
 import shutil
 import subprocess
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,9 +44,26 @@ CPUINFO_ALIASES = {
 }
 
 
+#: The level ``march_level`` holds for the code it wraps (a build's choice), if any.
+_LEVEL: ContextVar[str | None] = ContextVar("iron_march_level", default=None)
+
+
 def march() -> str:
-    """The -march level builds use: ``$IRON_MARCH``, else ``native``; validated."""
-    return check_march(os.environ.get("IRON_MARCH") or DEFAULT_MARCH, "$IRON_MARCH")
+    """The -march level builds use: the one ``march_level`` holds, else ``$IRON_MARCH``, else
+    ``native``; validated."""
+    return _LEVEL.get() or check_march(os.environ.get("IRON_MARCH") or DEFAULT_MARCH,
+                                       "$IRON_MARCH")
+
+
+@contextmanager
+def march_level(level: str | None):
+    """Build at ``level`` inside the ``with`` block (``None``: as ``march()`` says outside it),
+    without touching the environment, so one process can build for two levels."""
+    token = _LEVEL.set(None if level is None else check_march(level))
+    try:
+        yield
+    finally:
+        _LEVEL.reset(token)
 
 
 def check_march(level: str, where: str = "march") -> str:

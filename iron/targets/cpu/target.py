@@ -17,7 +17,7 @@ from ...store import Entry, Store
 from ..base import Recipe, Target
 from ..cost import Estimate
 from . import host
-from .build import LIBRARY, build, compiler, recipe_for, recipe_from
+from .build import LIBRARY, build, compiler, recipe_for
 from .ranges import range_rules
 from .rules import RULES
 from .runtime import Executable
@@ -49,9 +49,6 @@ class CpuTarget(Target):
 
     def artifact(self, entry: Entry) -> Path:
         return entry.file(LIBRARY)
-
-    def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
-        return recipe_from(description, sources)
 
     def requirements(self) -> dict[str, Any]:
         level = host.march()

@@ -31,7 +31,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from ...devices import Device
 from ...errors import CompileError, DeviceError
@@ -201,15 +201,6 @@ class NpuTarget(Target):
             "design": None if design is None else hashlib.sha256(json.dumps(
                 design.to_json(), sort_keys=True).encode()).hexdigest()[:16]}
         return Recipe(design.kernel_source if design else "host", (), description, sources)
-
-    def recipe_from(self, description: dict[str, Any], sources: Sequence[str | Path]) -> Recipe:
-        """The recipe ``recipe(op)`` made, from its description and sources as data."""
-        paths = tuple(Path(s) for s in sources)
-        if description["target"] == "npu-host-cores":
-            name = "cores"
-        else:
-            name = paths[0].name if paths else "host"
-        return Recipe(name, (), description, paths)
 
     def build(self, recipe: Recipe, folder: Path) -> None:
         d = recipe.description
