@@ -12,11 +12,13 @@ tasks doit already knows to be done.  ``bundle`` depends on every compile target
 checkpoint's files and the profile, and is out of date whenever the bundle on disk no longer
 checks out (a kernel deleted or edited, weights changed).
 
-Recording is the slow part of loading, so its result (task names, recipes, the bundle's
-configuration) is kept in ``build/.programs/``, keyed by everything it depends on: the
-variables, the profile's bytes, the host's usable cores and -march level, the sizes and times of
-iron's and the application's sources and of the checkpoint's files.  A no-op ``doit`` reads that
-record and imports neither numpy nor the application's code (only its declared variables).
+Recording is the slow part of loading and happens once: its result (task names, recipes, the
+bundle's configuration) is kept in ``build/.programs/``, with the bundle's plan (every program
+step by step, see ``bundle.plan_bundle``) in a file beside it that the ``bundle`` task writes
+the bundle from.  The record is keyed by everything it depends on: the variables, the
+profile's bytes, the host's usable cores and -march level, the sizes and times of iron's and
+the application's sources and of the checkpoint's files.  A no-op ``doit`` reads that record
+and imports neither numpy nor the application's code (only its declared variables).
 Each selection keeps its own doit state file (``build/.doit/``), so building one bundle leaves
 another's tasks current.
 
@@ -29,6 +31,10 @@ its run command, which it validates), the tuner's ``only``, ``budget``, ``prune`
 ``doit list`` shows each with its default.  The default bundle is ``build/<app>/<device>/``;
 another checkpoint, application variable or -march level gets its own folder beside it,
 ``build/<app>/<device>-<what differs>/``, tagged as the application's variables say.
+
+What one run's tasks, its reporter, its Ctrl-C handler and ``iron run`` share is a
+``BuildRun``; ``march`` and ``threads`` are held by the graph and passed on explicitly, never
+written into the environment.
 
 Output is quiet: one line says what was built (``verbose=1`` or ``doit -v 2`` shows every task
 and compile line); Ctrl-C ends with one line, the previous bundle and every finished compile
@@ -133,7 +139,7 @@ class Reporter(ConsoleReporter):
     misses and uploads of the run are added up into one line at the end.  doit makes the
     reporter from its class: ``for_run`` binds a subclass to one ``BuildRun``."""
 
-    run = BuildRun()
+    run: BuildRun
 
     @classmethod
     def for_run(cls, run: BuildRun) -> type[Reporter]:

@@ -209,6 +209,22 @@ def test_unknown_or_bad_doit_variables_are_one_line_errors(project):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_bad_variable_for_iron_run_is_one_iron_error_line(tmp_path, monkeypatch, capsys):
+    """``iron run`` builds through the doit graph: a variable the graph refuses is an
+    ``IronError`` (``BuildError`` is one, and doit's ``InvalidDodoFile`` for ``doit``), said in
+    one line with status 2, not a traceback."""
+    from iron import cli
+    from iron.pipeline.tasks import BuildError
+
+    monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
+    with pytest.raises(BuildError) as refused:
+        cli.ensure_bundle({"app": "demo", "hidden": "0"})
+    assert isinstance(refused.value, IronError)
+    assert cli.main(["run", "--batch", "0", "-p", "hi"]) == 2
+    said = capsys.readouterr().err
+    assert said == "error: variable batch='0': must be an integer from 1 to 64\n", said
+
+
 def test_iron_errors_in_tasks_are_one_line(project):
     (project / "profiles" / "demo" / f"cpu-{host.class_name()}.json").write_text(
         '{"device": "cpu", "entries": [\n  {"operator": "GEMV", "M": 512, "M": 512, '
