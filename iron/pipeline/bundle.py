@@ -178,13 +178,13 @@ def shared_weights(app, dest: Path, write) -> str:
     is written and not shared."""
     from ..paths import build_dir
 
-    key_of = getattr(app, "weights_key", None)
-    if key_of is None:
+    depends = app.weights_key()
+    if depends is None:  # (``Application``'s default)
         write()
         return xxh3_file(dest)
     # the bytes of quantized weights are iron.quant's tiled layout: a change there is new weights
     layout = hashlib.sha256(QUANT_SOURCE.read_bytes()).hexdigest()
-    key = hashlib.sha256(json.dumps([app.name, key_of(), layout], sort_keys=True).encode()
+    key = hashlib.sha256(json.dumps([app.name, depends, layout], sort_keys=True).encode()
                          ).hexdigest()[:32]
     pool = build_dir() / WEIGHTS_POOL
     shared, index = pool / f"{key}.safetensors", pool / f"{key}.json"

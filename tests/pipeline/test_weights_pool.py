@@ -39,3 +39,23 @@ def test_the_pool_shares_a_weights_file_until_the_key_or_the_quantized_layout_ch
     d, digest_d = share("d", {"checkpoint": "x"}, b"second layout")
     assert written == ["a", "c", "d"] and d.read_bytes() == b"second layout"
     assert digest_d != digest_a and a.read_bytes() == b"first layout"
+
+
+def test_an_application_without_a_weights_key_never_shares(tmp_path, monkeypatch):
+    """``Application.weights_key`` returns None by default: such weights are written for each
+    bundle (two demo bundles of different widths once got one pool file, keyed on None)."""
+    monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
+    written = []
+
+    def share(name, data):
+        dest = tmp_path / f"{name}.safetensors"
+
+        def write():
+            dest.write_bytes(data)
+            written.append(name)
+        return dest, bundles.shared_weights(App(None), dest, write)
+
+    a, _ = share("a", b"hidden=512")
+    b, _ = share("b", b"hidden=256")
+    assert written == ["a", "b"] and b.read_bytes() == b"hidden=256"
+    assert not (tmp_path / "build" / bundles.WEIGHTS_POOL).exists()
