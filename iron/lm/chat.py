@@ -6,8 +6,9 @@ or the file ``chat_template.jinja`` that newer transformers versions write; llam
 same text in a GGUF's ``tokenizer.chat_template`` (which ``iron.lm.gguf_import`` copies into
 ``tokenizer_config.json``). As transformers does (``apply_chat_template``), the template runs
 in Jinja's immutable sandbox, with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
-extension, a ``tojson`` filter, ``raise_exception`` and ``strftime_now``, and gets
-``messages``, ``add_generation_prompt``, ``bos_token`` and ``eos_token``. The sandbox keeps a
+extension, the ``{% generation %}`` block, a ``tojson`` filter, ``raise_exception`` and
+``strftime_now``, and gets ``messages``, ``add_generation_prompt``, ``bos_token``,
+``eos_token``, and ``tools`` and ``documents`` set to None. The sandbox keeps a
 template from calling anything but the plain data it is given: rendering never executes code
 from the checkpoint. It renders in a worker process, within a budget of CPU time, memory and
 text (``iron.lm.render``): a template that loops or grows without end is one ``ChatError``.
@@ -21,6 +22,7 @@ the template's own markers are control tokens.
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,11 @@ from .render import Budget, Renderer, TemplateFailed, compile_template
 from .special_tokens import frame
 
 ROLES = ("system", "user", "assistant")
+
+#: what transformers' ``apply_chat_template`` gives a template for a conversation without
+#: tools or documents: the variables, set to None (a template that loops over ``tools``
+#: without checking it fails in both alike)
+NO_TOOLS = {"tools": None, "documents": None}
 
 #: Unicode's private-use ranges: a message's content stands in the template's second rendering
 #: as its index between two characters of these that no message holds
@@ -53,13 +60,15 @@ class ChatTemplate:
     worker process within ``budget`` (``iron.lm.render``)."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
-                 where: str = "chat template", budget: Budget = Budget()):
+                 where: str = "chat template", budget: Budget = Budget(),
+                 now: datetime | None = None):
         try:
             compile_template(source, where)
         except TemplateFailed as e:
             raise ChatError(str(e)) from None
         self.source, self.bos_token, self.eos_token, self.where = (source, bos_token, eos_token,
                                                                    where)
+        self.now = now  # what strftime_now reports; None: the current time
         self.renderer = Renderer(source, where, budget)
         # (a tokenizer, its copy for message text, the text of its special tokens)
         self._plain: tuple[Any, Any, list[str]] | None = None
@@ -115,8 +124,8 @@ class ChatTemplate:
         try:
             return self.renderer.render(
                 [{"messages": m} for m in conversations],
-                {"bos_token": self.bos_token, "eos_token": self.eos_token,
-                 "add_generation_prompt": add_generation_prompt}, max_chars)
+                {"bos_token": self.bos_token, "eos_token": self.eos_token, **NO_TOOLS,
+                 "add_generation_prompt": add_generation_prompt}, max_chars, self.now)
         except TemplateFailed as e:
             raise ChatError(str(e)) from None
 

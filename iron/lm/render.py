@@ -13,11 +13,12 @@ next rendering starts a new one. Every failure is one line (``TemplateFailed``) 
 template and the budget it broke. Real templates render in milliseconds into a few kB.
 
 The environment is transformers' (``apply_chat_template``): the immutable sandbox with
-``trim_blocks``, ``lstrip_blocks`` and the ``loopcontrols`` extension, a ``tojson`` filter
-(``json.dumps`` with ``ensure_ascii=False``), and the globals ``raise_exception`` and
-``strftime_now`` (today's date and time in the given ``strftime`` format, which Mistral's and
-Granite's templates call). Requests and replies cross the pipe as length-prefixed JSON: the
-worker receives only data.
+``trim_blocks``, ``lstrip_blocks``, the ``loopcontrols`` extension and the ``{% generation %}``
+block, a ``tojson`` filter (``json.dumps`` with ``ensure_ascii=False``), and the globals
+``raise_exception``, ``dict``, ``namespace`` and ``strftime_now`` (the current date and time in
+the given ``strftime`` format, which Llama 3.2's, Mistral's and Granite's templates call; a
+request may fix the time, for a reproducible prompt). Requests and replies cross the pipe as
+length-prefixed JSON: the worker receives only data.
 """
 
 from __future__ import annotations
@@ -68,11 +69,22 @@ class Refused(Exception):
     """``raise_exception`` called by the template: it does not take the conversation."""
 
 
+#: the time ``strftime_now`` reports during a rendering: the request's ``now`` where it gives
+#: one (a fixed date, for a reproducible prompt), else None for the current time
+_now: datetime | None = None
+
+
 def environment():
-    """The Jinja environment chat templates render in (transformers' own)."""
+    """The Jinja environment chat templates render in: transformers' own (its
+    ``utils/chat_template_utils.py``, ``_cached_compile_jinja_template``), with its
+    ``{% generation %}`` block (which marks the assistant's text for training masks and renders
+    its body as it is), its ``dict`` and its ``namespace`` that refuses attribute names with a
+    leading underscore."""
     import jinja2
     import jinja2.ext
+    import jinja2.nodes
     import jinja2.sandbox
+    import jinja2.utils
 
     def raise_exception(message):
         raise Refused(message)
@@ -82,13 +94,58 @@ def environment():
                           separators=separators, sort_keys=sort_keys)
 
     def strftime_now(format):
-        return datetime.now().strftime(format)
+        return (_now or datetime.now()).strftime(format)
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: its body, as it is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(
+                lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    class TemplateDict:
+        """``dict(...)`` and ``dict.fromkeys(...)``, and nothing else of the type."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    def check_name(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"a namespace attribute may not start with an underscore: {name!r}")
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """Jinja's ``namespace``, refusing underscore-prefixed attribute names."""
+
+        def __init__(*args, **kwargs):  # noqa: N805 (Jinja's own signature trick)
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
     return env
 
 
@@ -130,6 +187,8 @@ def answer(request: dict[str, Any], templates: dict[str, Any], seconds: int
         templates.clear()  # one template at a time in practice; never an unbounded cache
         templates[source] = compile_template(source, "the template")
     template = templates[source]
+    global _now
+    _now = datetime.fromisoformat(request["now"]) if request.get("now") else None
     try:
         with cpu_time(seconds):
             return {"texts": [render_within(template, {**request["context"], **call},
@@ -260,11 +319,13 @@ class Renderer:
             self._process = None
 
     def render(self, calls: list[dict[str, Any]], context: dict[str, Any],
-               chars: int | None = None) -> list[str]:
+               chars: int | None = None, now: datetime | None = None) -> list[str]:
         """The texts of ``calls`` (each a dict of template variables, over ``context``), each
-        at most ``chars`` characters (``budget.chars`` by default)."""
+        at most ``chars`` characters (``budget.chars`` by default), with ``strftime_now``
+        reporting ``now`` (default: the current time)."""
         request = {"source": self.source, "context": context, "calls": calls,
-                   "chars": min(chars or self.budget.chars, self.budget.chars)}
+                   "chars": min(chars or self.budget.chars, self.budget.chars),
+                   "now": now.isoformat() if now else None}
         with self._lock:
             process = self._started()
             try:

