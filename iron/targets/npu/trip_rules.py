@@ -23,8 +23,11 @@ no ``buffer_args``: the kernel declares ``opcode``, ``instr``, ``ninstr`` and fi
 ``bo0`` .. ``bo4`` (``AIECC_BUFFERS``), and XRT binds no more to a run.  A runtime sequence
 taking more buffers cannot be called through that xclbin.  The rule is for a design compiled
 alone: inside a fold the devices' sequences are inlined by ``aiex.run``, and the fold's main
-sequence goes to aiecc's full-ELF flow, whose argument limit was not read (on the bundles of
-2026-12-04 the folds' main sequences take 6 buffers).
+sequence goes to aiecc's full-ELF flow, which has no such limit: its kernel description
+(``generate_full_elf_config_json`` in the same file, read in a stored copy newer than the
+pin, mlir-aie e97e1fe0) declares each device's kernel with as many ``char *`` arguments as
+its longest runtime sequence takes (``max_arg_count``).  Whether XRT binds that many to a run
+was not read (on the bundles of 2026-12-04 the folds' main sequences take 6 buffers).
 """
 
 from __future__ import annotations
