@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from opcases import OneStep, assert_close, tolerance_on
 
-from iron.operators import QKVRoPE
+from iron.operators import QKVRoPE, SlotQKVRoPE
 from iron.targets import npu, target_for
-from iron.targets.npu import qkv_weights
 from iron.targets.npu.bds import allocate
 from iron.targets.npu.check import design_rules
 from iron.targets.npu.mlir import render
@@ -92,12 +91,38 @@ def test_the_variants_designs_fit_and_verify_against_mlir_aies_op_definitions(op
         assert d.cost().terms["compute"] > 0  # the cost model prices the variant's kernel
 
 
-def test_the_slotted_variants_run_on_the_host_for_now():
-    from iron.operators import SlotQKVRoPE
+SLOTTED = [(dict(rows=4, slots=6, heads=4, kv_heads=2, head_dim=32, ctx=8, bias=True,
+                 qk_norm=True), "npu2"),
+           (dict(rows=2, slots=2, heads=4, kv_heads=2, head_dim=128, ctx=16, qk_norm=True),
+            "npu1")]
 
-    fields, args = SlotQKVRoPE.example(np.random.default_rng(0), rows=2, slots=3, heads=2,
-                                       kv_heads=1, head_dim=16, ctx=4, bias=True)
-    graph = OneStep(SlotQKVRoPE, fields, "npu2")
-    exe = target_for(graph.device).emulated().load(graph.record_like(args))
-    assert exe.designs == [None] or all(d is None for d in exe.designs)
-    assert qkv_weights.weights(graph.record_like(args).ops[0]) == [("bias", 64)]
+
+@pytest.mark.parametrize("shape,dev", SLOTTED, ids=["both", "qwen3"])
+def test_the_slotted_variants_design_matches_the_reference(shape, dev):
+    """Batched decode: every row at its own position of its own slot (a padding row of
+    position -1 among them: q only), three dispatches on one loaded design."""
+    fields, first = SlotQKVRoPE.example(np.random.default_rng(0), **shape)
+    graph = OneStep(SlotQKVRoPE, fields, dev)
+    exe = target_for(graph.device).emulated().load(graph.record_like(first))
+    assert all(d is not None for d in exe.designs), "placed on the host"
+    for seed in range(3):
+        _, xs = SlotQKVRoPE.example(np.random.default_rng(seed), **shape)
+        xs[1][seed % 2] = -1  # a padding row, past the cache: its q only
+        want = graph.reference(*[x.copy() for x in xs])
+        got = exe.run([x.copy() for x in xs])
+        for g, w in zip(got, want):
+            assert_close("SlotQKVRoPE", g, w, tolerance_on("SlotQKVRoPE", dev))
+
+
+def test_the_slotted_variants_weights_follow_the_slots():
+    op = SlotQKVRoPE(rows=8, slots=8, heads=14, kv_heads=2, head_dim=64, ctx=1024, bias=True,
+                     qk_norm=True)
+    for dev in ("npu1", "npu2"):
+        d = npu.design_of(op, dev)
+        assert [a.name for a in d.args][5:9] == ["slot", "bias", "q_norm", "k_norm"]
+        assert [r.text for r in design_rules(d, resources(dev), ()) if not r.ok] == []
+        assert allocate(d, resources(dev).shim_bds).overflow is None
+        generic = render(d, generic=True)
+        assert check_text(generic, op.describe(True)) is None
+        broken = violations(generic, RULES)
+        assert len(broken) == 1 and "buffers, more than the 5 aiecc" in broken[0], broken

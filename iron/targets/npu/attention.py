@@ -76,10 +76,7 @@ WEIGHT_FEEDS = (shim(2), shim(2), shim(3))
 
 
 def has_design(op) -> bool:
-    """Whether ``op`` is drawn here; the slotted QKVRoPE's Qwen variants (``bias``,
-    ``qk_norm``) are not yet, so they run on the host between NPU calls."""
-    return isinstance(op, DESIGNED) and not (slotted(op) and isinstance(op, QKVRoPE)
-                                             and (op.bias or op.qk_norm))
+    return isinstance(op, DESIGNED)
 
 
 def slotted(op) -> bool:
