@@ -19,7 +19,8 @@ from iron.errors import BundleError
 from iron.operators import ElementwiseAdd, Embedding, RMSNorm, SiLU
 from iron.targets import target_for
 from iron.targets.npu.fold import ALIGN, Fold, plan, render
-from iron.targets.npu.report import NOT_RENDERED, markdown, program_report
+from iron.targets.npu.buckets import KV_CACHE, moved_bytes
+from iron.targets.npu.report import NOT_RENDERED, bucket_markdown, markdown, program_report
 from iron.targets.npu.coresidence import columns, loads, loads_per_pass, pack
 from iron.targets.npu.resources import DISPATCH_SECONDS, SWITCH_SECONDS
 from iron.targets.npu.runner import Emulated
@@ -265,6 +266,11 @@ def test_the_report_adds_up_to_the_per_step_model_and_prices_dispatches_and_load
                                            * SWITCH_SECONDS, rel=1e-12)
     table = markdown(r).splitlines()
     assert len(table) == 7 and table[6] == NOT_RENDERED  # the packed row is a count
+    # per context bucket, what the KV-cache steps would move: the last, what they move now
+    kv = [d for op, d in zip(program.ops, exe.designs) if isinstance(op, KV_CACHE)]
+    assert kv and r.buckets[-1].bytes == sum(map(moved_bytes, kv))
+    assert r.buckets[-1].seconds == pytest.approx(sum(d.cost().seconds for d in kv), rel=1e-12)
+    assert f"| {r.buckets[0].positions} | {r.buckets[0].bytes:,} |" in bucket_markdown(r)
     assert table[2].startswith(f"| decode, one dispatch per step | npu2 | {npu} | {npu} | "
                                f"{r.loads} | {r.unfolded.kernel * 1e6:,.0f} |")
     hosted = ", ".join(f"{k} {v}" for k, v in sorted(host.items()))

@@ -20,7 +20,8 @@ constant of the compiled instruction stream.) The price is bytes moved per layer
 whatever the position: Attention reads ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys and
 values, QKVRoPE reads and writes them, twice that (SmolLM2's 3 x 64 at ctx 8192: 6 MiB and
 12 MiB). A sequence per context bucket (powers of two up to the context, the smallest covering the
-position chosen per dispatch) would cut both to the bucket's size; it is not built.
+position chosen per dispatch) would cut both to the bucket's size; it is not built, only priced
+(``buckets``).
 
 **The slotted forms** (batched decode, every row its own sequence at ``pos[r]`` of cache slot
 ``slot[r]``) are the same designs over ``slots`` caches: the slots follow the positions through
@@ -47,8 +48,8 @@ of that head's group rotated out to q (rotate-half RoPE, angle ``pos[r] * inv_fr
 float32; sine and cosine computed in the kernel, since the AIE API's ``sin`` / ``cos`` exist
 only on the first-generation AIE), the rotated key head and the value head kept in core
 buffers, then the head's cache tiles of keys and of values (of each slot in turn, slotted)
-through the core and back.  **CacheWrite** is QKVRoPE's cache half: per KV head the rows in, then the
-head's cache tiles through the core.
+through the core and back.  **CacheWrite** is QKVRoPE's cache half: per KV head the rows in,
+then the head's cache tiles through the core.
 """
 
 from __future__ import annotations

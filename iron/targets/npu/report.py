@@ -40,6 +40,7 @@ from typing import Sequence
 
 from ...errors import IronError
 from ...program import Program
+from .buckets import Bucket, bucket_costs
 from .coresidence import loads_per_pass
 from .design import Design
 from .fold import Fold, folds_on, plan
@@ -77,6 +78,8 @@ class ProgramReport:
     folded: Split
     packed: Split
     model_sum: float  # sum of Design.cost() over the NPU steps: what ``unfolded`` must add to
+    #: per context bucket, what the KV-cache steps would move and take (``buckets``: not built)
+    buckets: tuple[Bucket, ...] = ()
 
 
 def program_report(name: str, programs: Sequence[Program],
@@ -109,10 +112,12 @@ def program_report(name: str, programs: Sequence[Program],
         return Split(kernel, movement, dispatches * DISPATCH_SECONDS,
                      configurations * SWITCH_SECONDS)
 
+    placed = [p.steps[i].op for p, ds in zip(programs, step_designs)
+              for i, d in enumerate(ds) if d is not None]
     return ProgramReport(
         name, device, folding, len(designs), len(npu), dict(sorted(host.items())), len(npu),
         folds, loads, packed, handovers, split(len(npu), loads), split(folds, loads),
-        split(folds, packed), model_sum)
+        split(folds, packed), model_sum, tuple(bucket_costs(placed, device)))
 
 
 def bundle_report(path: str | Path, programs: Sequence[str] | None = None
@@ -178,6 +183,19 @@ def markdown(report: ProgramReport) -> str:
     return "\n".join(rows)
 
 
+def bucket_markdown(report: ProgramReport) -> str:
+    """What the KV-cache steps would move and take per context bucket, or "" without them."""
+    if not report.buckets:
+        return ""
+    rows = ["| context bucket (positions) | KV-cache steps' bytes moved | their modelled us |",
+            "|---|---|---|"]
+    rows += [f"| {b.positions} | {b.bytes:,} | {us(b.seconds)} |" for b in report.buckets]
+    rows.append(f"\nPer call of {report.name}. Not built: every dispatch runs the whole-context "
+                "sequence (the last row); a sequence per bucket, the host picking the smallest "
+                "covering the position, would move the bucket's row (iron.targets.npu.buckets).")
+    return "\n".join(rows)
+
+
 def summary(r: ProgramReport) -> str:
     """One line: what a call of the programs costs in dispatches and configurations."""
     folded = (f"{r.folded_dispatches} folded dispatch(es), {r.loads} configuration loads "
@@ -209,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                           for r in reports], indent=1))
         return 0
     print(markdown(reports[0]))
+    buckets = bucket_markdown(reports[0])
+    if buckets:
+        print(f"\n{buckets}")
     print()
     for r in reports:
         print(summary(r))
