@@ -349,7 +349,9 @@ class Attention(Operator):
                    {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 0},
                    {"rows": 1, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 300, "pos": 299},
                    {"rows": 5, "heads": 4, "kv_heads": 2, "head_dim": 16, "ctx": 40, "pos": 3},
-                   {"rows": 8, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 64, "pos": 56})
+                   {"rows": 8, "heads": 9, "kv_heads": 3, "head_dim": 64, "ctx": 64, "pos": 56},
+                   {"rows": 2, "heads": 16, "kv_heads": 8, "head_dim": 128, "ctx": 48,
+                    "pos": 40})  # Qwen3-0.6B's heads: head_dim * heads > hidden (1024)
     sweep_shape = 2
     rows: int = param()
     heads: int = param()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from opcases import OneStep, assert_close, tolerance_on
 
-from iron.operators import QKVRoPE, SlotQKVRoPE
+from iron.operators import Attention, QKVRoPE, SlotQKVRoPE
 from iron.targets import npu, target_for
 from iron.targets.npu.bds import allocate
 from iron.targets.npu.check import design_rules
@@ -126,3 +126,17 @@ def test_the_slotted_variants_weights_follow_the_slots():
         assert check_text(generic, op.describe(True)) is None
         broken = violations(generic, RULES)
         assert len(broken) == 1 and "buffers, more than the 5 aiecc" in broken[0], broken
+
+
+@pytest.mark.parametrize("dev", ["npu1", "npu2"])
+def test_the_attention_after_a_qwen3_qkv_rope_takes_its_head_dim(dev):
+    """Qwen3-0.6B's 16 query heads of 128 over 8 KV heads (head_dim * heads = 2048, twice its
+    hidden size): Attention's design at its default setting against the reference."""
+    shape = Attention.test_shapes[-1]
+    assert shape["head_dim"] == 128
+    fields, inputs = Attention.example(np.random.default_rng(0), **shape)
+    graph = OneStep(Attention, fields, dev)
+    exe = target_for(graph.device).emulated().load(graph.record_like(inputs))
+    assert all(d is not None for d in exe.designs), "placed on the host"
+    assert_close("Attention", exe.run(inputs)[0], graph.reference(*inputs),
+                 tolerance_on("Attention", dev))
