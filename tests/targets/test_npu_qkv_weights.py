@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from opcases import OneStep, assert_close, tolerance_on
 
-from iron.operators import Attention, QKVRoPE, SlotQKVRoPE
+import iron
+from iron.operator import normal, rope_frequencies
+from iron.operators import GEMV, Attention, QKVRoPE, SlotQKVRoPE
 from iron.targets import npu, target_for
 from iron.targets.npu.bds import allocate
 from iron.targets.npu.check import design_rules
@@ -140,3 +142,29 @@ def test_the_attention_after_a_qwen3_qkv_rope_takes_its_head_dim(dev):
     assert all(d is not None for d in exe.designs), "placed on the host"
     assert_close("Attention", exe.run(inputs)[0], graph.reference(*inputs),
                  tolerance_on("Attention", dev))
+
+
+class Qwen3Attention(iron.Graph):
+    """A Qwen3 attention block up to the attention: the q|k|v projection, the per-head q/k
+    norms and RoPE into the KV cache (state across calls), then attention; the norm weights
+    are the graph's weights, as a bundle binds them."""
+
+    def body(self, x, pos):  # x: (1, 64), pos: int32 (1,)
+        qkv = GEMV.step(self.weight("qkv_proj", (4 * 32, 64)), x)  # (1, 128): 2 q, 1 k, 1 v
+        q, k, v = QKVRoPE.step(qkv, pos, self.weight("inv_freq", (16,), np.float32),
+                               self.state("k", (1, 8, 32)), self.state("v", (1, 8, 32)),
+                               self.weight("q_norm", (32,)), self.weight("k_norm", (32,)),
+                               eps=1e-6)
+        return Attention.step(q, k, v, pos)  # (1, 64)
+
+
+def test_a_qwen3_block_folds_with_its_norm_weights_and_keeps_its_cache_across_calls():
+    rng = np.random.default_rng(6)
+    graph = Qwen3Attention(device="npu2")
+    graph.weights = {"qkv_proj": normal(rng, 128, 64, scale=0.1),
+                     "inv_freq": rope_frequencies(32, 1e6), "q_norm": normal(rng, 32),
+                     "k_norm": normal(rng, 32)}
+    for p in range(3):  # each token attends to the keys the earlier calls stored
+        x, pos = normal(rng, 1, 64), np.array([p], np.int32)
+        assert_close("Attention", graph.emulate(x, pos), graph.reference(x, pos),
+                     tolerance_on("Attention", "npu2"))
