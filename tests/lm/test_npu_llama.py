@@ -14,11 +14,17 @@ import pytest
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
 
-def test_emulated_smollm2_on_npu2_answers_paris(smollm2, tmp_path):
+@pytest.fixture(scope="module")
+def npu2_bundle(smollm2, tmp_path_factory):
+    """The npu2 bundle as ``doit device=npu2`` builds it (default context and batch)."""
     profile = app_profile("llama", "npu2")  # profiles/llama/npu2.json, the cost model's choices
     assert len(profile) > 0
-    bundle = write_bundle(load_app("llama", smollm2), iron.device("npu2"), profile,
-                          tmp_path / "npu2")
+    return write_bundle(load_app("llama", smollm2), iron.device("npu2"), profile,
+                        tmp_path_factory.mktemp("npu2") / "npu2")
+
+
+def test_emulated_smollm2_on_npu2_answers_paris(npu2_bundle):
+    bundle = npu2_bundle
     manifest = json.loads((bundle / "manifest.json").read_text())
     for name, program in manifest["programs"].items():  # all but the embedding gather on the npu
         for step, placement in zip(program["steps"], program["placements"], strict=True):
@@ -56,3 +62,33 @@ def test_emulated_npu2_decode_meets_the_kl_gate_against_float32(smollm2, smollm2
     kl, agree = kl_stats(smollm2_reference.logits(ids), decode_logits(model, ids))
     print("emulated npu2 decode", end=": ")
     assert_accurate(kl, agree, NPU2)
+
+
+def test_an_emulated_batched_decode_step_is_each_rows_own_decode(npu2_bundle):
+    """One step of the bundle's ``decode_slots2`` (SlotQKVRoPE and SlotAttention moving both
+    slots' caches in one compiled sequence, the kernels choosing each row's slot) gives each
+    row, bit for bit, the logits and cache rows of the one-row decode on its own slot's cache
+    (random keys and values; two positions, the slots crossed)."""
+    import numpy as np
+
+    from iron.pipeline.bundle import Bundle
+    from iron.tensor import bfloat16
+
+    b = Bundle.open(npu2_bundle)
+    weights = b.weights()
+    slotted = b.executable("decode_slots2", weights, emulate=True)
+    one, head = (b.executable(n, weights, emulate=True) for n in ("decode", "head"))
+    rng = np.random.default_rng(0)
+    caches = {n: (rng.standard_normal(t.shape) * 0.5).astype(bfloat16)
+              for n, t in b.program("decode_slots2").named("state").items()}
+    slotted.bind_state({n: a.copy() for n, a in caches.items()})
+    tokens, pos, slot = (np.array(v, np.int32) for v in ([42, 1337], [17, 5], [1, 0]))
+    (logits,) = slotted.run([tokens, pos, slot])
+    for r in range(2):
+        one.bind_state({n: a[slot[r]].copy() for n, a in caches.items()})
+        (hidden,) = one.run([tokens[r:r + 1], pos[r:r + 1]])
+        (want,) = head.run([hidden])
+        assert np.array_equal(logits[r].view(np.uint16), want[0].view(np.uint16)), r
+        for n in caches:
+            assert np.array_equal(slotted.state(n)[slot[r]].view(np.uint16),
+                                  one.state(n).view(np.uint16)), (r, n)
