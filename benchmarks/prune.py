@@ -30,7 +30,8 @@ from iron.profile import Profile
 from iron.tuning.candidates import candidates, instances
 from iron.tuning.measure import TargetBenchmark
 from iron.tuning.model import DEFAULT_PRUNE
-from iron.tuning.tuner import tune
+from iron.tuning.events import PrintSink
+from iron.tuning.tuner import TuneOptions, tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm import abba, median, prompt_ids  # noqa: E402
@@ -48,8 +49,8 @@ def timed_tune(app, folder: Path, name: str, k: int) -> tuple[float, Path, str]:
     profile.unlink(missing_ok=True)
     began = time.monotonic()
     with open(text, "w") as out:
-        result = tune(app, "cpu", fresh=True, prune=k, profile_path=profile, log_path=log,
-                      out=out)
+        result = tune(app, "cpu", TuneOptions(fresh=True, prune=k, profile_path=profile,
+                                              log_path=log), events=PrintSink(out))
     seconds = time.monotonic() - began
     return seconds, profile, f"{result.measured_now} candidates measured, " \
         f"{len(result.moved)} instances moved from the defaults (log: {text})"

@@ -1,15 +1,18 @@
-"""``python -m iron.tuning APP --checkpoint DIR``: tune an application and rewrite its profile.
+"""``python -m iron.tuning APP [--var NAME=VALUE ...] --checkpoint DIR``: tune an application
+and rewrite its profile.  ``--var NAME=VALUE`` sets one of the application's variables (those
+``doit`` takes, e.g. ``weights=bf16``): the instances of that build are tuned, and entries for
+others are kept.
 
 Times the legal settings of every operator instance the application builds (by default only the
 cost model's ``--prune`` fastest of each and the setting in use; ``--full`` times all), each
 alone, then the sweep's fastest against the setting in use inside the program it runs in, and
 writes what the whole model gains from into ``profiles/<APP>/<device>.json`` (on the cpu
 ``cpu-<host class>.json``: ``$IRON_THREADS`` and ``$IRON_MARCH`` select another class, see
-``iron.targets.cpu.host.class_name``); on a device this machine cannot run, ranks them by the target's cost
-model instead and says so; review it with ``git diff`` or ``python -m iron.profile diff``.  Measurements are logged under ``build/tune/``, so an
-interrupted run picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
-measurements on a Dask cluster (``iron.tuning.cluster``).  ``python -m iron.lm.tune`` is the
-same command.
+``iron.targets.cpu.host.class_name``); on a device this machine cannot run, ranks them by
+the target's cost model instead and says so; review it with ``git diff`` or ``python -m
+iron.profile diff``.  Measurements are logged under ``build/tune/``, so an interrupted run
+picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and
+measurements on a Dask cluster (``iron.tuning.cluster``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ..util import finite_float
 from .measure import TargetBenchmark
 from .quiet import QUIET
 from .model import DEFAULT_PRUNE
-from .tuner import tune
+from .tuner import TuneOptions, tune
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning") -> int:
@@ -42,8 +45,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                         help="one of the application's variables (as `doit NAME=VALUE` takes "
                         "it; repeatable): the instances of that bundle are tuned, entries for "
                         "other selections are kept")
-    parser.add_argument("--weights", help="the application's weights variable, if it has one "
-                        "(the same as --var weights=VALUE)")
     parser.add_argument("--only", help="tune only these operators, comma-separated "
                         "(e.g. GEMV,RMSNorm); entries for the others are kept as they are")
     parser.add_argument("--budget", type=finite_float, help="stop after this many seconds, keeping "
@@ -79,9 +80,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
                      f"candidates, got {args.prune}")
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip()) if args.only else ()
+    variables = {}
+    for given in args.var:
+        name, equals, value = given.partition("=")
+        if not equals or not name:
+            parser.error(f"--var {given!r}: an application variable is NAME=VALUE (e.g. "
+                         "--var weights=bf16)")
+        if name in variables:
+            parser.error(f"{name}: the variable is given twice ({name}={variables[name]}, "
+                         f"{given})")
+        variables[name] = value
     try:
-        app = open_app(args.app, args.checkpoint, app_variables(args.var, args.weights))
+        app = open_app(args.app, args.checkpoint, variables)
         dev = get_device(args.device)
         # a device that cannot run here is ranked by its target's cost model (tune says so)
         bench = (None if target_for(dev).unavailable(dev)
@@ -89,10 +100,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
         plots = None if args.no_plots else (
             args.plots or build_dir() / "tune" / "plots" /
             f"{args.app}-{profile_path(args.app, dev.name).stem}")
-        tune(app, args.device, only=only, budget=args.budget, fresh=args.fresh, benchmark=bench,
-             scheduler=args.scheduler, prune=0 if args.full else args.prune, plots=plots,
-             profile_path=args.out,
-             previous_path=profile_path(args.app, dev.name) if args.out else None)
+        options = TuneOptions(only=only, budget=args.budget, fresh=args.fresh,
+                              scheduler=args.scheduler, prune=0 if args.full else args.prune,
+                              plots=plots, profile_path=args.out,
+                              previous_path=profile_path(args.app, dev.name) if args.out else None)
+        tune(app, args.device, options, benchmark=bench)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -101,19 +113,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m iron.tuning")
               "so running the same command again resumes", file=sys.stderr)
         return 130
     return 0
-
-
-def app_variables(pairs: list[str], weights: str | None) -> dict[str, str]:
-    """``--var NAME=VALUE`` pairs (and ``--weights``) as the variables ``open_app`` checks."""
-    variables = {}
-    for pair in pairs:
-        name, equals, value = pair.partition("=")
-        if not equals or not name:
-            raise IronError(f"--var {pair!r}: must be NAME=VALUE, e.g. --var weights=bf16")
-        variables[name] = value
-    if weights is not None:
-        variables["weights"] = weights
-    return variables
 
 
 if __name__ == "__main__":

@@ -38,10 +38,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Iterator, Sequence
 
 from ..errors import IronError
 from ..operator import Operator
+from .events import ClusterReady, Sink, WorkersShareHost
 from .log import Comparison
 
 #: Seconds to wait for the scheduler, and then for a worker that has the device.
@@ -85,13 +86,13 @@ def _compare(token: str, bench, instance, new: Operator, old: Operator) -> Compa
 class Cluster:
     """The tuner's benchmark calls, run on the Dask cluster behind ``scheduler``."""
 
-    def __init__(self, scheduler: Any, bench, device: str, out: TextIO):
+    def __init__(self, scheduler: Any, bench, device: str, emit: Sink):
         try:
             from distributed import Client
         except ImportError:
             raise ClusterError("--scheduler needs Dask's distributed scheduler: install "
                                "iron[cluster]") from None
-        self.bench, self.resource, self.out = bench, device, out
+        self.bench, self.resource = bench, device
         self.token = uuid.uuid4().hex
         self._alone_since: float | None = None  # when the last device worker left
         self._levels: dict[str, int] = {}  # distributed's log levels before it was quietened
@@ -113,16 +114,11 @@ class Cluster:
                 logger.setLevel(logging.CRITICAL)
         self.address = self.client.scheduler.address
         workers = self._device_workers()
-        print(f"cluster {self.address}: {len(workers)} workers offer "
-              f"{device}; compiles go to any worker, measurements to those", file=out,
-              flush=True)
+        emit(ClusterReady(self.address, len(workers), device))
         hosts = Counter(host for host, _ in workers)
         for host, n in sorted(hosts.items()):
             if n > 1:
-                print(f"warning: {n} workers offering {device} run on host {host}: they measure "
-                      "at the same time, so if they share one device (the host cpu does) each "
-                      "disturbs the other's timings; run one worker per device", file=out,
-                      flush=True)
+                emit(WorkersShareHost(n, host, device))
 
     def _device_workers(self) -> list[tuple[str, str]]:
         """(host, address) of the workers that advertise the device, waiting a little for one

@@ -12,9 +12,10 @@ import itertools
 import math
 import os
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -44,22 +45,39 @@ class Measurement:
     bottleneck: str = ""  # what limits it, when a cost model gave the time
 
 
-class Benchmark(Protocol):
-    """What the tuner needs from a benchmark; ``TargetBenchmark`` is the real one."""
+class Benchmark(ABC):
+    """What the tuner needs from a benchmark; ``TargetBenchmark`` is the real one.
+
+    ``context`` and ``settle`` have the defaults of a benchmark that times kernels alone; one
+    that times them inside programs (``iron.tuning.program.InProgram``) overrides both.
+    """
 
     method: str  # recorded in the log; a measurement by another method is not reused
-    source: str  # "measured", or "model" when the times are a cost model's
+    source: str = "measured"  # or "model" when the times are a cost model's
 
-    def key(self, op: Operator) -> str: ...
+    @abstractmethod
+    def key(self, op: Operator) -> str:
+        """The artifact key of ``op``'s kernel: what the log records its outcome under."""
 
+    @abstractmethod
     def compile(self, ops: Sequence[Operator], deadline: float | None) -> dict[str, str | None]:
         """Compile ``ops``: artifact key -> None (ready) or the error; unstarted keys absent."""
 
+    @abstractmethod
     def measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
         """Check ``op`` against the reference on the instance's shapes, then time it."""
 
+    @abstractmethod
     def compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
         """Time two checked candidates head-to-head: ``gain`` = old time / new time."""
+
+    def context(self, instance: Instance) -> str:
+        """What a logged head-to-head of ``instance`` depends on beyond the two kernels (the
+        program around them); kernels alone: nothing."""
+        return ""
+
+    def settle(self, instance: Instance, chosen: Operator) -> None:
+        """Hear that ``instance`` runs ``chosen`` from now on; kernels alone: nothing to do."""
 
 
 class _OneStep(Graph):
@@ -115,7 +133,7 @@ class _InstanceData:
                           for a, s in zip(self.base, instance.inputs)] for c in range(copies)]
 
 
-class TargetBenchmark:
+class TargetBenchmark(Benchmark):
     """Compile through a target and the artifact store, check against ``Program.reference``,
     time.
 
@@ -149,7 +167,6 @@ class TargetBenchmark:
         self.quiet, self.patience = quiet, patience
         # v3: every timing records the load it was taken under
         self.method = f"{self.target.kind}-v3 cold={cold_bytes >> 20}MiB"
-        self.source = "measured"
         self._data: tuple[Operator, _InstanceData] | None = None
 
     def key(self, op: Operator) -> str:

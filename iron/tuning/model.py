@@ -28,7 +28,7 @@ from ..targets import Target
 from ..targets.cost import Estimate
 from .candidates import Instance
 from .log import Comparison
-from .measure import Measurement
+from .measure import Benchmark, Measurement
 
 #: The model's fastest candidates measured per instance by default, besides the setting in use.
 DEFAULT_PRUNE = 8
@@ -93,7 +93,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float((ra * rb).sum() / norm) if norm > 0 else float("nan")
 
 
-class ModelBenchmark:
+class ModelBenchmark(Benchmark):
     """A ``Benchmark`` whose times are a target's cost model: for devices not present.
 
     ``measure`` returns the estimate (runs = 0: nothing ran), ``compare`` the modelled ratio,

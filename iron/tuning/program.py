@@ -214,7 +214,7 @@ class ProgramRunner:
         return {label: result[sigs[label]] for label in versions}
 
 
-class InProgram:
+class InProgram(Benchmark):
     """A ``Benchmark`` whose head-to-head runs in the instance's home program (after the rest
     of its phase, where that is what evicts its weights: ``ProgramRunner.evictors``).
 
@@ -230,7 +230,7 @@ class InProgram:
                  phases: Mapping[str, tuple[Sequence[str], int]] | None = None):
         self.bench, self.runner, self.rounds, self.phases = bench, runner, rounds, phases
         self.method = bench.method
-        self.source = getattr(bench, "source", "measured")
+        self.source = bench.source
         self.programs = dict(programs)
 
     def key(self, op: Operator) -> str:

@@ -38,27 +38,30 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence
 
 from ..devices import Device, device as get_device
 from ..errors import DeviceError, IronError
 from ..operator import Operator
 from ..paths import build_dir
-from ..pipeline.app import profile_path as app_profile_path
+from ..pipeline.app import Application, profile_path as app_profile_path
 from ..profile import Profile
 from ..targets import target_for
+from ..targets.cpu.host import summary as host_summary
 from .candidates import Instance, candidates, instances, traffic
+from .events import (BaselineStarted, Compiled, Finished, HeadToHead, InstanceStarted,
+                     InUseRejected, LoadingWeights, LogLinesSkipped, Measured, MeasuredAgain,
+                     NearMissesProposed, NoTimeForHeadToHead, NotApplied, Planned, PrintSink,
+                     RankedByModel, Sink, SweepBest, WholeModelStarted)
 from .log import Comparison, Record, TuneLog
 from .measure import Benchmark, Measurement, TargetBenchmark
 from .quiet import QUIET, BusyError
 from .model import ModelBenchmark
 from .model import estimable
 from .model import prune as prune_candidates
-from .report import report, setting_text
 from .whole import AB_ROUNDS, Verdict, validate
 
 #: How much faster, head-to-head (median round), a setting must run to replace the one in use.
@@ -121,14 +124,57 @@ class TuneResult:
     plots: str = ""  # where the per-instance charts went, or why there are none
 
 
-def choose_benchmark(dev: Device, probe: Operator | None, out: TextIO,
+@dataclass(frozen=True)
+class TuneOptions:
+    """How one tuning run goes; each default is that of a plain run with no limit.
+
+    ``only``: operator class names (a base class selects its subclasses) to tune; entries for
+    the others are kept.  ``budget``: wall-clock seconds for the whole run: when it runs out,
+    each instance keeps the best found so far and instances never measured keep their previous
+    entry or default.  ``fresh``: discard the log.  ``prune``: when the target has a cost
+    model, measure only its ``prune`` fastest candidates per instance, plus the setting in use
+    (0: every candidate; the command line's default is ``DEFAULT_PRUNE``, see
+    ``iron.tuning.model``).  ``in_program``: run the head-to-heads inside the application's
+    programs, and the whole-model A/B that decides what is written (``iron.tuning.whole``),
+    when the benchmark is a ``TargetBenchmark`` and no scheduler is given.  ``scheduler``
+    (``tcp://HOST:PORT`` or a ``distributed.Client``): run the benchmark on a Dask cluster.
+    ``profile_path`` and ``log_path`` default to ``profiles/<app>/<device>.json`` (on the cpu,
+    this host class's file) and ``build/tune/<app>-<profile>.jsonl``; ``previous_path``
+    (default: ``profile_path``) is the profile whose settings are in use.  ``plots``: a folder
+    for one chart per tuned instance (needs matplotlib, the ``plots`` extra).
+    """
+
+    only: tuple[str, ...] = ()
+    budget: float | None = None
+    fresh: bool = False
+    prune: int = 0
+    in_program: bool = True
+    scheduler: Any = None
+    profile_path: str | os.PathLike | None = None
+    previous_path: str | os.PathLike | None = None
+    log_path: str | os.PathLike | None = None
+    plots: str | os.PathLike | None = None
+
+    def __post_init__(self):
+        if isinstance(self.only, str):
+            raise IronError(f"TuneOptions.only={self.only!r}: give a tuple of operator names, "
+                            "not one string")
+        if self.budget is not None and not self.budget > 0:
+            raise IronError(f"TuneOptions.budget={self.budget!r}: the budget must be a positive "
+                            "number of seconds")
+        if self.prune < 0:
+            raise IronError(f"TuneOptions.prune={self.prune!r}: prune must be 0 (measure every "
+                            "candidate) or a positive number of candidates")
+
+
+def choose_benchmark(dev: Device, probe: Operator | None, emit: Sink,
                      given: Benchmark | None = None) -> Benchmark:
     """Measure where the device runs; elsewhere rank by its target's cost model, saying so.
 
     A tuner measures; it guesses only from a model it names, and refuses without one (a
     measuring benchmark passed in is refused too on a device that cannot run here).
     """
-    if given is not None and getattr(given, "source", "measured") == "model":
+    if given is not None and given.source == "model":
         return given
     target = target_for(dev)
     reason = target.unavailable(dev)
@@ -140,13 +186,11 @@ def choose_benchmark(dev: Device, probe: Operator | None, out: TextIO,
             f"and the {target.kind} target has no cost model to rank them by instead. Tune on "
             f"--device cpu, or write profiles for {dev} by hand (recording and resolving check "
             "them).")
-    print(f"source: model. {dev} cannot run here ({reason.split(':', 1)[-1].strip()}), so "
-          f"candidates are ranked by the {target.kind} target's cost model, not measured",
-          file=out, flush=True)
+    emit(RankedByModel(str(dev), reason, target.kind))
     return ModelBenchmark(target, dev)
 
 
-def select(found: list[Instance], only: Sequence[str] | None) -> list[Instance]:
+def select(found: list[Instance], only: Sequence[str]) -> list[Instance]:
     """The instances whose operator (or a base class of it) is named in ``only``."""
     if not only:
         return found
@@ -164,37 +208,25 @@ def default_log_path(app_name: str, dev: Device) -> Path:
     return build_dir() / "tune" / f"{app_name}-{app_profile_path(app_name, dev.name).stem}.jsonl"
 
 
-def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None,
-         budget: float | None = None, fresh: bool = False, out: TextIO = sys.stdout,
-         benchmark: Benchmark | None = None, profile_path: str | os.PathLike | None = None,
-         log_path: str | os.PathLike | None = None, scheduler: Any = None,
-         prune: int = 0, runner: Any = None, in_program: bool = True,
-         plots: str | os.PathLike | None = None,
-         previous_path: str | os.PathLike | None = None) -> TuneResult:
-    """Tune ``app`` on ``device`` and rewrite its profile; see the module docstring.
+def tune(app: Application, device: Device | str = "cpu", options: TuneOptions = TuneOptions(),
+         *, benchmark: Benchmark | None = None, runner: Any = None,
+         events: Sink | None = None) -> TuneResult:
+    """Tune ``app`` on ``device`` as ``options`` say and rewrite its profile; see the module
+    docstring.
 
-    ``budget`` is wall-clock seconds for the whole run: when it runs out, each instance keeps
-    the best found so far and instances never measured keep their previous entry or default.
-    ``fresh`` discards the log.  ``profile_path`` and ``log_path`` default to
-    ``profiles/<app>/<device>.json`` (on the cpu, this host class's file) and
-    ``build/tune/<app>-<device>.jsonl``; ``previous_path`` (default: ``profile_path``) is the
-    profile whose settings are in use.  ``scheduler``
-    (``tcp://HOST:PORT`` or a ``distributed.Client``) runs the benchmark on a Dask cluster.
-    ``prune``: when
-    the target has a cost model, measure only its ``prune`` fastest candidates per instance,
-    plus the setting in use (0, the default here: every candidate; the command line's default
-    is ``DEFAULT_PRUNE``; see ``iron.tuning.model``).  ``runner`` (an
-    ``iron.tuning.program.ProgramRunner``; made from the application's weights when the
-    benchmark is a ``TargetBenchmark``, no scheduler is given and ``in_program`` is true) runs
-    the head-to-heads inside the programs and the whole-model A/B that decides what is
-    written (``iron.tuning.whole``).  ``plots``: a folder for one chart per tuned instance
-    (needs matplotlib, the ``plots`` extra).
+    ``benchmark`` measures the candidates (default: the device's ``TargetBenchmark``, or its
+    target's cost model where it cannot run here).  ``runner`` (an
+    ``iron.tuning.program.ProgramRunner``; by default made from the application's weights when
+    ``options.in_program`` allows) runs the head-to-heads inside the programs.  ``events``
+    (default: a ``PrintSink`` on stdout) takes the run's progress and, last, ``Finished`` with
+    the result.
     """
+    emit = events or PrintSink()
     started = time.monotonic()
-    deadline = None if budget is None else started + budget
+    deadline = None if options.budget is None else started + options.budget
     dev = get_device(device)
-    path = Path(profile_path or app_profile_path(app.name, dev.name))
-    source_path = Path(previous_path or path)  # where the settings in use come from
+    path = Path(options.profile_path or app_profile_path(app.name, dev.name))
+    source_path = Path(options.previous_path or path)  # where the settings in use come from
     previous = (Profile.load(source_path) if source_path.exists()
                 else Profile(device=dev.name))
 
@@ -203,9 +235,9 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     # an instance the target places elsewhere (an npu step without a design runs on the host
     # with its numpy maths) has no setting that changes anything there: not tuned, no entry
     placed = [i for i in found if target.placement(i.current) == target.kind]
-    bench = choose_benchmark(dev, placed[0].current if placed else None, out, benchmark)
-    source = getattr(bench, "source", "measured")
-    chosen = select(found, only)
+    bench = choose_benchmark(dev, placed[0].current if placed else None, emit, benchmark)
+    source = bench.source
+    chosen = select(found, options.only)
     elsewhere = [i for i in chosen if i not in placed]
     work = [(i, candidates(i.op, dev)) for i in chosen if i in placed]
     fixed = [i for i, c in work if len(c) <= 1]
@@ -214,51 +246,41 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     legal = sum(len(c) for _, c in work)
     # the cpu model is calibrated on the machine it runs on: with a cluster the devices are
     # the workers, so a distributed tune measures every candidate
-    pruned = prune > 0 and source == "measured" and scheduler is None and bool(work)
+    pruned = (options.prune > 0 and source == "measured" and options.scheduler is None
+              and bool(work))
     unpriced = 0
     if pruned:
         unpriced = sum(not estimable(target, c) for _, c in work)
-        work = [(i, prune_candidates(target, c, i.current, prune)) for i, c in work]
+        work = [(i, prune_candidates(target, c, i.current, options.prune)) for i, c in work]
     total = sum(len(c) for _, c in work)
-    log = TuneLog(log_path or default_log_path(app.name, dev), bench.method, fresh,
-                  durable=source == "measured")
+    log = TuneLog(options.log_path or default_log_path(app.name, dev), bench.method,
+                  options.fresh, durable=source == "measured")
     logged = sum(log.get(bench.key(op)) is not None for _, c in work for op in c)
-    print(f"tuning {app.name} on {dev}: {len(work)} instances, {total} candidates "
-          + (f"(the cost model's {prune} fastest of each instance and the setting in use; "
-             f"{legal} legal, --full measures all) " if pruned else "")
-          + f"({logged} already in {log.path}); {len(fixed)} instances with a single legal "
-          f"setting skipped"
-          + (f"; {len(elsewhere)} instances placed on the {target.placement(elsewhere[0].current)}"
-             f" skipped (no {target.kind} design: their tunables change nothing there)"
-             if elsewhere else "")
-          + (f"; budget {budget:g} s" if budget is not None else "")
-          + (f"; {unpriced} instances without a cost estimate measured in full"
-             if unpriced else ""),
-          file=out, flush=True)
+    emit(Planned(app.name, str(dev), len(work), total, logged, log.path, len(fixed),
+                 options.prune if pruned else 0, legal, len(elsewhere),
+                 target.placement(elsewhere[0].current) if elsewhere else "", target.kind,
+                 options.budget, unpriced))
     if log.skipped:
-        print(f"warning: {log.skipped} line(s) of {log.path} are not valid records and were "
-              "skipped; their candidates are measured again", file=out, flush=True)
+        emit(LogLinesSkipped(log.skipped, log.path))
 
-    if (runner is None and in_program and scheduler is None and work
+    if (runner is None and options.in_program and options.scheduler is None and work
             and isinstance(bench, TargetBenchmark)):
         from .program import ProgramRunner
 
-        print("loading the application's weights: head-to-heads run inside its programs",
-              file=out, flush=True)
+        emit(LoadingWeights())
         runner = ProgramRunner(dev, dict(app.weights()), bench.store, bench.quiet,
                                bench.patience)
     if runner is not None:
         from .program import InProgram
 
-        bench = InProgram(bench, runner, app.tuned_programs(dev, previous),
-                          phases=app.phases())
+        bench = InProgram(bench, runner, app.tuned_programs(dev, previous), phases=app.phases())
     pool = None
     try:
-        if scheduler is not None:
+        if options.scheduler is not None:
             from .cluster import Cluster
 
-            pool = Cluster(scheduler, bench, dev.name, out)
-        run = _Run(bench, log, deadline, started, total - logged, out, pool)
+            pool = Cluster(options.scheduler, bench, dev.name, emit)
+        run = _Run(bench, log, deadline, started, total - logged, emit, pool)
         work = run.baseline(work)
         outcomes = [run.instance(n, len(work), inst, cands)
                     for n, (inst, cands) in enumerate(work, 1)]
@@ -267,12 +289,10 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
         if pool is not None:
             pool.close()
 
-    from ..targets.cpu.host import summary
-
-    # the host it was tuned on, as data: the file's name selects it by class (cpu host.class_name)
-    host = None if dev.fixed else summary()
+    # the host it was tuned on, as data: the file's name selects it by class (host.class_name)
+    host = None if dev.fixed else host_summary()
     if runner is not None:
-        outcomes = propose_near_misses(outcomes, out)
+        outcomes = propose_near_misses(outcomes, emit)
     profile = Profile(previous.entries, dev.name, host)
     for o in outcomes:
         if o.chosen is not None:
@@ -280,8 +300,7 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
                         **o.chosen.tunable_values())
     verdict = None
     if runner is not None:
-        print(f"whole-model A/B: every program with the new profile, the previous one and "
-              f"resolve() defaults, up to {AB_ROUNDS} interleaved rounds", file=out, flush=True)
+        emit(WholeModelStarted(AB_ROUNDS))
         verdict = validate(lambda p: app.tuned_programs(dev, p), previous, profile, runner,
                            dev.name, host, lambda op: target.placement(op) == target.kind,
                            app.phases())
@@ -289,9 +308,9 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
     written = verdict is None or verdict.profile is not None
     if written:
         profile.save(path)
-    if written:  # what the A/B dropped is not applied on purpose
+        # what the A/B dropped is not applied on purpose
         check_applied(app, dev, profile, [o for o in outcomes if verdict is None
-                                          or o.instance.op not in verdict.dropped], out)
+                                          or o.instance.op not in verdict.dropped], emit)
     final = {i.op: i.current for i in instances(app.tuned_programs(dev, profile))}
     moved = [Move(o.instance.describe(), o.instance.setting(), o.chosen.tunable_values(),
                   o.old_time, o.best_time, o.gain, o.program)
@@ -300,14 +319,14 @@ def tune(app, device: Device | str = "cpu", *, only: Sequence[str] | None = None
              and final.get(o.instance.op) == o.chosen]
     complete = all(o.measured == o.total and o.decided for o in outcomes)
     drawn = ""
-    if plots is not None and outcomes:
+    if options.plots is not None and outcomes:
         from .plots import draw
 
-        drawn = draw(outcomes, log.path, bench.method, bench.key, Path(plots), source)
+        drawn = draw(outcomes, log.path, bench.method, bench.key, Path(options.plots), source)
     result = TuneResult(profile, path, moved, outcomes, complete, run.measured_now,
-                        time.monotonic() - started, source, prune if pruned else 0, legal,
-                        verdict, written, unpriced, drawn)
-    report(result, out)
+                        time.monotonic() - started, source,
+                        options.prune if pruned else 0, legal, verdict, written, unpriced, drawn)
+    emit(Finished(result))
     return result
 
 
@@ -319,14 +338,13 @@ def near_miss(o: Outcome) -> bool:
             and o.gain is not None and o.gain > 1)
 
 
-def propose_near_misses(outcomes: list[Outcome], out: TextIO) -> list[Outcome]:
+def propose_near_misses(outcomes: list[Outcome], emit: Sink) -> list[Outcome]:
     """Propose the near misses' winners too, for the whole-model A/B to judge together: several
     instances' 1-3% each is lost in one head-to-head's noise but not in the program's sum (on
     a Xeon, four GEMVs' prefetch distances: 1.001-1.033x each, decode 1.055x together)."""
     near = [o for o in outcomes if near_miss(o)]
     if near:
-        print(f"{len(near)} instances were ahead head-to-head within the spread: their winners "
-              "are proposed together, and the whole-model A/B decides", file=out, flush=True)
+        emit(NearMissesProposed(len(near)))
     return [dataclasses.replace(o, chosen=o.best) if near_miss(o) else o for o in outcomes]
 
 
@@ -347,12 +365,12 @@ class _Run:
     """
 
     def __init__(self, bench: Benchmark, log: TuneLog, deadline: float | None, started: float,
-                 to_measure: int, out: TextIO, pool=None):
+                 to_measure: int, emit: Sink, pool=None):
         self.bench, self.log, self.deadline, self.started = bench, log, deadline, started
-        self.to_measure, self.measured_now, self.out = to_measure, 0, out
+        self.to_measure, self.measured_now, self.emit = to_measure, 0, emit
         self.pool = pool
         self.runner = pool or bench  # what compiles and compares
-        self.source = getattr(bench, "source", "measured")
+        self.source = bench.source
 
     def time_left(self) -> bool:
         return self.deadline is None or time.monotonic() < self.deadline
@@ -375,16 +393,15 @@ class _Run:
             order.insert(0, inst.current)  # legal (it resolved) but outside space(): compare
         keys = {op: self.bench.key(op) for op in order}
         todo = [op for op in order if self.log.get(keys[op]) is None]
-        print(f"[{n}/{of}] {inst.describe()} x{inst.uses}: {len(order)} candidates, "
-              f"{len(todo)} to measure ({self.eta()})", file=self.out, flush=True)
+        self.emit(InstanceStarted(n, of, inst.describe(), inst.uses, len(order), len(todo),
+                                  self.eta()))
         compiled: dict[str, str | None] = {}
         if todo and self.time_left():
             began = time.monotonic()
             compiled = self.runner.compile(todo, self.deadline)
             failed = sum(e is not None for e in compiled.values())
             if self.source == "measured":  # a model compiles nothing
-                print(f"    compiled {len(compiled)} in {time.monotonic() - began:.0f} s"
-                      + (f", {failed} failed" if failed else ""), file=self.out, flush=True)
+                self.emit(Compiled(len(compiled), time.monotonic() - began, failed))
         before = self.log.get(keys[inst.current])
         self._measure_on_pool([(inst, op) for op in order], keys, compiled,
                               before.median if before is not None and before.ok else None)
@@ -404,52 +421,33 @@ class _Run:
             return self._settle(dataclasses.replace(o, chosen=o.best))
         if o.old_time is None:  # the budget cut the setting in use off: nothing to compare
             return dataclasses.replace(o, chosen=current, decided=False)
-        context = getattr(self.bench, "context", lambda instance: "")(o.instance)
+        context = self.bench.context(o.instance)
         new, old = self.bench.key(o.best), self.bench.key(current) + context
         comparison = self.log.comparison(new, old)
         if comparison is not None and comparison.load is not None and comparison.load > QUIET:
-            print(f"    the logged head-to-head ran beside {comparison.load:.2f} busy cores: "
-                  "measured again", file=self.out, flush=True)
+            self.emit(MeasuredAgain(load=comparison.load))
             comparison = None  # a timing taken under load is never reused
         if comparison is None and self.time_left():
             comparison = self.runner.compare(o.instance, o.best, current)
             self.log.compared(comparison)
         if comparison is not None and not 1 / IMPLAUSIBLE <= comparison.gain <= IMPLAUSIBLE \
                 and self.time_left():
-            print(f"    an implausible head-to-head gain of {comparison.gain:.3g}x: measured "
-                  "again", file=self.out, flush=True)
+            self.emit(MeasuredAgain(gain=comparison.gain))
             comparison = self.bench.compare(o.instance, o.best, current)
             self.log.compared(comparison)
         if comparison is None:
-            print("    no time left for the head-to-head: keeps the setting in use",
-                  file=self.out, flush=True)
+            self.emit(NoTimeForHeadToHead())
             return dataclasses.replace(o, chosen=current, decided=False)
         moves = wins(comparison)
-        if self.source == "model":
-            print(f"    modelled against the setting in use ({setting_text(o.instance.setting())})"
-                  f": {comparison.gain:.3f}x -> " + ("moves" if moves else
-                  f"keeps the setting in use (the model predicts less than {MIN_GAIN:g}x)"),
-                  file=self.out, flush=True)
-        else:
-            where = (f"in the {comparison.program} program" if comparison.program
-                     else "the kernels alone")
-            rule = ("a move needs the program faster beyond the spread: the middle half of "
-                    "the rounds above 1" if comparison.program else
-                    f"a move needs {MIN_GAIN:g}x, and faster in three rounds of four")
-            won = (f", ahead in {comparison.won} of {comparison.rounds}"
-                   if comparison.won is not None else "")
-            print(f"    head-to-head {where} against the setting in use "
-                  f"({setting_text(o.instance.setting())}): {comparison.gain:.3f}x, middle half "
-                  f"of {comparison.rounds} rounds {comparison.low:.3f}-{comparison.high:.3f}x"
-                  f"{won} -> " + ("moves" if moves else f"keeps the setting in use ({rule})"),
-                  file=self.out, flush=True)
+        self.emit(HeadToHead(o.instance.setting(), comparison, moves, self.source == "model",
+                             MIN_GAIN))
         return self._settle(dataclasses.replace(o, chosen=o.best if moves else current,
                                                 gain=comparison.gain,
                                                 program=comparison.program))
 
     def _settle(self, o: Outcome) -> Outcome:
         """Later head-to-heads in programs run this instance with its chosen setting."""
-        if o.chosen is not None and hasattr(self.bench, "settle"):
+        if o.chosen is not None:
             self.bench.settle(o.instance, o.chosen)
         return o
 
@@ -462,8 +460,7 @@ class _Run:
         """
         todo = [i for i, _ in work if self.log.get(self.bench.key(i.current)) is None]
         if todo and self.time_left():
-            print(f"measuring the setting in use of {len(todo)} instances ({self.eta()})",
-                  file=self.out, flush=True)
+            self.emit(BaselineStarted(len(todo), self.eta()))
             compiled = self.runner.compile([i.current for i in todo], self.deadline)
             self._measure_on_pool([(i, i.current) for i in todo],
                                   {i.current: self.bench.key(i.current) for i in todo}, compiled,
@@ -523,25 +520,17 @@ class _Run:
 
     def _logged(self, inst: Instance, op: Operator, key: str, m: Measurement,
                 best: float | None, label: str) -> Record:
-        """Log a measurement and print its line."""
+        """Log a measurement and report it."""
         record = self._add(key, op, m)
         self.measured_now += 1
-        if record.ok:
-            spread = (f"modelled, {m.bottleneck}-bound" if m.bottleneck
-                      else f"+-{100 * m.spread:.1f}% ({m.runs} runs)")
-            text = (f"{m.median * 1e6:9.1f} us {spread}"
-                    + ("  best so far" if best is None or m.median < best else ""))
-        else:
-            text = f"rejected: {m.error.splitlines()[0][:150]}"
-        print(f"    {label}{setting_text(op.tunable_values())}  {text}", file=self.out,
-              flush=True)
+        self.emit(Measured(op.tunable_values(), m, best is None or (
+            m.median is not None and m.median < best), label))
         return record
 
     def _add(self, key: str, op: Operator, m: Measurement) -> Record:
         record = Record(key, "ok" if m.error is None else "rejected", type(op).__name__,
                         op.config(), m.median, m.spread, m.runs, m.error or "", self.bench.method,
-                        getattr(m, "load", None), getattr(self.bench, "source", "measured"),
-                        m.bottleneck)
+                        m.load, self.source, m.bottleneck)
         self.log.add(record)
         return record
 
@@ -561,27 +550,21 @@ class _Run:
                           old.reason if old is not None and not old.ok else "",
                           tried=tuple(order))
         if best:
-            print(f"    best {setting_text(best[2].tunable_values())} {best[0] * 1e6:.1f} us"
-                  f" ({outcome.measured}/{outcome.total} "
-                  f"{'modelled' if self.source == 'model' else 'measured'}, "
-                  f"{outcome.rejected} rejected)",
-                  file=self.out, flush=True)
+            self.emit(SweepBest(best[2].tunable_values(), best[0], outcome.measured,
+                                outcome.total, outcome.rejected, self.source == "model"))
         if outcome.old_problem:
-            print(f"    warning: the setting in use, {setting_text(inst.setting())}, was "
-                  f"rejected: {outcome.old_problem.splitlines()[0][:150]}", file=self.out)
+            self.emit(InUseRejected(inst.setting(), outcome.old_problem))
         return outcome
 
 
 def check_applied(app, dev: Device, profile: Profile, outcomes: list[Outcome],
-                  out: TextIO) -> None:
+                  emit: Sink) -> None:
     """Warn about chosen settings the application does not pick up (a call keyword wins)."""
     now = {i.op: i.current for i in instances(app.tuned_programs(dev, profile))}
     for o in outcomes:
         applied = now.get(o.instance.op)
         if o.chosen is not None and applied is not None and applied != o.chosen:
-            print(f"warning: {o.instance.describe()} still resolves to "
-                  f"{setting_text(applied.tunable_values())}, not the tuned "
-                  f"{setting_text(o.chosen.tunable_values())}: a call keyword or another profile "
-                  "entry overrides it", file=out)
+            emit(NotApplied(o.instance.describe(), applied.tunable_values(),
+                            o.chosen.tunable_values()))
 
 

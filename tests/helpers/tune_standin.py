@@ -9,7 +9,7 @@ from pathlib import Path
 
 from iron.targets import cpu
 from iron.tuning.log import Comparison
-from iron.tuning.measure import Measurement
+from iron.tuning.measure import Benchmark, Measurement
 
 
 def standin_time(op) -> float:
@@ -21,7 +21,7 @@ def standin_wrong(op) -> bool:
     return zlib.crc32(json.dumps(op.config(), sort_keys=True).encode()) % 7 == 0
 
 
-class StandInBench:
+class StandInBench(Benchmark):
     """Times from ``standin_time``; with ``crash_key``, the first process to measure that
     candidate dies mid-measurement (it leaves ``crash_marker`` behind), or every process does
     when there is no marker; each measurement takes ``delay`` seconds."""

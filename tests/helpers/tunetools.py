@@ -9,7 +9,7 @@ from iron.operators import AXPY, GEMV, Embedding
 from iron.pipeline.app import Application
 from iron.targets import cpu
 from iron.tuning.log import Comparison
-from iron.tuning.measure import Measurement
+from iron.tuning.measure import Benchmark, Measurement
 
 
 class Chain(iron.Graph):
@@ -47,7 +47,7 @@ def fake_time(op):
     return (zlib.crc32(json.dumps(op.config(), sort_keys=True).encode()) % 1000 + 1) * 1e-6
 
 
-class FakeBench:
+class FakeBench(Benchmark):
     """Times from ``fake_time``; counts calls; can reject settings or interrupt after N calls."""
 
     method = "fake"

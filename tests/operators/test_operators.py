@@ -10,7 +10,7 @@ from iron.pipeline.app import Application
 from iron.operators import Elementwise
 from iron.resolution import legal_settings
 from iron.tuning.measure import TargetBenchmark
-from iron.tuning.tuner import tune
+from iron.tuning.tuner import TuneOptions, tune
 
 NEGATE_C = """\
 #include "iron_cpu.h"
@@ -65,10 +65,11 @@ def test_a_new_operator_needs_only_its_declaration_and_its_kernel(tmp_path):
         out = graph(*inputs)
         assert_close("ToyNegate", out, graph.reference(*inputs))
         assert np.array_equal(out, -inputs[0])
-        result = tune(ToyApp(), "cpu", benchmark=TargetBenchmark(min_time=0.005, blocks=4,
-                                                               quiet=None),  # timings unused
-                      profile_path=tmp_path / "toy.json", log_path=tmp_path / "toy.jsonl",
-                      in_program=False)
+        result = tune(ToyApp(), "cpu", TuneOptions(profile_path=tmp_path / "toy.json",
+                                                   log_path=tmp_path / "toy.jsonl",
+                                                   in_program=False),
+                      benchmark=TargetBenchmark(min_time=0.005, blocks=4,
+                                                quiet=None))  # timings unused
         (outcome,) = result.outcomes
         assert outcome.measured == outcome.total == len(legal_settings(ToyNegate(size=256)))
         assert outcome.rejected == 0

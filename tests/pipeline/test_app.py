@@ -1,7 +1,6 @@
 """The application protocol: ``iron.pipeline.app.Application`` states it, with defaults for the
 optional members, and ``load_app`` refuses an ``App`` that does not derive from it."""
 
-import io
 import sys
 import types
 
@@ -11,7 +10,7 @@ from tunetools import FakeApp, FakeBench
 import iron
 from iron.pipeline.app import Application, load_app
 from iron.tuning.candidates import instances
-from iron.tuning.tuner import tune
+from iron.tuning.tuner import TuneOptions, tune
 
 
 class Minimal(Application):
@@ -64,7 +63,8 @@ def test_the_tuner_tunes_what_tuned_programs_lists(tmp_path):
     decode = {i.op for i in instances(DecodeTuned().tuned_programs(dev, iron.Profile()))}
     every = {i.op for i in instances(DecodeTuned().programs(dev, iron.Profile()))}
     assert decode < every
-    result = tune(DecodeTuned(), "cpu", benchmark=FakeBench(), out=io.StringIO(),
-                  profile_path=tmp_path / "p.json", log_path=tmp_path / "t.jsonl")
+    result = tune(DecodeTuned(), "cpu", TuneOptions(profile_path=tmp_path / "p.json",
+                                                    log_path=tmp_path / "t.jsonl"),
+                  benchmark=FakeBench(), events=lambda event: None)
     assert {o.instance.op for o in result.outcomes} <= decode
     assert result.outcomes

@@ -693,7 +693,8 @@ def test_damaged_log_record_is_skipped_not_a_crash(tmp_path):
 def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
     from tunetools import FakeApp, FakeBench, fake_time
     from iron.tuning.log import Comparison
-    from iron.tuning.tuner import tune
+    from iron.tuning.events import PrintSink
+    from iron.tuning.tuner import TuneOptions, tune
 
     class Bench(FakeBench):
         """Honest gains, recorded under ``load``; the first one ``first_gain`` if given."""
@@ -712,8 +713,9 @@ def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
 
     def tune_once(bench, name):
         out = tmp_path / f"{name}.txt"
-        tune(FakeApp(), "cpu", benchmark=bench, profile_path=tmp_path / f"{name}.json",
-             log_path=tmp_path / "tune.jsonl", out=open(out, "w"))
+        tune(FakeApp(), "cpu", TuneOptions(profile_path=tmp_path / f"{name}.json",
+                                           log_path=tmp_path / "tune.jsonl"),
+             benchmark=bench, events=PrintSink(open(out, "w")))
         return out.read_text()
 
     busy = Bench(load=1.8, first_gain=1496.0)
@@ -734,15 +736,16 @@ def test_head_to_head_under_load_or_implausible_is_measured_again(tmp_path):
 def test_a_busy_machine_stops_the_tune_instead_of_rejecting_candidates(tmp_path):
     from tunetools import FakeApp, FakeBench
     from iron.tuning.quiet import BusyError
-    from iron.tuning.tuner import tune
+    from iron.tuning.tuner import TuneOptions, tune
 
     class Busy(FakeBench):
         def measure(self, instance, op, best):
             raise BusyError("the machine stayed busy for 300 s")
 
     with pytest.raises(BusyError):
-        tune(FakeApp(), "cpu", benchmark=Busy(), profile_path=tmp_path / "p.json",
-             log_path=tmp_path / "tune.jsonl", out=open(os.devnull, "w"))
+        tune(FakeApp(), "cpu", TuneOptions(profile_path=tmp_path / "p.json",
+                                           log_path=tmp_path / "tune.jsonl"),
+             benchmark=Busy(), events=lambda event: None)
     assert not (tmp_path / "p.json").exists()  # nothing written from a busy machine
 
 

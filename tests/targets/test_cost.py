@@ -25,7 +25,8 @@ from iron.targets.cost import BOTTLENECKS, COMPUTE, LAUNCH, MEMORY, Estimate, es
 from iron.tuning import __main__ as tuning_cli
 from iron.tuning.candidates import candidates, instances, unset
 from iron.tuning.model import ModelBenchmark, prune, ranked, spearman
-from iron.tuning.tuner import MIN_GAIN, tune
+from iron.tuning.events import PrintSink
+from iron.tuning.tuner import MIN_GAIN, TuneOptions, tune
 
 from opcases import OneStep, operators_under_test
 from tunetools import FakeApp, FakeBench, fake_time
@@ -209,8 +210,9 @@ def test_prune_spends_its_candidates_on_settings_that_run_different_code(fixed_h
 def test_pruned_tune_measures_only_the_models_top_k_plus_the_setting_in_use(tmp_path,
                                                                          fixed_host):
     bench = FakeBench()
-    result = tune(FakeApp(), "cpu", benchmark=bench, prune=2, out=open(tmp_path / "o", "w"),
-                  profile_path=tmp_path / "p.json", log_path=tmp_path / "l.jsonl")
+    result = tune(FakeApp(), "cpu", TuneOptions(prune=2, profile_path=tmp_path / "p.json",
+                                                log_path=tmp_path / "l.jsonl"),
+                  benchmark=bench, events=PrintSink(open(tmp_path / "o", "w")))
     target = iron.targets.target_for(iron.device("cpu"))
     found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
     expected = set()
@@ -228,35 +230,51 @@ def test_pruned_tune_measures_only_the_models_top_k_plus_the_setting_in_use(tmp_
     assert "the cost model's 2 fastest" in text and "pruned by the cost model" in text
 
 
+def record_tunes(monkeypatch) -> dict:
+    """Let ``python -m iron.tuning`` run up to ``tune``: what it opened and passed, kept."""
+    seen: dict = {}
+
+    def tune(app, dev, options, benchmark=None):
+        seen.update(dev=dev, options=options, benchmark=benchmark)
+
+    monkeypatch.setattr(tuning_cli, "tune", tune)
+    monkeypatch.setattr(tuning_cli, "open_app", lambda name, checkpoint, variables:
+                        seen.update(app=name, variables=variables))
+    return seen
+
+
 def test_cli_prune_and_full(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(tuning_cli, "tune", lambda app, dev, **kw: seen.update(kw))
-    monkeypatch.setattr(tuning_cli, "load_app", lambda name, checkpoint: None)
-    assert tuning_cli.main(["demo"]) == 0 and seen["prune"] == tuning_cli.DEFAULT_PRUNE
-    assert tuning_cli.main(["demo", "--prune", "3"]) == 0 and seen["prune"] == 3
-    assert tuning_cli.main(["demo", "--full"]) == 0 and seen["prune"] == 0
+    seen = record_tunes(monkeypatch)
+    assert tuning_cli.main(["demo"]) == 0 and seen["options"].prune == tuning_cli.DEFAULT_PRUNE
+    assert tuning_cli.main(["demo", "--prune", "3"]) == 0 and seen["options"].prune == 3
+    assert tuning_cli.main(["demo", "--full"]) == 0 and seen["options"].prune == 0
     with pytest.raises(SystemExit):
         tuning_cli.main(["demo", "--prune", "-1"])
 
 
-def test_cli_ranks_a_device_it_cannot_run_by_the_model_and_passes_weights(monkeypatch, capsys):
-    seen, opened = {}, []
-    monkeypatch.setattr(tuning_cli, "tune", lambda app, dev, **kw: seen.update(kw, dev=dev))
-
-    def load_app(name, checkpoint, **options):
-        opened.append(options)
-        if options.get("weights") == "bad":
-            raise TypeError("unexpected keyword argument 'weights'")
-
-    monkeypatch.setattr(tuning_cli, "load_app", load_app)
-    assert tuning_cli.main(["llama", "--device", "npu2", "--weights", "bf16"]) == 0
+def test_cli_ranks_a_device_it_cannot_run_by_the_model_and_passes_app_variables(monkeypatch):
+    seen = record_tunes(monkeypatch)
+    assert tuning_cli.main(["llama", "--var", "weights=bf16", "--device", "npu2"]) == 0
     assert seen["dev"] == "npu2" and seen["benchmark"] is None  # tune() picks the model
-    assert opened[-1] == {"weights": "bf16"}
+    assert seen["variables"] == {"weights": "bf16"}
     assert tuning_cli.main(["llama"]) == 0 and seen["benchmark"].source == "measured"
-    assert opened[-1] == {}
-    assert tuning_cli.main(["demo", "--weights", "bad"]) == 2
-    assert "error: --weights bad: the application 'demo' has no weights option" in \
-        capsys.readouterr().err
+    assert seen["variables"] == {}
+
+
+def test_cli_checks_app_variables_through_open_app(capsys):
+    """The variables go through ``open_app``: an unknown one and a bad value are each one line
+    naming it, before any application is opened; a ``--var`` that is not NAME=VALUE, or a
+    name given twice, is refused."""
+    assert tuning_cli.main(["demo", "--var", "weights=bf16"]) == 2
+    assert "weights" in capsys.readouterr().err
+    assert tuning_cli.main(["llama", "--var=weights=int3"]) == 2
+    assert "variable weights='int3'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tuning_cli.main(["demo", "--var", "hidden"])
+    assert "--var 'hidden': an application variable is NAME=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tuning_cli.main(["demo", "--var", "hidden=1", "--var", "hidden=2"])
+    assert "hidden: the variable is given twice" in capsys.readouterr().err
 
 
 # ---- tuning by the model alone ----------------------------------------------------------------
@@ -265,7 +283,8 @@ def test_cli_ranks_a_device_it_cannot_run_by_the_model_and_passes_weights(monkey
 @pytest.mark.parametrize("dev", ["npu1", "npu2"])
 def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, dev):
     profile, log, out = tmp_path / "p.json", tmp_path / "l.jsonl", tmp_path / "out.txt"
-    result = tune(FakeApp(), dev, profile_path=profile, log_path=log, out=open(out, "w"))
+    result = tune(FakeApp(), dev, TuneOptions(profile_path=profile, log_path=log),
+                  events=PrintSink(open(out, "w")))
     assert result.source == "model" and result.complete
     records = [json.loads(line) for line in log.read_text().splitlines()]
     ok = [r for r in records if r["status"] == "ok"]
@@ -290,8 +309,8 @@ def test_a_device_that_cannot_run_is_tuned_by_its_model_and_says_so(tmp_path, de
     assert any(o.chosen != o.instance.current for o in result.outcomes)
     first = profile.read_bytes()
     profile.unlink()
-    tune(FakeApp(), dev, profile_path=profile, log_path=tmp_path / "again.jsonl",
-         out=open(out, "w"))
+    tune(FakeApp(), dev, TuneOptions(profile_path=profile, log_path=tmp_path / "again.jsonl"),
+         events=PrintSink(open(out, "w")))
     assert profile.read_bytes() == first  # reproducible: same model, same bytes
 
 
@@ -299,8 +318,8 @@ def test_model_records_are_not_mixed_with_measurements(tmp_path):
     bench = ModelBenchmark(target_for(iron.device("npu1")), iron.device("npu1"))
     assert bench.source == "model" and "model" in bench.method
     with pytest.raises(DeviceError, match="cannot tune for npu1"):  # a measuring stand-in
-        tune(FakeApp(), "npu1", benchmark=FakeBench(), profile_path=tmp_path / "p.json",
-             log_path=tmp_path / "l.jsonl")
+        tune(FakeApp(), "npu1", TuneOptions(profile_path=tmp_path / "p.json",
+                                            log_path=tmp_path / "l.jsonl"), benchmark=FakeBench())
 
 
 def test_a_contended_calibration_never_rates_a_bigger_team_slower():
@@ -338,8 +357,9 @@ def test_a_family_without_an_estimate_is_measured_in_full_when_pruning(tmp_path,
     monkeypatch.setattr(cpu_model, "hooks", lambda: table)
     bench = FakeBench()
     out = tmp_path / "o"
-    tune(FakeApp(), "cpu", benchmark=bench, prune=1, out=open(out, "w"),
-         profile_path=tmp_path / "p.json", log_path=tmp_path / "l.jsonl")
+    tune(FakeApp(), "cpu", TuneOptions(prune=1, profile_path=tmp_path / "p.json",
+                                       log_path=tmp_path / "l.jsonl"),
+         benchmark=bench, events=PrintSink(open(out, "w")))
     found = instances(FakeApp().programs(iron.device("cpu"), iron.Profile()))
     for inst in found:
         cands = candidates(inst.op, "cpu")

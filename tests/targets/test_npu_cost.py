@@ -29,7 +29,8 @@ from iron.resolution import legal, legal_settings
 from iron.tuning.candidates import candidates, instances
 from iron.tuning.check import mismatch
 from iron.tuning.measure import single_step
-from iron.tuning.tuner import tune
+from iron.tuning.events import PrintSink
+from iron.tuning.tuner import TuneOptions, tune
 from opcases import case_inputs, OneStep
 from opcases import SMALL
 
@@ -196,13 +197,14 @@ def apps(smollm2):
 
 @pytest.mark.slow
 def test_committed_npu_profiles_are_what_the_model_tune_writes_now(apps, tmp_path):
-    """``python -m iron.lm.tune llama --device D`` then ``... --weights bf16``, from no
+    """``python -m iron.lm.tune llama --device D`` then ``... weights=bf16``, from no
     profile and no log, for npu1 and npu2, give the bytes of the committed files (which
     another process wrote): no timestamps, no host data, ties broken by the legal order."""
     for dev, weights in RUNS:
         out = io.StringIO()
-        result = tune(apps[weights], dev, out=out, profile_path=tmp_path / f"{dev}.json",
-                      log_path=tmp_path / f"{dev}.jsonl")
+        result = tune(apps[weights], dev, TuneOptions(profile_path=tmp_path / f"{dev}.json",
+                                                      log_path=tmp_path / f"{dev}.jsonl"),
+                      events=PrintSink(out))
         assert result.source == "model" and result.complete, out.getvalue()
         assert out.getvalue().count("source: model") == 2  # when it starts, and its report
     for dev in DEVICES:

@@ -28,7 +28,8 @@ from tunetools import FakeApp  # noqa: E402
 from tune_standin import StandInBench  # noqa: E402
 
 from iron.tuning.cluster import Cluster, ClusterError  # noqa: E402
-from iron.tuning.tuner import tune  # noqa: E402
+from iron.tuning.events import PrintSink  # noqa: E402
+from iron.tuning.tuner import TuneOptions, tune  # noqa: E402
 
 pytestmark = pytest.mark.slow  # end to end: bundles, servers, doit runs
 
@@ -51,9 +52,9 @@ def cluster():
 
 def run(tmp_path, name, bench, scheduler=None, log=None):
     out = io.StringIO()
-    result = tune(FakeApp(), "cpu", benchmark=bench, scheduler=scheduler, out=out,
-                  profile_path=tmp_path / name / "cpu.json",
-                  log_path=log or tmp_path / name / "tune.jsonl")
+    options = TuneOptions(scheduler=scheduler, profile_path=tmp_path / name / "cpu.json",
+                          log_path=log or tmp_path / name / "tune.jsonl")
+    result = tune(FakeApp(), "cpu", options, benchmark=bench, events=PrintSink(out))
     return result, out.getvalue()
 
 
@@ -140,7 +141,7 @@ def test_no_worker_offering_the_device_is_a_clear_error(cluster, monkeypatch):
     with pytest.raises(ClusterError, match=r"no worker of the Dask scheduler at tcp://127\.0\.0"
                        r"\.1:\d+ offers the device npu2 \(2 workers\): start one .* "
                        r"--resources npu2=1"):
-        Cluster(cluster, StandInBench(), "npu2", io.StringIO())
+        Cluster(cluster, StandInBench(), "npu2", PrintSink(io.StringIO()))
 
 
 def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
@@ -153,7 +154,7 @@ def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
         s.bind(("127.0.0.1", 0))
         address = f"tcp://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
     with pytest.raises(ClusterError, match=f"cannot reach the Dask scheduler at {address}"):
-        Cluster(address, StandInBench(), "cpu", io.StringIO())
+        Cluster(address, StandInBench(), "cpu", PrintSink(io.StringIO()))
 
 
 def test_doit_tune_through_a_scheduler_measures_for_real_and_writes_log_and_profile(
@@ -254,9 +255,9 @@ def test_a_lost_scheduler_or_worker_set_stops_the_tune_in_one_line(tmp_path, das
     out = io.StringIO()
     start = time.monotonic()
     with pytest.raises(ClusterError) as e:
-        tune(FakeApp(), "cpu", benchmark=StandInBench(delay=0.3), out=out,
-             scheduler=dask_processes.address, profile_path=tmp_path / "cut" / "cpu.json",
-             log_path=log, budget=90)  # a tune that waits forever ends instead
+        tune(FakeApp(), "cpu", TuneOptions(  # a budget: a tune that waits forever ends instead
+            scheduler=dask_processes.address, profile_path=tmp_path / "cut" / "cpu.json",
+            log_path=log, budget=90), benchmark=StandInBench(delay=0.3), events=PrintSink(out))
     watcher.join()
     message = str(e.value)
     assert "\n" not in message and "the profile is unchanged" in message

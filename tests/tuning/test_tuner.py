@@ -26,7 +26,8 @@ from iron.tuning.check import mismatch
 from iron.tuning.log import Comparison, TuneLog
 from iron.tuning.candidates import candidates, instances
 from iron.tuning.measure import Measurement, TargetBenchmark
-from iron.tuning.tuner import IMPLAUSIBLE, MIN_GAIN, tune
+from iron.tuning.events import PrintSink
+from iron.tuning.tuner import IMPLAUSIBLE, MIN_GAIN, TuneOptions, tune
 from tunetools import Chain, FakeApp, fake_time, FakeBench  # noqa: F401
 
 
@@ -36,11 +37,13 @@ def expected_choice(outcome):
     return best if fake_time(current) / fake_time(best) >= MIN_GAIN else current
 
 
-def run(tmp_path, bench, **kw):
-    kw.setdefault("out", open(tmp_path / "out.txt", "a"))
-    return tune(kw.pop("app", FakeApp()), "cpu", benchmark=bench,
-                profile_path=tmp_path / "profiles" / "cpu.json",
-                log_path=tmp_path / "tune.jsonl", **kw)
+def run(tmp_path, bench, app=None, runner=None, **options):
+    """Tune ``app`` (default ``FakeApp``) with ``bench``; the events printed to out.txt."""
+    return tune(app or FakeApp(), "cpu",
+                TuneOptions(profile_path=tmp_path / "profiles" / "cpu.json",
+                            log_path=tmp_path / "tune.jsonl", **options),
+                benchmark=bench, runner=runner,
+                events=PrintSink(open(tmp_path / "out.txt", "a")))
 
 
 def tunable_count():
@@ -381,16 +384,16 @@ def test_only_tunes_the_named_operators_and_keeps_hand_written_entries(tmp_path)
             .add(GEMV, num_aie_columns=1))
     hand.save(path)
     bench = FakeBench()
-    result = run(tmp_path, bench, only=["AXPY"])
+    result = run(tmp_path, bench, only=("AXPY",))
     assert bench.measured and all(type(op) is AXPY for op in bench.measured)
     after = iron.Profile.load(path)
     assert set(hand.entries) <= set(after.entries)
     assert {e.operator for e in after.entries} == {"AXPY", "GEMV"} and len(after) == 4
     assert all(m.instance.startswith("AXPY") for m in result.moved)
     with pytest.raises(IronError, match="no such operator.*AXPY, Embedding, GEMV"):
-        run(tmp_path, FakeBench(), only=["GEMM"])
+        run(tmp_path, FakeBench(), only=("GEMM",))
     base = FakeBench()
-    run(tmp_path, base, only=["Elementwise"])  # a base class name selects its subclasses
+    run(tmp_path, base, only=("Elementwise",))  # a base class name selects its subclasses
     assert base.measured == []  # already logged
 
 
@@ -400,8 +403,8 @@ def test_only_tunes_the_named_operators_and_keeps_hand_written_entries(tmp_path)
 @pytest.mark.parametrize("dev", ["npu1", "npu2"])
 def test_npu_devices_are_refused_not_faked(tmp_path, dev):
     with pytest.raises(DeviceError, match=f"cannot tune for {dev}.*running on {dev} itself needs"):
-        tune(FakeApp(), dev, benchmark=FakeBench(), profile_path=tmp_path / "p.json",
-             log_path=tmp_path / "l.jsonl")
+        tune(FakeApp(), dev, TuneOptions(profile_path=tmp_path / "p.json",
+                                         log_path=tmp_path / "l.jsonl"), benchmark=FakeBench())
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "l.jsonl").exists()
 
 
@@ -632,9 +635,9 @@ def test_near_misses_in_a_program_are_proposed_together_for_the_whole_model_to_j
     """A winner ahead in its program's head-to-head but within the spread is proposed (the
     whole-model A/B then decides); a clear loss, a kernel-alone comparison, an undecided one
     and an instance that already moved are left as they were."""
-    import io
     from types import SimpleNamespace
 
+    from iron.tuning.events import Collect, NearMissesProposed
     from iron.tuning.tuner import Outcome, propose_near_misses
 
     old, new = GEMV(M=64, K=64, tile_size_input=4, tile_size_output=16, num_aie_columns=1), \
@@ -649,10 +652,11 @@ def test_near_misses_in_a_program_are_proposed_together_for_the_whole_model_to_j
     near = outcome()
     kept = [outcome(gain=0.98), outcome(program=""), outcome(decided=False),
             outcome(chosen=new, gain=1.2)]
-    out = io.StringIO()
-    result = propose_near_misses([near, *kept], out)
+    events = Collect()
+    result = propose_near_misses([near, *kept], events)
     assert result[0].chosen == new and result[1:] == kept
-    assert "1 instances were ahead head-to-head within the spread" in out.getvalue()
+    assert events.events == [NearMissesProposed(1)]
+    assert "1 instances were ahead head-to-head within the spread" in events.events[0].text()
 
 
 class LayersThenHead(iron.Graph):
