@@ -197,7 +197,7 @@ def apps(smollm2):
 
 @pytest.mark.slow
 def test_committed_npu_profiles_are_what_the_model_tune_writes_now(apps, tmp_path):
-    """``python -m iron.lm.tune llama --device D`` then ``... weights=bf16``, from no
+    """``python -m iron.lm.tune llama --device D`` then ``... --var weights=bf16``, from no
     profile and no log, for npu1 and npu2, give the bytes of the committed files (which
     another process wrote): no timestamps, no host data, ties broken by the legal order."""
     for dev, weights in RUNS:
