@@ -39,3 +39,7 @@ class CheckpointError(IronError, ValueError):
 
 class BundleError(IronError, ValueError):
     """A model bundle is missing, incomplete or damaged."""
+
+
+class FormatError(IronError, ValueError):
+    """A weight format, group size or byte array that does not fit together (``iron.quant``)."""

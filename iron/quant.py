@@ -61,6 +61,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from .errors import FormatError
+
 #: Weight formats, in the order of their IRON_FMT_* numbers in kernels/cpu/iron_cpu.h.
 FORMATS = ("bf16", "q4_0", "q4_1", "q8_0", "uint4", "q4_k", "q6_k")
 QUANTIZED = FORMATS[1:]
@@ -78,10 +80,6 @@ HIGH_2BIT = 0x33333333
 QK_K = 256
 #: Rows per tile of the tiled layout (the lanes of a 512-bit register of 32-bit words).
 TILE = 16
-
-
-class FormatError(ValueError):
-    """A weight format, group size or byte array that does not fit together."""
 
 
 def check_format(fmt: str, group: int, where: str) -> None:

@@ -1,4 +1,4 @@
-"""Shared test helpers (moved out of tests/test_build.py so no test imports another)."""
+"""Shared test helpers (moved out of tests/pipeline/test_build.py so no test imports another)."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """llama.cpp's own tokenizer test data, fetched once: the ``models/ggml-vocab-*.gguf``
-vocabulary files with their ``.inp``/``.out`` cases (llama.cpp's ``tests/test-tokenizer-0``
-format), and the real chat templates of ``models/templates/``, shipped in the
+vocabulary files with their ``.inp``/``.out`` cases (the format of llama.cpp's
+``test-tokenizer-0``), and the real chat templates of ``models/templates/``, shipped in the
 llama-cpp-python source distribution on PyPI.
 
 The sdist (76 MB) is downloaded with ``pip download --no-deps --no-binary :all:`` into

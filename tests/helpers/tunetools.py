@@ -1,4 +1,4 @@
-"""Shared test helpers (moved out of tests/test_tuner.py so no test imports another)."""
+"""Shared test helpers (moved out of tests/tuning/test_tuner.py so no test imports another)."""
 
 import json
 import time

@@ -119,7 +119,7 @@ def test_doit_tune_takes_the_tuner_options_and_a_rebuild_follows_the_profile(pro
 
 
 def test_doit_tune_on_an_npu_ranks_by_the_cost_model_and_the_npu_build_uses_it(project):
-    """`doit tune device=npu2` writes profiles/demo/npu2.json from the npu cost model (the
+    """`doit tune device=npu2` writes the demo's npu2 profile from the npu cost model (the
     device cannot run here), and `doit device=npu2` builds with that profile."""
     tuned = doit(project, "tune", "device=npu2")
     assert tuned.stdout.count("source: model") == 2 and "tuning complete" in tuned.stdout

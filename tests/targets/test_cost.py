@@ -3,7 +3,7 @@
 The cpu model is priced here with fixed host numbers (a calibration file written into a
 temporary build folder, read by the real cache code), so its rankings are deterministic; the
 tuner's pruning is checked with the deterministic stand-in benchmark of ``test_tuner``; the
-``source: model`` path with the npu designs' own model (``tests/test_npu_cost.py`` checks
+``source: model`` path with the npu designs' own model (``tests/targets/test_npu_cost.py`` checks
 that model itself).
 """
 
