@@ -73,8 +73,8 @@ def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None,
         }
         one_row = programs[DECODE].ops + programs[HEAD].ops
         for b in batch_sizes(batch):
-            # the number of slots recorded here is a placeholder: the kernels do not depend on
-            # it, and a runtime sizes the cache for its own (see iron.lm.batch)
+            # b slots: the cpu kernels do not depend on it and a runtime sizes the cache for
+            # its own (iron.lm.batch); an npu design moves exactly b slots' caches
             program = SlotDecoder(config, b, ctx, slots=b, **graph).record(rows(b), rows(b),
                                                                            rows(b))
             programs[decode_slots(b)] = match_tunables(program, one_row)
