@@ -128,7 +128,8 @@ def ensure_bundle(variables: dict[str, str], verbose: bool = False) -> Bundle:
     from doit.doit_cmd import DoitMain
 
     from .pipeline.bundle import Bundle
-    from .pipeline.tasks import BuildRun, dodo_namespace
+    from .pipeline.buildrun import BuildRun
+    from .pipeline.tasks import dodo_namespace
 
     if verbose:
         variables = {**variables, "verbose": "1"}
