@@ -27,11 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from iron import quant
-from iron.operators import GEMM
 from iron.targets import cpu
 
-from qkernel_ab import BF16, One, alternate, args_of, build, weight
+from qkernel_ab import alternate, quantized_gemm
 
 M, K, N = 64, 2048, 2048  # as amx_depth.c
 SOURCE = Path(__file__).with_name("amx_depth.c")
@@ -54,15 +52,10 @@ def amx_seconds(depth, steps, threads, folder):
 
 
 def iron_gemm_seconds(threads, folder, rounds=9):
-    rng = np.random.default_rng(0)
-    w = weight("q4_0", N, K, rng)
-    a = rng.standard_normal((M, K)).astype(BF16)
-    fields = {"weight_format": "q4_0", "group_size": quant.GROUPS["q4_0"][0],
-              "num_aie_columns": threads}
-    op = One(GEMM, fields).record_like([a, w]).ops[0]
-    kernels = build(op, {"iron": Path(__file__).resolve().parents[1]}, folder)
-    out = np.zeros((M, N), BF16)
-    return min(alternate(kernels, [args_of([a, w, out])] * 3, rounds)["iron"])
+    kernel, call, _keep = quantized_gemm("q4_0", M, K, N, threads,
+                                         Path(__file__).resolve().parents[1], folder,
+                                         np.random.default_rng(0))
+    return min(alternate({"iron": kernel}, [call] * 3, rounds)["iron"])
 
 
 def main():

@@ -27,11 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from iron import quant
-from iron.operators import GEMM
 from iron.targets import cpu
 
-from qkernel_ab import BF16, GEMM_SHAPES, One, args_of, build, weight
+from qkernel_ab import GEMM_SHAPES, quantized_gemm
 
 SOURCE = Path(__file__).with_name("int8_peak.c")
 
@@ -52,15 +50,9 @@ def peak(threads: int, folder: str) -> tuple[float, float, int]:
 def gemm_rate(m: int, k: int, n: int, threads: int, folder: str, rounds: int) -> float:
     """iron's q4_0 GEMM of (m, k) x (n, k)^T on ``threads`` threads: multiply-adds per second,
     best of ``rounds`` calls; per second of CPU time with one thread, else of wall time."""
-    rng = np.random.default_rng(0)
-    w = weight("q4_0", n, k, rng)
-    a = rng.standard_normal((m, k)).astype(BF16)
-    fields = {"weight_format": "q4_0", "group_size": quant.GROUPS["q4_0"][0],
-              "num_aie_columns": threads}
-    op = One(GEMM, fields).record_like([a, w]).ops[0]
-    kernel = build(op, {"iron": Path(__file__).resolve().parents[1]}, folder)["iron"]
-    out = np.zeros((m, n), BF16)  # kept alive: the kernel writes through a raw pointer
-    call = args_of([a, w, out])
+    kernel, call, _keep = quantized_gemm("q4_0", m, k, n, threads,
+                                         Path(__file__).resolve().parents[1], folder,
+                                         np.random.default_rng(0))
     clock = time.process_time if threads == 1 else time.perf_counter
     kernel(call)  # warm-up
     best = float("inf")
