@@ -35,8 +35,7 @@ with nothing of its own:
   AIEUtils.cpp``), which follows only ``memref.subview``, ``memref.cast`` and
   ``memref.reinterpret_cast`` with static offsets, sizes and strides: a ``memref.view`` (the
   only op that turns bytes into another element type) is not followed, hence a buffer per
-  element type.  A callee argument of dynamic size gets a ``memref.cast`` of the static view
-  to its type (a cast is followed too).  The intermediates never travel to the host: a step's
+  element type (every design's arguments have static sizes).  The intermediates never travel to the host: a step's
   output is the next step's input in device memory.  An output an operator writes in place of
   an input (its class's ``inplace``: output position -> input position, a KV cache) shares
   that input's place;
@@ -245,7 +244,7 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
                                   f"{elements[t]}: a fold's tensor has one element type")
             want = arg.numel * DTYPE_BYTES[arg.dtype]
             have = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
-            if arg.numel and want != have:  # numel 0: sized by the caller (the tensor)
+            if want != have:
                 raise BundleError(f"step {run.step}: design argument {arg.name} is {want} "
                                   f"bytes, the program's tensor {t} ({tensor.name or 'temp'}) "
                                   f"{have} bytes")
@@ -336,9 +335,8 @@ def view(lines: list[str], fold: Fold, slot: Slot, numel: int, n: int, custom: b
          ) -> tuple[str, str]:
     """Append the ops that hand a callee its tensor, as upstream IRON's fusion does: a
     ``memref.subview`` of the host buffer (static offset and size, unit stride), then a
-    ``memref.reinterpret_cast`` to the callee's static type (``memref<numel x element>``);
-    for a callee argument of dynamic size (``numel`` 0), the tensor's static type and a
-    ``memref.cast`` to the callee's.  Returns the value and its type."""
+    ``memref.reinterpret_cast`` to the callee's static type (``memref<numel x element>``).
+    Returns the value and its type."""
     from .mlir import ELEM
 
     buffer = fold.buffers[slot.buffer]
@@ -346,23 +344,17 @@ def view(lines: list[str], fold: Fold, slot: Slot, numel: int, n: int, custom: b
     size, offset = slot.nbytes // buffer.itemsize, slot.offset // buffer.itemsize
     whole = f"memref<{buffer.numel}x{element}>"
     window = f"memref<{size}x{element}, strided<[1], offset: {offset}>>"
-    static = f"memref<{size}x{element}>"
-    callee = f"memref<{numel or '?'}x{element}>"
-    static_view = f"%v{n}" if numel else f"%r{n}"
+    callee = f"memref<{numel}x{element}>"
     ops = [("memref.subview", f"%s{n}", f"%{buffer.name}", offset, whole, window),
-           ("memref.reinterpret_cast", static_view, f"%s{n}", 0, window, static)]
-    if not numel:
-        ops.append(("memref.cast", f"%v{n}", static_view, None, static, callee))
+           ("memref.reinterpret_cast", f"%v{n}", f"%s{n}", 0, window, callee)]
     for op, result, source, at, source_type, result_type in ops:
         if not custom:
-            segments = "" if at is None else (
-                f" <{{operandSegmentSizes = array<i32: 1, 0, 0, 0>, static_offsets = array<i64: "
-                f"{at}>, static_sizes = array<i64: {size}>, static_strides = array<i64: 1>}}>")
+            segments = (f" <{{operandSegmentSizes = array<i32: 1, 0, 0, 0>, static_offsets = "
+                        f"array<i64: {at}>, static_sizes = array<i64: {size}>, static_strides = "
+                        "array<i64: 1>}>")
             text = f'"{op}"({source}){segments} : ({source_type}) -> {result_type}'
         elif op == "memref.subview":
             text = f"{op} {source}[{at}] [{size}] [1] : {source_type} to {result_type}"
-        elif op == "memref.cast":
-            text = f"{op} {source} : {source_type} to {result_type}"
         else:
             text = (f"{op} {source} to offset: [{at}], sizes: [{size}], strides: [1] : "
                     f"{source_type} to {result_type}")

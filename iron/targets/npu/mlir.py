@@ -255,7 +255,7 @@ class Writer:
 
     def sequence(self) -> None:
         d = self.d
-        types = [memref((a.numel or "?",), a.dtype) for a in d.args]  # ?: sized by the caller
+        types = [memref((a.numel,), a.dtype) for a in d.args]
         params = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(types))
         if self.custom:
             self.emit(2, f"aie.runtime_sequence @sequence({params}) {{")
