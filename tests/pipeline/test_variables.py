@@ -55,6 +55,28 @@ def test_tune_variables_stay_values(tiny, tmp_path, monkeypatch):
                         "--budget=5.0"]
 
 
+def test_tune_runs_the_generic_tuner_with_every_application_variable(tiny, tmp_path,
+                                                                    monkeypatch):
+    """The tune task names no language-model module: ``python -m iron.tuning``, each
+    application variable given passed on as ``--var NAME=VALUE`` (the tuner opens the
+    application through ``open_app``, which checks them)."""
+    argv = command(tiny, tmp_path, monkeypatch, task="tune", weights="bf16", context="64")
+    assert argv[:3] == [sys.executable, "-m", "iron.tuning"]
+    assert argv[3:] == ["llama", "--device", "cpu", f"--checkpoint={tiny}",
+                        "--var=weights=bf16", "--var=context=64"]
+
+
+def test_the_tuner_refuses_an_unknown_application_variable_in_one_line(tmp_path, capsys):
+    from iron.tuning.__main__ import main
+
+    # (were the variable not checked: a short cost-model tune, written to a scratch file)
+    assert main(["llama", "--var", "contxt=64", "--no-plots", "--device", "npu2",
+                 "--budget", "1", "--out", str(tmp_path / "profile.json")]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("error: unknown variable of application 'llama' 'contxt' (did you "
+                           "mean 'context'?)") and said.count("\n") == 1, said
+
+
 @pytest.mark.parametrize("value", ["", "  "])
 def test_an_empty_checkpoint_variable_is_a_one_line_error(value):
     with pytest.raises(IronError) as e:
