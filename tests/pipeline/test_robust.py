@@ -771,6 +771,16 @@ def test_kernels_wait_passively_and_threads_cap_the_team():
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in chosen.stderr, chosen.stderr
 
 
+def test_importing_the_task_graph_creates_no_folder(tmp_path):
+    """The build folder is made when a dodo namespace is, not when the module is imported."""
+    build = tmp_path / "build"
+    done = subprocess.run([sys.executable, "-c", "import iron.pipeline.tasks"], cwd=ROOT,
+                          env={**os.environ, "IRON_BUILD_DIR": str(build)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not build.exists()
+
+
 def test_threads_and_march_variables_are_held_by_the_graph_not_the_environment():
     from iron.pipeline.tasks import BuildGraph
 
