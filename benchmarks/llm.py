@@ -366,7 +366,7 @@ def bundle_from_gguf(path: Path) -> Path:
 
 def host_facts() -> dict:
     """The host a result was measured on: CPU model, the ISA flags that pick kernels, cores."""
-    from iron.targets.cpu import host
+    from iron import host
 
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
               "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")

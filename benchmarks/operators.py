@@ -24,7 +24,7 @@ import numpy as np
 
 import iron
 from iron import quant
-from iron.targets.cpu.host import cache_bytes
+from iron.host import cache_bytes
 from iron.operators import GEMM, GEMV, ElementwiseAdd, RMSNorm, SwiGLU, Attention
 from iron.targets import cpu
 from timing import median_seconds

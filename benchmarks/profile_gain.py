@@ -2,7 +2,7 @@
 
 Builds two SmolLM2 bundles that differ only in their profile (the committed profile of this
 host class, ``profiles/llama/cpu-<class>.json`` — ``IRON_THREADS=1`` and
-``IRON_MARCH=x86-64-v3`` select another class, see ``iron.targets.cpu.host.class_name`` — or ``--profile
+``IRON_MARCH=x86-64-v3`` select another class, see ``iron.host.class_name`` — or ``--profile
 FILE``, and an empty one so that every tunable comes from ``iron.resolve``).  Each round is a fresh process that loads both and runs them alternately
 (ABBA) on the same prompt, measuring as ``benchmarks/llm.py`` does.  Both models read one copy
 of the weights in memory: when each mapped its own file, the two copies landed on different
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 import iron
-from iron.targets.cpu import host
+from iron import host
 from iron.paths import build_dir
 from iron.pipeline.app import app_profile, load_app, profile_path
 from iron.pipeline.bundle import write_bundle

@@ -32,7 +32,7 @@ from iron import quant
 from iron.memory import huge_page_copy
 from iron.operators import GEMM, GEMV
 from iron.targets import cpu
-from iron.targets.cpu.host import cache_bytes
+from iron.host import cache_bytes
 
 BF16 = iron.bfloat16
 GEMV_SHAPES = ((16384, 2048), (2048, 8192), (49152, 2048), (3072, 2048))  # Llama 1B: M x K

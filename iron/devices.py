@@ -4,7 +4,8 @@ A ``Device`` is what an operator's own rules and candidate values (``Operator.ru
 ``Operator.space(dev)``) may depend on: how many columns it has, how many DMA channels a
 column streams through, and below how much work a team of columns costs more than it saves.
 Everything else a target knows about its devices (an NPU's memories, descriptors and MAC
-shapes; the host CPU's ISA and model) lives in the target's package.
+shapes) lives in the target's package; the host CPU's facts (ISA, model, cores) in
+``iron.host``, below every layer that reads them.
 
 The NPU numbers are those of mlir-aie's AIE target model (``AIETargetModel.h`` in
 github.com/Xilinx/mlir-aie): npu1 (Phoenix / Hawk Point, AIE2) has 4 usable columns, npu2
@@ -12,17 +13,17 @@ github.com/Xilinx/mlir-aie): npu1 (Phoenix / Hawk Point, AIE2) has 4 usable colu
 and two out of it (``iron/targets/npu/resources.py`` counts the rest).  They are the same on
 every host, so a profile entry beyond them is an error.  On the host CPU a "column" is a
 worker thread, so its column count is the number of cores this process may use
-(``usable_cores``): a host figure, so a profile entry tuned on a larger host falls back to
+(``iron.host.usable_cores``): a host figure, so a profile entry tuned on a larger host falls back to
 the defaults here with a warning.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 from .errors import DeviceError
+from .host import usable_cores
 
 
 @dataclass(frozen=True)
@@ -45,37 +46,13 @@ class Device:
         return self.name
 
 
-def affinity_cores() -> int:
-    """Cores this process may run on: its affinity mask, not the machine's count (under
-    ``taskset -c 0`` or a one-CPU container it is one)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def usable_cores() -> int:
-    """``affinity_cores``, lowered by ``$IRON_THREADS``."""
-    cores = affinity_cores()
-    limit = os.environ.get("IRON_THREADS")
-    if limit:
-        return min(cores, parse_threads(limit, "$IRON_THREADS"))
-    return cores
-
-
-def parse_threads(value: str | int, where: str) -> int:
-    """A thread count from text: a positive integer, or an error naming ``where``."""
-    text = str(value).strip()
-    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
-        raise DeviceError(f"{where}={value!r}: the thread count must be a positive integer")
-    return int(text)
-
-
 def _cpu() -> Device:
     return Device("cpu", "cpu", columns=usable_cores(), shim_channels=1,
                   parallel_bytes=64 * 1024, fixed=False)
 
 
+#: The one statement of each NPU's usable columns: the npu target's resources and its
+#: transcription of mlir-aie's target model (``preconditions.target_model``) read them here.
 _NPUS = {
     "npu1": Device("npu1", "npu", columns=4, shim_channels=2),
     "npu2": Device("npu2", "npu", columns=8, shim_channels=2),

@@ -1,5 +1,6 @@
 """Check iron's layering: every import, at module level or inside a function, goes to the
-importing module's own layer or one below it; and no module-level imports form a cycle.
+importing module's own layer or one below it; and no imports, inside functions too, form a
+cycle.
 
     python scripts/import_cycles.py      # exit 1 and print each violation and cycle
 
@@ -7,8 +8,13 @@ importing module's own layer or one below it; and no module-level imports form a
 it; ``tests/test_layers.py`` runs this check).  A module is in the layer of the longest
 prefix that names it; a module no prefix names is a violation too, so a new module is placed
 on purpose.  Imports under ``if TYPE_CHECKING:`` count: an annotation naming a higher layer
-is the same dependency.  ``importlib.import_module`` with a computed name is not seen (iron
-uses it only for lazy exports of a package's own members).
+is the same dependency.  A function-level import closes a cycle as surely as a module-level
+one (it runs later, but the two modules still need each other).  Two kinds of import close no
+cycle: a package's lazy export (PEP 562), its module-level ``__getattr__`` importing one of
+its own submodules, which may then read the names the package defines; and an import under
+``if TYPE_CHECKING``, which never runs (it names a type for an annotation).
+``importlib.import_module`` with a computed name is not seen (iron uses it only for lazy
+exports of a package's own members).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ PACKAGES = ("iron", "apps")
 
 #: Bottom to top: (layer, module prefixes).  A module may import from its own layer and below.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("services", ("iron.errors", "iron.tensor", "iron.paths", "iron.util", "iron.jsonfile",
+    ("services", ("iron.errors", "iron.host", "iron.tensor", "iron.paths", "iron.util",
+                  "iron.jsonfile",
                   "iron.memory", "iron.store", "iron.remote_cache", "iron.cache", "iron.tensorfile",
                   "iron.quant")),
     ("operator model", ("iron.recording", "iron.devices", "iron.operator", "iron.operators",
@@ -71,15 +78,36 @@ def _targets(node: ast.AST, package: str, modules: set[str]) -> list[str]:
     return []
 
 
-def imports(name: str, path: Path, modules: set[str], everywhere: bool) -> dict[str, int]:
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if _type_checking(node):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def imports(name: str, path: Path, modules: set[str], everywhere: bool,
+            annotations: bool = True) -> dict[str, int]:
     """The modules of ``modules`` that module ``name`` (its source at ``path``) imports, each
-    with the line of its first import: every import if ``everywhere``, else those run at
-    module level (``if TYPE_CHECKING`` and function bodies excluded)."""
+    with the line of its first import: every import if ``everywhere`` (those under ``if
+    TYPE_CHECKING`` only with ``annotations``), else those run at module level (``if
+    TYPE_CHECKING`` and function bodies excluded)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
-    nodes = ast.walk(tree) if everywhere else iter(tree.body)
+    nodes = ((ast.walk(tree) if annotations else _run_nodes(tree)) if everywhere
+             else iter(tree.body))
     found: dict[str, int] = {}
-    for node in nodes:
+    for node in sorted(nodes, key=lambda n: getattr(n, "lineno", 0)):
         for target in _targets(node, package, modules):
             if target in modules and target != name:
                 found.setdefault(target, node.lineno)
@@ -113,11 +141,26 @@ def violations(paths: dict[str, Path] | None = None) -> list[str]:
     return out
 
 
+def lazy_exports(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The submodules of package ``name`` its module-level ``__getattr__`` imports (PEP 562)."""
+    if path.name != "__init__.py":
+        return set()
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            for inner in ast.walk(node):
+                found.update(t for t in _targets(inner, name, modules)
+                             if t.startswith(name + "."))
+    return found
+
+
 def graph(paths: dict[str, Path] | None = None) -> dict[str, set[str]]:
-    """Module-level import edges (what runs when a module is imported)."""
+    """Import edges of the imports that run, anywhere in a module (function bodies included),
+    but for a package's lazy exports of its own submodules."""
     paths = paths or sources()
     modules = set(paths)
-    return {m: set(imports(m, p, modules, everywhere=False)) for m, p in paths.items()}
+    return {m: set(imports(m, p, modules, everywhere=True, annotations=False))
+            - lazy_exports(m, p, modules) for m, p in paths.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -153,7 +196,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def problems() -> list[str]:
-    """Every layer violation and module-level import cycle, one line each."""
+    """Every layer violation and import cycle, one line each."""
     edges = graph()
     found = violations()
     for comp in cycles(edges):

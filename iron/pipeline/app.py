@@ -137,10 +137,10 @@ def profiles_dir() -> Path:
 
 def profile_path(app: str, device: str, host_class: str | None = None) -> Path:
     """``profiles/<app>/<device>.json``; on the cpu one file per host class
-    (``profiles/<app>/cpu-avx2-2t.json``, see ``iron.targets.cpu.host.class_name``): a setting
+    (``profiles/<app>/cpu-avx2-2t.json``, see ``iron.host.class_name``): a setting
     tuned for one instruction set or team size is not the setting for another."""
     if device == "cpu":
-        from ..targets.cpu.host import class_name
+        from ..host import class_name
 
         device = f"cpu-{host_class or class_name()}"
     return profiles_dir() / app / f"{device}.json"

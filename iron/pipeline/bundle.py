@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # numpy, programs and profiles load only where a bundle is wr
     from ..profile import Profile
     from ..program import Program
 
-from ..targets.cpu import host
+from .. import host
 from ..errors import BundleError, IronError
 from ..jsonfile import loads
 from ..remote_cache import signing_key

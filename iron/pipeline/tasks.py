@@ -51,8 +51,8 @@ from typing import Any, Iterator
 
 from doit.exceptions import InvalidDodoFile, TaskFailed
 
-from ..targets.cpu import host
-from ..devices import DEVICE_NAMES, Device, affinity_cores, device as get_device
+from .. import host
+from ..devices import DEVICE_NAMES, Device, device as get_device
 from ..errors import IronError
 from ..jsonfile import loads
 from ..paths import PACKAGE_DIR, build_dir, project_root
@@ -240,7 +240,7 @@ class BuildGraph:
                 parts.append(_slug(declared.tag.format(value)))
         if self.level != host.DEFAULT_MARCH:
             parts.append(_slug(self.level))
-        if self.device.kind == "cpu" and self.device.columns < affinity_cores():
+        if self.device.kind == "cpu" and self.device.columns < host.affinity_cores():
             parts.append(f"{self.device.columns}t")
         return "-".join(parts)
 

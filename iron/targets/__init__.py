@@ -2,7 +2,7 @@
 
 ``iron.targets.base`` writes down the interface; ``target_for(device)`` is how every layer
 above finds the target of a device.  Each target package is imported on first use, so a light
-tool (a no-op ``doit`` reading the host's facts in ``iron.targets.cpu.host``) loads no target.
+tool (a no-op ``doit`` reading the host's facts in ``iron.host``) loads no target.
 """
 
 from __future__ import annotations

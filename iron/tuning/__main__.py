@@ -8,7 +8,7 @@ cost model's ``--prune`` fastest of each and the setting in use; ``--full`` time
 alone, then the sweep's fastest against the setting in use inside the program it runs in, and
 writes what the whole model gains from into ``profiles/<APP>/<device>.json`` (on the cpu
 ``cpu-<host class>.json``: ``$IRON_THREADS`` and ``$IRON_MARCH`` select another class, see
-``iron.targets.cpu.host.class_name``); on a device this machine cannot run, ranks them by
+``iron.host.class_name``); on a device this machine cannot run, ranks them by
 the target's cost model instead and says so; review it with ``git diff`` or ``python -m
 iron.profile diff``.  Measurements are logged under ``build/tune/``, so an interrupted run
 picks up where it stopped.  ``--scheduler tcp://HOST:PORT`` runs compiles and

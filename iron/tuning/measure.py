@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..devices import Device, device as get_device
-from ..targets.cpu.host import cache_bytes
+from ..host import cache_bytes
 from ..graph import Graph
 from ..memory import huge_page_copy
 from ..operator import Operator

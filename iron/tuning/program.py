@@ -38,7 +38,7 @@ from ..memory import huge_page_copy
 from ..operator import Operator
 from ..program import Program
 from ..targets import Target, target_for
-from ..targets.cpu.host import cache_bytes
+from ..host import cache_bytes
 from .candidates import Instance, unset
 from .log import Comparison
 from .measure import Benchmark, Measurement

@@ -50,7 +50,7 @@ from ..paths import build_dir
 from ..pipeline.app import Application, profile_path as app_profile_path
 from ..profile import Profile
 from ..targets import target_for
-from ..targets.cpu.host import summary as host_summary
+from ..host import summary as host_summary
 from .candidates import Instance, candidates, instances, traffic
 from .events import (BaselineStarted, Compiled, Finished, HeadToHead, InstanceStarted,
                      InUseRejected, LoadingWeights, LogLinesSkipped, Measured, MeasuredAgain,

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from iron.targets.cpu.host import class_name
+from iron.host import class_name
 
 
 ROOT = Path(__file__).resolve().parents[2]

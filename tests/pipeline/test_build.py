@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from iron.targets.cpu.build import compiler
-from iron.targets.cpu.host import class_name
+from iron.host import class_name
 from conftest import copy_project
 from buildtools import (ROOT, demo_error, doit, executed, compile_tasks, set_profile,  # noqa: F401
                         run_bundle, terminal_interrupt)

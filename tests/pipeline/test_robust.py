@@ -16,7 +16,7 @@ import pytest
 
 import iron
 from iron.resolution import resolve
-from iron.targets.cpu import host
+from iron import host
 from iron.errors import BundleError, CheckpointError, IronError, ProfileError
 from iron.pipeline import bundle as bundles
 from iron.profile import Profile

@@ -19,7 +19,7 @@ from iron.errors import ResolveError, ShapeError
 from iron.operators import GEMV
 from iron.resolution import legal_settings
 from iron.targets import cpu
-from iron.targets.cpu import host
+from iron import host
 
 from opcases import OneStep, assert_builds_agree, assert_close, case_inputs, run_built
 

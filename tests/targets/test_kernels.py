@@ -12,7 +12,7 @@ from opcases import (SHAPES, SWEEP, OneStep, assert_builds_agree, assert_close, 
 from iron.memplan import temp_buffers
 from iron.resolution import legal_settings
 from iron.targets import cpu
-from iron.targets.cpu import host
+from iron import host
 
 
 def run_case(name, shape, tunables=None, seed=0):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from iron.targets.cpu.host import class_name
+from iron.host import class_name
 
 distributed = pytest.importorskip("distributed")
 

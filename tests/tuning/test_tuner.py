@@ -462,7 +462,7 @@ def test_real_benchmark_checks_and_times_quantized_instances():
 
 
 def test_a_host_class_names_the_kernel_paths_its_build_compiles_and_its_cores():
-    from iron.targets.cpu import host
+    from iron import host
 
     assert host.isa_class({"avx2", "fma", "sse4_2"}) == "avx2"  # Zen 3, or x86-64-v3 anywhere
     zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
@@ -478,7 +478,7 @@ def test_a_host_class_names_the_kernel_paths_its_build_compiles_and_its_cores():
 def test_every_isa_macro_the_kernels_branch_on_belongs_to_a_named_kernel_path():
     import re
 
-    from iron.targets.cpu import host
+    from iron import host
     from iron.paths import KERNELS_DIR
 
     named = {host.normalize(f) for _, needs in host.KERNEL_PATHS for f in needs}
@@ -490,7 +490,7 @@ def test_every_isa_macro_the_kernels_branch_on_belongs_to_a_named_kernel_path():
     assert found, "the kernels branch on no ISA macro: this check reads the wrong files"
     missing = {m for m in found
                if host.normalize(host.CPUINFO_ALIASES.get(m, m)) not in named}
-    assert not missing, f"kernel paths not in iron.targets.cpu.host.KERNEL_PATHS: {sorted(missing)}"
+    assert not missing, f"kernel paths not in iron.host.KERNEL_PATHS: {sorted(missing)}"
 
 
 def test_threads_and_march_select_their_own_cpu_profile(monkeypatch):

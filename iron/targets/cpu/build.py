@@ -23,7 +23,7 @@ from ...errors import CompileError, DeviceError
 from ...operator import Operator
 from ...paths import KERNELS_DIR
 from ..base import Recipe
-from . import host
+from ... import host
 
 RECIPE_VERSION = 1
 SOURCE_DIR = KERNELS_DIR / "cpu"

@@ -24,11 +24,11 @@ from typing import Callable
 
 import numpy as np
 
+from ...cache import default_store
 from ...paths import build_dir
 from ...util import atomic_write_bytes
-from . import host
-from .build import SOURCE_DIR, source_recipe
-from .target import TARGET
+from ... import host
+from .build import LIBRARY, SOURCE_DIR, build, source_recipe
 
 #: Bumped when what a calibration file holds, or how it is measured, changes.
 CALIBRATION_VERSION = 3
@@ -68,9 +68,12 @@ def _probe_recipe():
 
 
 def _probe_library() -> ctypes.CDLL:
-    """``calibrate.c`` compiled like a kernel, through the artifact store."""
-    entry = TARGET.compile(_probe_recipe())
-    lib = ctypes.CDLL(str(TARGET.artifact(entry)))
+    """``calibrate.c`` compiled like a kernel, through the artifact store; built here, not by
+    the cpu target, whose cost model reads this module's figures."""
+    recipe = _probe_recipe()
+    entry = default_store().get_or_build(recipe.key, recipe.description,
+                                         lambda folder: build(recipe, folder))
+    lib = ctypes.CDLL(str(entry.file(LIBRARY)))
     seconds = ctypes.POINTER(ctypes.c_double)
     lib.iron_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int,
                                     seconds]

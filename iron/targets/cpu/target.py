@@ -16,7 +16,7 @@ from ...program import Program
 from ...store import Entry, Store
 from ..base import Recipe, Target
 from ..cost import Estimate
-from . import host
+from ... import host
 from .build import LIBRARY, build, compiler, recipe_for
 from .ranges import range_rules
 from .rules import RULES

@@ -94,8 +94,10 @@ def target_rules(op: Operator, device: str) -> tuple[Rule, ...]:
 @functools.lru_cache(maxsize=1 << 14)
 def cost_of(op: Operator, device: str) -> Estimate | None:
     """``NpuTarget.cost``, once per instance (the tuner asks for each candidate's twice)."""
+    from .cost import design_estimate
+
     design = design_of(op, device)
-    return None if design is None else design.cost()
+    return None if design is None else design_estimate(design)
 
 
 def digest_of(paths: Sequence[Path]) -> str:
@@ -165,7 +167,7 @@ class NpuTarget(Target):
     # ---- the cost model ----------------------------------------------------------------------
 
     def cost(self, op: Operator) -> Estimate | None:
-        """The modelled time of a legal instance's design (``Design.cost``); None for an
+        """The modelled time of a legal instance's design (``cost.design_estimate``); None for an
         instance placed on the host, which the npu does not run."""
         return cost_of(op, self._dev().name)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ...operators import Attention, CacheWrite, QKVRoPE
+from .cost import design_estimate
 from .design import DTYPE_BYTES, Design
 
 #: The operators whose sequences move the KV cache.
@@ -74,7 +75,7 @@ def bucket_costs(ops: Sequence, device: str) -> list[Bucket]:
             key = (op, b)
             if key not in drawn:
                 d = design_of(dataclasses.replace(op, ctx=min(b, op.ctx)), device)
-                drawn[key] = (moved_bytes(d), d.cost().seconds)
+                drawn[key] = (moved_bytes(d), design_estimate(d).seconds)
             moved += drawn[key][0]
             seconds += drawn[key][1]
         out.append(Bucket(b, moved, seconds))

@@ -46,7 +46,7 @@ from ..cost import COMPUTE, LAUNCH, MEMTILE, SHIM_DMA, Estimate
 from . import kernels
 from .design import Acquire, Call, Design, Fifo, Loop, Tile
 from .resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS, ROW_CYCLES,
-                        TRANSFER_ISSUE_SECONDS, NpuResources)
+                        TRANSFER_ISSUE_SECONDS, NpuResources, resources)
 
 #: Vector operations of one exponential of a vector (``iron_exp`` in ``iron_aie.h``), per core
 #: architecture: AIE2's lookup table a clamp (2), the rounding to bf16, the conversion to fixed
@@ -255,6 +255,11 @@ def fill_seconds(design: Design, res: NpuResources) -> float:
     into = [f.name for f in design.fifos if any(c.kind == "core" for c in f.consumers)]
     out = [f.name for f in design.fifos if f.producer.kind == "core"]
     return (max(map(way_in, into), default=0.0) + max(map(way_out, out), default=0.0))
+
+
+def design_estimate(design: Design) -> Estimate:
+    """The modelled time of one call of ``design`` on its own device, its bottleneck named."""
+    return design_cost(design, resources(design.device))
 
 
 def design_cost(design: Design, res: NpuResources) -> Estimate:

@@ -189,14 +189,6 @@ class Design:
     def fifo(self, name: str) -> Fifo:
         return next(f for f in self.fifos if f.name == name)
 
-    def cost(self):
-        """The modelled time of one call on its device, its bottleneck named
-        (``iron.targets.npu.cost``; an ``iron.targets.cost.Estimate``)."""
-        from .cost import design_cost
-        from .resources import resources
-
-        return design_cost(self, resources(self.device))
-
     def tiles(self) -> list[Tile]:
         found = {f.producer for f in self.fifos} | {t for f in self.fifos for t in f.consumers}
         return sorted(found, key=lambda t: (t.col, t.row))

@@ -33,12 +33,14 @@ from typing import Callable, Iterator
 from xdsl.dialects.builtin import MemRefType
 from xdsl.ir import Operation, SSAValue
 
+from ...devices import device as get_device
 from . import ods
 from .check import shares_memory
 from .design import DTYPE_BYTES, Fifo, Tile
 from .rotation import fifo_rotation
 from .traced import untraceable
 from .trip_rules import constant_trip_counts
+from .violation import Violation
 
 # ---- the target model (AIETargetModel.h) ---------------------------------------------------
 
@@ -73,8 +75,8 @@ class TargetModel:
 
 
 def target_model(device: str) -> TargetModel:
-    if device in ("npu1", "npu2"):
-        return TargetModel(device, 4 if device == "npu1" else 8)
+    if device in ("npu1", "npu2"):  # their columns as iron.devices states them
+        return TargetModel(device, get_device(device).columns)
     base, _, cols = device.partition("_")
     if base in ("npu1", "npu2") and cols.endswith("col"):
         return TargetModel(device, int(cols[:-3]))
@@ -87,14 +89,6 @@ DEFAULT_STACK = 0x400
 
 
 # ---- one device, indexed -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken precondition: the op at fault and a one-line message naming the value."""
-
-    op: Operation
-    message: str
 
 
 def _element(t: MemRefType) -> tuple[tuple[int, ...], str]:

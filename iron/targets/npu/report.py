@@ -12,8 +12,8 @@ loaded (one per change of design along the NPU steps, around the cycle to the ne
 ``coresidence.loads``; packed: one per change of pack, ``coresidence.pack``, devices with
 folds only), the host <-> device handovers, and the modelled seconds split four ways:
 
-- kernel: the ``compute`` term of each NPU step's design (``Design.cost``, the model the tuner
-  ranks by: the slowest core's kernel calls);
+- kernel: the ``compute`` term of each NPU step's design (``cost.design_estimate``, the model
+  the tuner ranks by: the slowest core's kernel calls);
 - data movement: the rest of the step's modelled time beyond its kernel and its dispatch (the
   DMA time compute does not hide, the pipeline fill, issuing the runtime transfers);
 - dispatch: ``DISPATCH_SECONDS`` (45 us) per dispatch;
@@ -42,6 +42,7 @@ from ...errors import IronError
 from ...program import Program
 from .buckets import Bucket, bucket_costs
 from .coresidence import loads_per_pass
+from .cost import design_estimate
 from .design import Design
 from .fold import Fold, folds_on, plan
 from .resources import DISPATCH_SECONDS, SMALL_DESIGN_ALONE_SECONDS, SWITCH_SECONDS, resources
@@ -77,7 +78,7 @@ class ProgramReport:
     unfolded: Split
     folded: Split
     packed: Split
-    model_sum: float  # sum of Design.cost() over the NPU steps: what ``unfolded`` must add to
+    model_sum: float  # sum of ``design_estimate`` over the NPU steps: what ``unfolded`` must add to
     #: per context bucket, what the KV-cache steps would move and take (``buckets``: not built)
     buckets: tuple[Bucket, ...] = ()
 
@@ -93,7 +94,7 @@ def program_report(name: str, programs: Sequence[Program],
     for d in designs:
         if d is None:
             continue
-        cost = d.cost()
+        cost = design_estimate(d)
         model_sum += cost.seconds
         kernel += cost.terms["compute"]
         movement += cost.seconds - cost.terms["compute"] - DISPATCH_SECONDS

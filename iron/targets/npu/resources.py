@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...devices import device
+
 
 @dataclass(frozen=True)
 class NpuResources:
@@ -25,7 +27,7 @@ class NpuResources:
 
     name: str
     arch: str  # the mlir-aie device name used in aie.device(...)
-    columns: int  # usable columns (target model: npu1 = 4 of the array's 5, npu2 = 8)
+    columns: int  # usable columns: the device's, as ``iron.devices`` states them
     compute_rows: int = 4  # rows 2..5 of each column (target model: getNumRows - 2)
     core_memory: int = 64 * 1024  # data memory per compute tile (target model getLocalMemorySize)
     stack_bytes: int = 1024  # the core's stack, carved from data memory (aie.core stack_size 0x400)
@@ -70,11 +72,11 @@ class NpuResources:
 
 
 NPUS = {
-    # Phoenix / Hawk Point, AIE2: mlir-aie device npu1 (4 usable columns; the 5th column of
-    # the array is not available to applications, see mlir-aie's NPU1TargetModel)
-    "npu1": NpuResources("npu1", "npu1", columns=4, clock_hz=1.0e9),
+    # Phoenix / Hawk Point, AIE2: mlir-aie device npu1 (one column of its array is not
+    # available to applications, see mlir-aie's NPU1TargetModel)
+    "npu1": NpuResources("npu1", "npu1", columns=device("npu1").columns, clock_hz=1.0e9),
     # Strix / Strix Halo / Krackan, AIE2P: mlir-aie device npu2
-    "npu2": NpuResources("npu2", "npu2", columns=8, clock_hz=1.8e9),
+    "npu2": NpuResources("npu2", "npu2", columns=device("npu2").columns, clock_hz=1.8e9),
 }
 
 

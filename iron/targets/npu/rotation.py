@@ -41,6 +41,7 @@ from typing import Callable, Iterator
 from ...errors import IronError
 from .check import buffers_at
 from .design import Acquire, Call, Core, Design, Iv, Loop, Release
+from .violation import Violation  # preconditions lists this module's rule
 
 SOURCE = "mlir-aie lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp"
 #: The trip count of a core's loop until reconfiguration (the largest ``index``).
@@ -294,8 +295,6 @@ def fifo_rotation(d) -> Iterator:
     (``buffers_at``); otherwise the buffers the code names and the ones the tile's DMA uses
     part from the next iteration or dispatch on.  A core with ``dynamic_objfifo_lowering``
     tracks the buffers at run time and is not concerned."""
-    from .preconditions import Violation  # (preconditions lists this rule)
-
     for core in d.cores:
         flag = core.dynamic_objfifo_lowering
         if flag is not None and flag.value.data:

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Iterator
 from xdsl.dialects import arith, scf
 
 from . import ods
+from .violation import Violation
 
 if TYPE_CHECKING:  # preconditions lists these rules: it imports this module
-    from .preconditions import Device, Violation
+    from .preconditions import Device
 
 #: Buffer arguments of the kernel aiecc's ``emit_design_kernel_json`` declares by default.
 AIECC_BUFFERS = 5
@@ -65,8 +66,6 @@ def _runtime_bound(loop: scf.ForOp) -> str | None:
 
 
 def constant_trip_counts(d: Device) -> Iterator[Violation]:
-    from .preconditions import Violation
-
     for core in d.cores:
         tile = d.tile(core.tile)
         dynamic = core.dynamic_objfifo_lowering
@@ -89,8 +88,6 @@ def constant_trip_counts(d: Device) -> Iterator[Violation]:
 
 
 def sequence_arguments(d: Device) -> Iterator[Violation]:
-    from .preconditions import Violation
-
     for o in d.op.body_region.block.ops:
         if isinstance(o, ods.RuntimeSequenceOp):
             n = len(o.body.block.args)

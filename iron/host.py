@@ -1,8 +1,10 @@
-"""This machine, as the cpu target's builds, bundles, profiles and cost model see it.
+"""This machine, as the devices, the cpu target's builds, bundles, profiles, its cost model and
+the tuner see it.
 
 Every fact about the host CPU is read here, once: ``/proc/cpuinfo`` (its model name and ISA
 feature flags, ``info()``), the last-level cache size, and the usable cores (the process's
-affinity, ``iron.devices.usable_cores``, since resolution needs it too).
+affinity, lowered by ``$IRON_THREADS``: ``usable_cores``).  It is a bottom-layer service, so
+that the cpu device's figures, its target and the layers above read one module.
 
 - ``identity()``: what ``-march=native`` code depends on (model and flags, hashed), part of
   every native artifact's key; ``summary()``: what a tuned profile records of its host.
@@ -14,7 +16,7 @@ affinity, ``iron.devices.usable_cores``, since resolution needs it too).
   (``avx2``, ``avx512_bf16``, ``amx_tile``).  Whatever kernels are added later, the list
   follows the flags they are compiled with.
 
-Nothing here imports numpy or a target: a no-op ``doit`` reads these facts.
+Nothing here imports numpy, a device or a target: a no-op ``doit`` reads these facts.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import NamedTuple
 
-from ...devices import usable_cores
-from ...errors import DeviceError
+from .errors import DeviceError
 
 DEFAULT_MARCH = "native"
 #: A level gcc and clang accept: ``native``, ``x86-64-v3``, ``znver4``, ``sapphirerapids``...
@@ -42,6 +43,32 @@ CPUINFO_ALIASES = {
     "PRFCHW": "3dnowprefetch", "RDRND": "rdrand", "SHA": "sha_ni", "SSE3": "pni",
     "CRC32": "sse4_2", "SHSTK": "user_shstk",
 }
+
+
+def affinity_cores() -> int:
+    """Cores this process may run on: its affinity mask, not the machine's count (under
+    ``taskset -c 0`` or a one-CPU container it is one)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def usable_cores() -> int:
+    """``affinity_cores``, lowered by ``$IRON_THREADS``."""
+    cores = affinity_cores()
+    limit = os.environ.get("IRON_THREADS")
+    if limit:
+        return min(cores, parse_threads(limit, "$IRON_THREADS"))
+    return cores
+
+
+def parse_threads(value: str | int, where: str) -> int:
+    """A thread count from text: a positive integer, or an error naming ``where``."""
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
+        raise DeviceError(f"{where}={value!r}: the thread count must be a positive integer")
+    return int(text)
 
 
 #: The level ``march_level`` holds for the code it wraps (a build's choice), if any.
@@ -201,8 +228,6 @@ def class_name(cores: int | None = None, level: str | None = None) -> str:
     cores, e.g. ``avx2-2t``.  Two hosts of one class run the same code with the same team, so
     a setting tuned on one applies to the other; a setting tuned for another class never
     does (its profile is another file)."""
-    import shutil
-
     level = level or march()
     cc = shutil.which(os.environ.get("CC", "cc")) or "cc"
     return f"{isa_class(required_features(cc, level))}-{cores or usable_cores()}t"
