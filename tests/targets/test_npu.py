@@ -20,7 +20,7 @@ from iron.store import USED, Store
 from iron.targets import npu, target_for
 from iron.targets.npu.bds import allocate
 from iron.targets.npu.check import design_rules, pattern_rules
-from iron.targets.npu.design import Call, Loop, Pattern, Transfer, design_from_json, walk_ops
+from iron.targets.npu.ir import Call, Loop, Pattern, Transfer, design_from_json, walk_ops
 from iron.targets.npu.emulator import Emulation, EmulationError, emulate_design
 from iron.targets.npu.mlir import FOREVER, render
 from iron.targets.npu.resources import resources
@@ -214,7 +214,7 @@ def test_fifo_buffers_are_counted_as_mlir_aie_allocates_them():
 
     d = design_of(GEMV(M=64, K=32, batches=1, tile_size_input=4, tile_size_output=8,
                        num_aie_columns=1))
-    core, mem = d.cores[0].tile, iron.targets.npu.design.Tile(0, 1)
+    core, mem = d.cores[0].tile, iron.targets.npu.ir.Tile(0, 1)
     a, x = d.fifo("A_0"), d.fifo("x_0")
     assert (a.depth, x.depth) == (2, 1)
     assert buffers_at(d, a, core) == 2 and buffers_at(d, x, core) == 1

@@ -17,7 +17,7 @@ from iron.targets import npu, target_for
 from iron.targets.npu import attention
 from iron.targets.npu.bds import allocate
 from iron.targets.npu.check import design_rules
-from iron.targets.npu.design import Tile
+from iron.targets.npu.ir import Tile
 from iron.targets.npu.mlir import render
 from iron.targets.npu.resources import resources
 from iron.targets.npu.trip_rules import constant_trip_counts, sequence_arguments

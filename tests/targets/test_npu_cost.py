@@ -137,7 +137,7 @@ def test_a_gemm_tile_costs_the_mmul_of_the_linked_kernel_on_either_device():
     """gemm.cc issues one MMUL per cycle: 4x8x4 on npu1's AIE2, 4x8x8 on npu2's AIE2P, so a
     tile's MMUL cycles halve on npu2 (and its clock is 1.8x npu1's)."""
     from iron.targets.npu.cost import kernel_cycles
-    from iron.targets.npu.design import Call
+    from iron.targets.npu.ir import Call
 
     op = GEMM(M=256, K=256, N=256, tile_m=64, tile_k=64, tile_n=64, num_aie_columns=1)
     gemm = next(c for c in calls_of(design_of(op, "npu2")) if c.function == "gemm_bf16")
@@ -151,7 +151,7 @@ def test_a_gemm_tile_costs_the_mmul_of_the_linked_kernel_on_either_device():
 
 def calls_of(design):
     """Every kernel call of a design's cores, loops unrolled once."""
-    from iron.targets.npu.design import Call, Loop
+    from iron.targets.npu.ir import Call, Loop
 
     def walk(body):
         for op in body:

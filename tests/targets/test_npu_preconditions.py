@@ -18,7 +18,7 @@ from iron.operators import GEMM, Attention, SlotAttention
 from iron.resolution import resolve
 from iron.targets import npu
 from iron.targets.npu import custom, ods
-from iron.targets.npu.design import Tile
+from iron.targets.npu.ir import Tile
 from iron.targets.npu.mlir import render
 from iron.targets.npu.preconditions import devices, target_model
 from iron.targets.npu.verify import Problem, check_text, parse

@@ -16,7 +16,7 @@ from iron.quant import row_bytes
 from iron.resolution import legal_settings, resolve
 from iron.targets import npu, target_for
 from iron.targets.npu.bds import allocate
-from iron.targets.npu.design import Call, Iv, Loop
+from iron.targets.npu.ir import Call, Iv, Loop
 from iron.targets.npu.emulator import EmulationError, emulate_design
 from iron.targets.npu.mlir import render
 from iron.targets.npu.resources import resources

@@ -13,7 +13,7 @@ import iron
 from iron.operators import GEMV, ElementwiseAdd
 from iron.resolution import legal_settings, resolve
 from iron.targets import npu
-from iron.targets.npu.design import Acquire, Loop, Release
+from iron.targets.npu.ir import Acquire, Loop, Release
 from iron.targets.npu.emulator import Emulation, EmulationError
 from iron.targets.npu.mlir import render
 from iron.targets.npu.rotation import (Copy, RotationError, Slot, Unrolled, check, lower,

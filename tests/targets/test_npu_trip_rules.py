@@ -13,7 +13,7 @@ import pytest
 
 from iron.operators import Attention, CacheWrite, QKVRoPE, SlotAttention, SlotQKVRoPE
 from iron.targets import npu
-from iron.targets.npu.design import Arg
+from iron.targets.npu.ir import Arg
 from iron.targets.npu.mlir import render
 from iron.targets.npu.preconditions import RULES as VERIFIED
 from iron.targets.npu.trip_rules import constant_trip_counts, sequence_arguments

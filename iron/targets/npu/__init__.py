@@ -173,7 +173,7 @@ class NpuTarget(Target):
 
     def cost_version(self) -> str:
         """A digest of the model's sources: the designs, their data, the model, the numbers."""
-        names = ("cost.py", "design.py", "designs.py", "resources.py", "kernels.py",
+        names = ("cost.py", "ir.py", "designs.py", "resources.py", "kernels.py",
                  "qmatrix.py")
         return digest_of([Path(__file__).with_name(n) for n in names]
                          + sorted(SOURCE_DIR.glob("*.cc")) + [SOURCE_DIR / "iron_aie.h"])

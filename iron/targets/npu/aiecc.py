@@ -36,7 +36,7 @@ import subprocess
 from pathlib import Path
 
 from ...errors import CompileError
-from .design import Design
+from .ir import Design
 from .fold import Fold, render
 
 PEANO_TARGET = {"npu1": "aie2-none-unknown-elf", "npu2": "aie2p-none-unknown-elf"}

@@ -60,7 +60,7 @@ from typing import Iterator
 from ...operator import Rule, rule
 from ...operators import Attention, CacheWrite, QKVRoPE
 from ...operators.llm import Slotted
-from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern,
+from .ir import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern,
                      Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
 from . import qkv_weights

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .design import Design, Tile
+from .ir import Design, Tile
 
 
 @dataclass(frozen=True)

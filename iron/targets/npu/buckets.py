@@ -18,7 +18,7 @@ from typing import Sequence
 
 from ...operators import Attention, CacheWrite, QKVRoPE
 from .cost import design_estimate
-from .design import DTYPE_BYTES, Design
+from .ir import DTYPE_BYTES, Design
 
 #: The operators whose sequences move the KV cache.
 KV_CACHE = (Attention, QKVRoPE, CacheWrite)

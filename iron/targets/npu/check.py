@@ -13,7 +13,7 @@ from typing import Iterator
 
 from ...operator import Rule, rule
 from .bds import allocate
-from .design import DTYPE_BYTES, Acquire, Design, Fifo, Tile, walk_ops
+from .ir import DTYPE_BYTES, Acquire, Design, Fifo, Tile, walk_ops
 from .resources import NpuResources
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .design import Design
+from .ir import Design
 
 
 def columns(design: Design) -> int:

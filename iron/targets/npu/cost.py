@@ -44,7 +44,7 @@ from collections import defaultdict
 
 from ..cost import COMPUTE, LAUNCH, MEMTILE, SHIM_DMA, Estimate
 from . import kernels
-from .design import Acquire, Call, Design, Fifo, Loop, Tile
+from .ir import Acquire, Call, Design, Fifo, Loop, Tile
 from .resources import (BD_CYCLES, CALL_CYCLES, DISPATCH_SECONDS, ROW_CYCLES,
                         TRANSFER_ISSUE_SECONDS, NpuResources, resources)
 

@@ -35,7 +35,7 @@ from ...operator import Operator, Rule, rule
 from ...operators import (AXPY, GEMM, GEMV, ElementwiseAdd, ElementwiseMul, RMSNorm, SiLU,
                           Softmax, SwiGLU)
 from . import attention, qmatrix
-from .design import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Tile,
+from .ir import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Tile,
                      Transfer, consume, linear, produce, release, shim)
 from .kernels import gemm_row_lanes, lanes, mmul_shape
 from .resources import NpuResources

@@ -48,7 +48,7 @@ import numpy as np
 from ...errors import IronError
 from ...tensor import bfloat16
 from .cost import acquires
-from .design import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Tile,
+from .ir import (Acquire, Buf, Call, Design, Fifo, Iv, Loop, Pattern, Release, Tile,
                      Transfer)
 from .check import buffers_at
 from .rotation import Copy, Slot, Unrolled, lower, problems

@@ -66,7 +66,7 @@ import numpy as np
 
 from ...errors import BundleError
 from ...program import Program
-from .design import DTYPE_BYTES, Design
+from .ir import DTYPE_BYTES, Design
 
 #: The roles of a folded configuration's host buffers, in the main runtime sequence's argument
 #: order (each role has a buffer per element type it holds).
@@ -236,7 +236,7 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
             arg = d.args[pos]
             if arg.dtype not in DTYPE_BYTES:
                 raise BundleError(f"step {run.step}: design argument {arg.name} has dtype "
-                                  f"{arg.dtype!r}, which iron.targets.npu.design.DTYPE_BYTES "
+                                  f"{arg.dtype!r}, which iron.targets.npu.ir.DTYPE_BYTES "
                                   "does not size")
             if elements.setdefault(t, arg.dtype) != arg.dtype:
                 raise BundleError(f"step {run.step}: design argument {arg.name} takes tensor {t} "

@@ -17,7 +17,7 @@ mlir-aie's op definitions in ``ods``.
 from __future__ import annotations
 
 from .bds import allocate
-from .design import (DTYPE_BYTES, Acquire, Buf, Call, Design, Fifo, Iv, Loop, Release,
+from .ir import (DTYPE_BYTES, Acquire, Buf, Call, Design, Fifo, Iv, Loop, Release,
                      walk_ops)
 from .ods import AIE_DEVICE, OBJECTFIFO_PORT, UPSTREAM
 from .resources import resources

@@ -36,7 +36,7 @@ from xdsl.ir import Operation, SSAValue
 from ...devices import device as get_device
 from . import ods
 from .check import shares_memory
-from .design import DTYPE_BYTES, Fifo, Tile
+from .ir import DTYPE_BYTES, Fifo, Tile
 from .rotation import fifo_rotation
 from .traced import untraceable
 from .trip_rules import constant_trip_counts
@@ -55,7 +55,7 @@ class TargetModel:
     row 1, ``isCoreTile`` row > 1; ``AIEDialect.cpp`` ``getTargetModel(AIEDevice)`` maps
     ``npu1`` to ``VirtualizedNPU1TargetModel(4)`` (4 columns), ``npu1_Ncol`` to N columns,
     ``npu2`` to ``NPU2TargetModel`` (8 columns) and ``npu2_Ncol`` to N; the tile kinds are
-    ``design.Tile.kind``'s.  ``AIE2TargetModel``
+    ``ir.Tile.kind``'s.  ``AIE2TargetModel``
     (both NPUs derive from it): ``getLocalMemorySize`` 0x10000, ``getMemTileSize`` 0x80000,
     ``getNumBDs`` 48 on a memory tile and 16 elsewhere, ``isBdChannelAccessible``: a memory
     tile's even channels reach descriptors 0-23 and its odd ones 24-47; DMA stream ports
@@ -92,7 +92,7 @@ DEFAULT_STACK = 0x400
 
 
 def _element(t: MemRefType) -> tuple[tuple[int, ...], str]:
-    """A memref's shape and element type, as ``design.Fifo`` holds them."""
+    """A memref's shape and element type, as ``ir.Fifo`` holds them."""
     dtype = str(t.element_type)
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"memref element type {dtype}: not one iron emits "

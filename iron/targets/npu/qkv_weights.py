@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...operators import QKVRoPE
-from .design import Buf, Buffer, Call, Fifo, Iv, Link, Tile, Transfer, linear
+from .ir import Buf, Buffer, Call, Fifo, Iv, Link, Tile, Transfer, linear
 from .resources import NpuResources
 
 

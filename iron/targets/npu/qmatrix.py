@@ -25,7 +25,7 @@ from typing import Iterator
 from ...operator import Operator, Rule, rule
 from ...operators import GEMM, GEMV
 from ...quant import TILE, row_bytes
-from .design import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Loop, Pattern,
+from .ir import (Acquire, Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Loop, Pattern,
                      Release, Tile, Transfer, linear)
 from .kernels import qmatrix_block
 from .resources import NpuResources

@@ -43,7 +43,7 @@ from ...program import Program
 from .buckets import Bucket, bucket_costs
 from .coresidence import loads_per_pass
 from .cost import design_estimate
-from .design import Design
+from .ir import Design
 from .fold import Fold, folds_on, plan
 from .resources import DISPATCH_SECONDS, SMALL_DESIGN_ALONE_SECONDS, SWITCH_SECONDS, resources
 

@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 
 from ...errors import IronError
 from .check import buffers_at
-from .design import Acquire, Call, Core, Design, Iv, Loop, Release
+from .ir import Acquire, Call, Core, Design, Iv, Loop, Release
 from .violation import Violation  # preconditions lists this module's rule
 
 SOURCE = "mlir-aie lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp"
@@ -265,7 +265,7 @@ def _constant(value) -> int | None:
 
 def region_program(ops) -> tuple:
     """The acquires, releases and ``scf.for`` loops of a parsed ``aie.core`` region as iron
-    writes a core's program (``design.Loop``; a bound not defined by a constant makes the loop
+    writes a core's program (``ir.Loop``; a bound not defined by a constant makes the loop
     ``dynamic``); an acquire of ``size`` n counts as n acquires of one."""
     from xdsl.dialects import scf
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
-from .design import Design, design_from_json
+from .ir import Design, design_from_json
 from . import coresidence
 from .fold import Array, Configured, folds_on, plan
 from .resources import resources

@@ -1,4 +1,5 @@
-"""An NPU design as data: tiles, object FIFOs, core loops and the runtime sequence.
+"""The npu target's IR: an NPU design as data (tiles, object FIFOs, core loops and the
+runtime sequence), which the design builders in ``designs`` write and the rest read.
 
 This is the shape of an mlir-aie "object FIFO" design (mlir-aie's ``programming_guide``):
 
