@@ -143,6 +143,17 @@ class SlotModel(LanguageModel):
         return logits[:n]
 
 
+#: how long whoever runs the steps waits when every sequence waits for its sampler
+HELD_WAIT = 0.001
+
+
+def ready(sampler) -> bool:
+    """Whether ``sampler`` can take logits now: a plain ``Sampler`` always can, a grammar's
+    once its mask is computed (``ready()``)."""
+    check = getattr(sampler, "ready", None)
+    return check is None or check()
+
+
 def greedy_token(logits: np.ndarray) -> int | None:
     """The token a greedy, unpenalised ``Sampler`` picks from one row of bf16 logits, read off
     the bits, or None where the bits alone cannot tell (then the sampler decides).
@@ -206,9 +217,11 @@ class _Sequence:
     #                prompt token's)
     token: int  # the last token sampled, fed at the next step
     tokens: list[int] = field(default_factory=list)  # the prompt, then every token sampled
+    #                                                  (kept only for the prompt cache)
     generated: int = 0
     started: float = 0.0
     decode_started: float = 0.0
+    held: np.ndarray | None = None  # logits kept until the sampler is ready for them
 
 
 class Engine:
@@ -279,9 +292,10 @@ class Engine:
                 self._finish(seq, "cancelled")
         start = time.perf_counter()
         prefilled = self._prefill()
-        if not self.active:
-            return prefilled
-        seqs = list(self.active.values())
+        self._sample_held()
+        seqs = [s for s in self.active.values() if s.held is None]
+        if not seqs:
+            return prefilled or bool(self.active)
         prefill, start = time.perf_counter() - start, time.perf_counter()
         try:
             logits = self.model.decode_rows([s.slot for s in seqs], [s.token for s in seqs],
@@ -310,7 +324,8 @@ class Engine:
                 slot, reused = self._slot_for(request.prompt)
                 self.free.remove(slot)
                 seq = _Sequence(request, slot, position=reused, token=-1,
-                                tokens=list(request.prompt), started=time.perf_counter())
+                                tokens=list(request.prompt) if self.prompt_cache else [],
+                                started=time.perf_counter())
                 request.stats.prompt_tokens = len(request.prompt)
                 request.stats.cached_tokens = reused
                 self.cache_hits += reused > 0
@@ -362,8 +377,13 @@ class Engine:
 
     def _sample(self, seq: _Sequence, logits: np.ndarray) -> None:
         """Sample ``seq``'s next token and pass it on; a sampler that raises (a grammar's bug,
-        say) fails its own request, not the step's others."""
+        say) fails its own request, not the step's others. A sampler that is not ready (a
+        grammar's mask still being computed elsewhere) gets the logits at a later step, and
+        its sequence sits out the decode steps until then."""
         sampler = seq.request.sampler
+        if not ready(sampler):
+            seq.held = np.array(logits)  # a copy: the next step overwrites the program's buffer
+            return
         token = None
         if type(sampler) is Sampler and sampler.temperature <= 0 and not sampler.penalised:
             # greedy: the same token as sampler(logits), without widening the row (its
@@ -376,11 +396,26 @@ class Engine:
             return self._finish(seq, f"error: sampling: {type(e).__name__}: {e}")
         self._emit(seq, token)
 
+    def _sample_held(self) -> None:
+        """Sample the sequences whose samplers have become ready for their held logits."""
+        for seq in [s for s in self.active.values() if s.held is not None]:
+            if ready(seq.request.sampler):
+                logits, seq.held = seq.held, None
+                self._sample(seq, logits)
+
+    def only_held(self) -> bool:
+        """Whether every running sequence waits for its sampler, with no prompt to prefill:
+        a step would do nothing, and whoever runs the steps may wait a little."""
+        running = list(self.active.values())  # one copy: a server's health check reads too
+        return bool(running) and not self.prefilling and all(s.held is not None
+                                                             for s in running)
+
     def _emit(self, seq: _Sequence, token: int) -> None:
         r, now = seq.request, time.perf_counter()
         seq.generated += 1
         seq.token = token
-        seq.tokens.append(token)
+        if self.prompt_cache:  # without it, no slot's tokens are kept for the next request
+            seq.tokens.append(token)
         r.stats.new_tokens = seq.generated
         if seq.generated == 1:
             seq.decode_started = now
@@ -419,7 +454,8 @@ class Engine:
     def run_until_idle(self) -> None:
         """Step until nothing is waiting or active (for callers without a thread)."""
         while self.step():
-            pass
+            if self.only_held():
+                time.sleep(HELD_WAIT)
 
     def stop(self, reason: str = "cancelled") -> None:
         """End every request, running or waiting, with ``reason`` (a server shutting down, or

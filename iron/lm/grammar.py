@@ -14,6 +14,7 @@ so a small model cannot wander into endless blank lines inside a document.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,15 @@ class JsonGrammars:
         self.tokenizer, self.eos, self.vocab_size = tokenizer, eos, vocab_size
         self._ll = None
         self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Convert the tokenizer now, if llguidance is installed: the conversion holds the GIL
+        (0.3-0.6 s for a 49k vocabulary), which would stall every stream of a server when its
+        first schema request is prepared."""
+        try:
+            self._ll_tokenizer()
+        except GrammarError:
+            pass  # not installed: a request with a schema is refused, saying so
 
     def _ll_tokenizer(self):
         with self._lock:
@@ -74,18 +84,42 @@ def first_line(message: str) -> str:
 
 class Constrained:
     """A sampler whose choices a grammar matcher restricts: same interface as ``Sampler``
-    (``start(prompt)``, then a call per token with the logits)."""
+    (``start(prompt)``, then a call per token with the logits), plus ``ready()``.
 
-    def __init__(self, sampler, matcher, vocab_size: int):
-        self.sampler, self.matcher = sampler, matcher
+    With an ``executor``, each token's mask is computed there, never on the thread that runs
+    the engine's steps (a server's event loop): the first at ``start``, each next one as soon
+    as a token is consumed, so it is computed while the next decode step runs (llguidance
+    releases the GIL while it computes a mask). ``ready()`` says whether the mask is in; an
+    engine samples the sequence only then, and the other sequences keep decoding meanwhile.
+    Without one, the mask is computed in the call."""
+
+    def __init__(self, sampler, matcher, vocab_size: int, executor: Executor | None = None):
+        self.sampler, self.matcher, self.executor = sampler, matcher, executor
         self.words = (vocab_size + 31) // 32
         self.mask = np.zeros(self.words, np.int32)
+        self.pending: Future | None = None  # the next token's mask, being computed
 
     def start(self, prompt: list[int]) -> None:
         self.sampler.start(prompt)
+        self._next_mask()
+
+    def ready(self) -> bool:
+        """Whether the next token's mask is computed (or will be computed in the call)."""
+        return self.pending is None or self.pending.done()
+
+    def _next_mask(self) -> None:
+        if self.executor is not None:
+            self.pending = self.executor.submit(self._compute_mask)
+
+    def _compute_mask(self) -> None:
+        self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
 
     def __call__(self, logits: np.ndarray) -> int:
-        self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        if self.pending is None:
+            self._compute_mask()
+        else:
+            pending, self.pending = self.pending, None
+            pending.result()  # at once when ready(); re-raises what the computation raised
         if self.matcher.is_error():
             raise GrammarError(f"the grammar failed: {first_line(self.matcher.get_error())}")
         logits = logits.astype(np.float32).ravel()  # a copy: the program's buffer stays as is
@@ -95,4 +129,5 @@ class Constrained:
         if not self.matcher.consume_token(token):
             raise GrammarError(f"the grammar refused token {token}: "
                                f"{first_line(self.matcher.get_error())}")
+        self._next_mask()
         return token

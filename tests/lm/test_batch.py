@@ -2,12 +2,17 @@
 batch, the batched GEMV computes each row as the one-row GEMV does, and the engine's
 continuous batching gives each request the tokens it gets alone."""
 
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
 import iron
 from iron.lm.batch import Engine, Request, SlotModel
 from iron.lm.generate import Sampler
+from iron.lm.grammar import Constrained, JsonGrammars
 from iron.operators import GEMV
 from iron.targets import cpu
 
@@ -264,6 +269,16 @@ def test_a_conversation_reuses_its_history_and_gets_the_tokens_of_a_full_prefill
     assert again[0][1].cached_tokens == len(second) - 1 and again[0][0] == warm[1][0]
 
 
+def test_without_the_prompt_cache_no_tokens_are_kept(slot_model, prompts):
+    """``Engine(prompt_cache=False)`` (``--no-prompt-cache``) records no slot's tokens for
+    reuse, so a repeated prompt is prefilled whole."""
+    engine = Engine(slot_model, prompt_cache=False)
+    runs = run_requests(engine, [(prompts[0], 4), (prompts[0], 4)])
+    assert engine.cached == [[] for _ in range(slot_model.slots)]
+    assert [stats.cached_tokens for _, stats in runs] == [0, 0]
+    assert (engine.cache_hits, engine.cache_tokens) == (0, 0)
+
+
 def test_the_least_recently_released_slot_is_overwritten_first(smollm2_bundle, prompts):
     model = SlotModel(smollm2_bundle, slots=2)
     engine = Engine(model)
@@ -274,3 +289,45 @@ def test_the_least_recently_released_slot_is_overwritten_first(smollm2_bundle, p
     assert run_requests(engine, [(c, 2)])[0][1].cached_tokens == 0
     assert run_requests(engine, [(a + b + c, 2)])[0][1].cached_tokens == len(a + b)
     assert run_requests(engine, [(b, 2)])[0][1].cached_tokens == 0  # b was evicted
+
+
+def test_a_sequence_waiting_for_its_grammar_mask_sits_out_while_the_others_decode(
+        slot_model, prompts):
+    """A grammar's masks are computed on an executor, off the thread that runs the steps.
+    While its mask is not in (here the executor is busy, as with a heavy schema's mask), the
+    sequence keeps its logits and sits out the decode steps; another request decodes all its
+    tokens meanwhile, the tokens it gets alone. Once the executor is free the sequence goes
+    on, and its text follows the schema."""
+    pytest.importorskip("llguidance")
+    tok = slot_model.tokenizer()
+    grammars = JsonGrammars(tok, sorted(slot_model.eos), slot_model.meta.vocab_size)
+    (alone, _), = run_requests(Engine(slot_model), [(prompts[0], 12)])
+    busy = threading.Event()
+    opened = threading.Timer(60, busy.set)  # a guard: a step that waits for the mask ends
+    with ThreadPoolExecutor(1) as executor:
+        executor.submit(busy.wait)
+        shaped = Constrained(Sampler(), grammars.matcher({"type": "object"}),
+                             slot_model.meta.vocab_size, executor)
+        engine = Engine(slot_model)
+        plain, constrained, done = [], [], {}
+        engine.submit(Request(prompts[0], 12, Sampler(), plain.append,
+                              lambda reason, _: done.setdefault("plain", reason),
+                              stop_at_eos=False))
+        engine.submit(Request(prompts[1], 40, shaped, constrained.append,
+                              lambda reason, _: done.setdefault("shaped", reason)))
+        opened.start()
+        for _ in range(50):
+            if "plain" in done:
+                break
+            engine.step()
+        assert busy.is_set() is False, "a step waited for the grammar's mask"
+        assert (done, plain, constrained) == ({"plain": "length"}, alone, [])
+        assert engine.only_held()
+        busy.set()
+        engine.run_until_idle()
+    opened.cancel()
+    assert done["shaped"] in ("stop", "length") and constrained
+    text = tok.decode(constrained)
+    if done["shaped"] == "stop":
+        assert isinstance(json.loads(text), dict), text
+    assert text.startswith("{"), text

@@ -473,6 +473,41 @@ def test_json_schema_answers_validate(served, client):
         json.loads(plain.choices[0].message.content)
 
 
+def test_a_stream_runs_on_while_a_schema_request_waits_for_its_grammar(served, client):
+    """A grammar's masks are computed on the server's grammar worker, never on the event loop
+    that runs the steps. With that worker busy (as with a heavy schema's mask), a schema
+    request waits in the engine while a stream beside it produces all its tokens; then the
+    schema request is answered, a JSON object."""
+    server, url = served
+    busy = threading.Event()
+    guard = threading.Timer(60, busy.set)  # a loop that waited for the mask ends, and fails
+    server.mask_worker.submit(busy.wait)
+    guard.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            shaped = pool.submit(call, url + "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Name a city, as JSON."}],
+                "max_tokens": 24, "temperature": 0,
+                "response_format": {"type": "json_object"}})
+            deadline = time.monotonic() + 30
+            while not server.engine.only_held() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert server.engine.only_held(), "the schema request did not wait for its mask"
+            stream = client.completions.create(model=server.name, prompt="Once upon a time",
+                                               max_tokens=16, temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True})
+            pieces = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
+            assert not busy.is_set() and not shaped.done()
+            busy.set()
+            status, reply = shaped.result(timeout=120)
+    finally:
+        guard.cancel()
+        busy.set()
+    assert len(pieces) >= 8, pieces  # 16 tokens; a piece may hold several
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"].startswith("{"), reply
+
+
 # ---- role injection ---------------------------------------------------------------------------
 
 def test_special_tokens_in_messages_stay_text(served, client):

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...errors import IronError
 from ...jsonfile import loads
-from ..batch import Engine, Request, SlotModel
+from ..batch import HELD_WAIT, Engine, Request, SlotModel
 from ..chat import ChatError, ChatTemplate
 from ..generate import SamplingError, Sampler, StopText
 from ..grammar import Constrained, GrammarError, JsonGrammars
@@ -98,7 +98,9 @@ class LoopDriver:
             e.step()
         except Exception as error:  # a bug: fail what the engine holds, keep serving
             e.stop(f"error: {type(error).__name__}: {error}")
-        self.handle = self.loop.call_soon(self._run)
+        # every sequence waiting for its grammar's mask: look again shortly, not at once
+        self.handle = self.loop.call_later(HELD_WAIT, self._run) if e.only_held() else \
+            self.loop.call_soon(self._run)
 
     def stop(self) -> None:
         self.stopped = True
@@ -151,6 +153,9 @@ class Server:
         self.created = int(time.time())
         self.grammars = JsonGrammars(self.tokenizer, sorted(self.model.eos),
                                      self.model.meta.vocab_size)
+        self.grammars.warm()
+        # grammars' masks are computed here, off the event loop that runs the steps
+        self.mask_worker = ThreadPoolExecutor(1, thread_name_prefix="iron-grammar")
         # a token stands for at most this many characters: a longer prompt cannot fit the
         # context, and is refused before it is tokenized
         token_chars = max(len(self.tokenizer.decode([i]))
@@ -221,7 +226,7 @@ class Server:
         if gen.schema is not None:
             try:
                 gen.sampler = Constrained(gen.sampler, self.grammars.matcher(gen.schema),
-                                          self.model.meta.vocab_size)
+                                          self.model.meta.vocab_size, self.mask_worker)
             except GrammarError as e:
                 raise BadRequest(f"response_format: {e}", "response_format",
                                  "invalid_value") from None

@@ -34,7 +34,8 @@ Concurrent requests share the model through continuous batching (``iron.lm.batch
 free slot. A client that disconnects frees its slot at the next step. The steps run on the
 event loop's thread, between its turns (``LoopDriver``); requests are parsed, checked and
 tokenized on worker threads, beside the kernels: one for completions, one for chat requests,
-so that a chat template at its render budget never holds up a completion.
+so that a chat template at its render budget never holds up a completion; a response_format's
+masks are computed on one more, and a sequence whose mask is not in yet sits out the steps.
 
 Built on FastAPI / Starlette, run by uvicorn (the ``serve`` extra: ``pip install -e
 ".[serve]"``).
