@@ -63,15 +63,21 @@ import numpy as np
 
 from .errors import FormatError
 
-#: Weight formats, in the order of their IRON_FMT_* numbers in kernels/cpu/iron_cpu.h.
-FORMATS = ("bf16", "q4_0", "q4_1", "q8_0", "uint4", "q4_k", "q6_k")
-QUANTIZED = FORMATS[1:]
-#: Group sizes each format supports (bf16 has no groups: its group_size stays 32); the first
-#: is the one a GGUF file's blocks have.
+#: Weight formats, in the order of their IRON_FMT_* numbers in kernels/cpu/iron_quant.h.
+FORMATS = ("bf16", "q4_0", "q4_1", "q8_0", "uint4", "q4_k", "q6_k", "f16")
+#: Formats of one 16-bit float per value, (rows, K) arrays of their own dtype in the kernels'
+#: layout (IEEE half for f16: a GGUF F16 tensor or a float16 safetensors one as stored, whose
+#: 11 significant bits bf16 would round to 8); no blocks, no tiles.
+PLAIN = ("bf16", "f16")
+QUANTIZED = tuple(f for f in FORMATS if f not in PLAIN)
+#: Group sizes each format supports (bf16 and f16 have no groups: their group_size stays 32);
+#: the first is the one a GGUF file's blocks have.
 GROUPS = {"bf16": (32,), "q4_0": (32,), "q4_1": (32,), "q8_0": (32,), "uint4": (32, 128),
-          "q4_k": (256,), "q6_k": (256,)}
-#: GGUF tensor type names of the formats a GGUF file stores as such.
-GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}
+          "q4_k": (256,), "q6_k": (256,), "f16": (32,)}
+#: GGUF tensor type names of the formats a GGUF file stores as such (an F16 tensor's row
+#: layout is its 2 K bytes per row).
+GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k",
+              "F16": "f16"}
 #: The K-quants: bytes of a super-block of 256 values, in the file and per row of a tile.
 K_BLOCK = {"q4_k": 144, "q6_k": 210}
 K_TILED = {"q4_k": 148, "q6_k": 210}
@@ -80,6 +86,11 @@ HIGH_2BIT = 0x33333333
 QK_K = 256
 #: Rows per tile of the tiled layout (the lanes of a 512-bit register of 32-bit words).
 TILE = 16
+
+
+def plain_dtype(fmt: str) -> type:
+    """The element dtype of a plain (one float per value) format's kernel layout."""
+    return np.float16 if fmt == "f16" else ml_dtypes.bfloat16
 
 
 def check_format(fmt: str, group: int, where: str) -> None:
@@ -101,7 +112,7 @@ def code_bytes(fmt: str, k: int) -> int:
 def row_bytes(fmt: str, k: int, group: int, tiled: bool = False) -> int:
     """Bytes per row of K values (K a multiple of 32 and of ``group``) in the row layout, or
     the tiled one (the same but for the K-quants)."""
-    if fmt == "bf16":
+    if fmt in PLAIN:
         return 2 * k
     if fmt in K_BLOCK:
         return k // QK_K * (K_TILED if tiled else K_BLOCK)[fmt]
@@ -110,6 +121,10 @@ def row_bytes(fmt: str, k: int, group: int, tiled: bool = False) -> int:
 
 def k_of(fmt: str, nbytes: int, group: int, tiled: bool = False) -> int:
     """The K whose rows take ``nbytes``; FormatError when no K does."""
+    if fmt in PLAIN:
+        if nbytes % 2:
+            raise FormatError(f"a {fmt} row of {nbytes} bytes is not a whole number of values")
+        return nbytes // 2
     per_group = row_bytes(fmt, group, group, tiled)
     if nbytes % per_group:
         raise FormatError(f"a {fmt} row of {nbytes} bytes is not a whole number of "
@@ -153,8 +168,9 @@ def pack_codes(fmt: str, q: np.ndarray) -> np.ndarray:
 def dequantize(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     """The float32 matrix (rows, K) a quantized one stands for, computed exactly as
     ``d * q + m`` in float32 (d * q is exact: an 11-bit scale times a code of at most 8 bits)."""
-    if fmt == "bf16":
-        return np.asarray(w, np.float32)
+    if fmt in PLAIN:  # f16 either as its row layout's bytes or as float16 (exact in float32)
+        w = np.asarray(w)
+        return (w.view(np.float16) if w.dtype == np.uint8 else w).astype(np.float32)
     if fmt in K_BLOCK:
         return _k_dequantize(fmt, w, k)
     rows, n, codes, d, m = _planes(fmt, w, k, group)
@@ -165,6 +181,14 @@ def dequantize(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     if m is not None:
         out = out + m[:, :, None]
     return out.reshape(rows, k).astype(np.float32)
+
+
+def _plain_bytes(fmt: str, w: np.ndarray, k: int) -> np.ndarray:
+    """A plain format's row layout, checked: uint8 (rows, 2 K)."""
+    if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != 2 * k:
+        raise FormatError(f"a {fmt} matrix with K={k} must be uint8 (rows, {2 * k}) in the row "
+                          f"layout, got {w.dtype} {w.shape}")
+    return np.ascontiguousarray(w)
 
 
 def _tile_axes(fmt: str, rows: int, k: int, group: int) -> tuple[int, int, int, int]:
@@ -204,7 +228,10 @@ def _plane_codes(planes: np.ndarray, rows: int, k: int, group: int, nibbles: int
 
 
 def tile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
-    """Row layout -> tiled layout (the bytes the kernels read); rows a multiple of TILE."""
+    """Row layout -> tiled layout (the bytes the kernels read); rows a multiple of TILE. An
+    f16 matrix has no tiles: its row bytes viewed as float16 (rows, K)."""
+    if fmt == "f16":
+        return _plain_bytes(fmt, w, k).view(np.float16)
     if fmt in K_BLOCK:
         return _k_tile(fmt, w, k)
     rows, n, codes, _, _ = _planes(fmt, w, k, group)
@@ -219,6 +246,11 @@ def tile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
 
 def untile(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     """Tiled layout -> row layout: the inverse of ``tile``."""
+    if fmt == "f16":
+        if w.dtype != np.float16 or w.shape[-1] != k:
+            raise FormatError(f"an f16 matrix with K={k} in the kernels' layout must be float16 "
+                              f"(rows, {k}), got {w.dtype} {w.shape}")
+        return np.ascontiguousarray(w).view(np.uint8)
     if fmt in K_BLOCK:
         return _k_untile(fmt, w, k)
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != row_bytes(fmt, k, group):
@@ -271,7 +303,9 @@ def activation_values(x: np.ndarray) -> np.ndarray:
 
 def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:
     """GGUF blocks (rows, K/32 * block bytes) -> the row layout: bytes moved, not changed
-    (the K-quants' row layout is the blocks as they are)."""
+    (the K-quants' and F16's row layout is the blocks as they are)."""
+    if fmt == "f16":
+        return _plain_bytes(fmt, blocks, blocks.shape[-1] // 2)
     if fmt in K_BLOCK:
         if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % K_BLOCK[fmt]:
             raise FormatError(f"{fmt} GGUF blocks must be uint8 (rows, K/256 * "
@@ -291,7 +325,7 @@ def from_gguf(fmt: str, blocks: np.ndarray) -> np.ndarray:
 
 def to_gguf(fmt: str, w: np.ndarray) -> np.ndarray:
     """Inverse of ``from_gguf``."""
-    if fmt in K_BLOCK:
+    if fmt in K_BLOCK or fmt == "f16":
         return w
     per = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
     rows, n = w.shape[0], w.shape[1] // per
@@ -329,6 +363,8 @@ def random_matrix(fmt: str, rows: int, k: int, group: int, rng: np.random.Genera
                   scale: float = 0.1) -> np.ndarray:
     """A valid quantized matrix of about ``scale``-sized values (random codes, scales and
     minimums): realistic inputs for timing and checking a kernel."""
+    if fmt == "f16":  # normal numbers in the row layout's bytes
+        return (rng.standard_normal((rows, k)) * scale).astype(np.float16).view(np.uint8)
     if fmt in K_BLOCK:
         return _k_random(fmt, rows, k, rng, scale)
     codes = rng.integers(-128, 128, (rows, k)) if fmt == "q8_0" else rng.integers(0, 16,

@@ -33,6 +33,8 @@ def matrix(graph: iron.Graph, formats: Formats, name: str, rows: int, k: int):
     fmt, group = formats.get(name, ("bf16", 32))
     if fmt == "bf16":
         return graph.weight(name, (rows, k)), {}
+    if fmt in quant.PLAIN:  # f16: the file's halves, converted in the kernels
+        return graph.weight(name, (rows, k), quant.plain_dtype(fmt)), {"weight_format": fmt}
     return (graph.weight(name, (rows, quant.row_bytes(fmt, k, group, tiled=True)), np.uint8),
             {"weight_format": fmt, "group_size": group})
 
@@ -119,9 +121,12 @@ class Head(iron.Graph):
 
 
 def head(graph: iron.Graph, c: LlamaConfig, h: iron.Tensor) -> iron.Tensor:
-    """Logits of each row of ``h`` (rows, hidden) -> (rows, vocab)."""
+    """Float32 logits of each row of ``h`` (rows, hidden) -> (rows, vocab): rounded to bf16,
+    the two likeliest tokens would tie at a few percent of the steps and greedy decoding would
+    take the lower id."""
     name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    return linear(matrix(graph, graph.formats, name, c.vocab_size, c.hidden_size), h, True)
+    w, fields = matrix(graph, graph.formats, name, c.vocab_size, c.hidden_size)
+    return GEMV.step(w, h, output_dtype="float32", **fields)
 
 
 class SlotDecoder(Decoder):

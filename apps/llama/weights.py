@@ -93,10 +93,11 @@ def kernel_parts(checkpoint, formats: Formats | None = None) -> dict[str, list[s
 
 
 def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Formats:
-    """(weight_format, group_size) of every quantized kernel weight under ``mode``.
+    """(weight_format, group_size) of every kernel weight not run as bf16 under ``mode``.
 
     ``native`` keeps a matrix in the format its source file stored it in when every part of
-    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding), and splits
+    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding; an F16 file:
+    f16), and splits
     a q|k|v stack whose v alone has another format into q|k (``SPLIT_QK``) and v; ``uint4``
     quantizes every projection (not the embedding) in groups of ``group``, or of 32 where
     ``group`` does not divide its rows (rows not a multiple of 32 stay bf16); ``bf16``
@@ -129,7 +130,8 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
 
 def kernel_weights(checkpoint, config: LlamaConfig, formats: Formats | None = None):
     """Every weight the programs bind, as (name, array) in the kernels' layout: bf16 or
-    float32, or uint8 blocks in the tiled layout for a matrix ``formats`` names.
+    float32, or for a matrix ``formats`` names uint8 blocks in the tiled layout or (f16) the
+    file's float16 halves.
 
     Yields one tensor at a time so a bundle can be written without holding the model twice.
     """

@@ -220,7 +220,8 @@ def _open_blocks(directory: Path, want: dict[str, tuple[int, ...]]
                                   f"metadata; expected one of {known}")
         rows, k = want[name]
         group = quant.GROUPS[fmt][0]  # a GGUF file's blocks
-        shape = (rows, quant.row_bytes(fmt, k, group)) if k % group == 0 else None
+        whole = k % group == 0 or fmt in quant.PLAIN  # f16 rows: any K
+        shape = (rows, quant.row_bytes(fmt, k, group)) if whole else None
         if info.dtype != "U8" or info.shape != shape:
             raise CheckpointError(f"{path}: tensor {name!r} is {info.dtype} {info.shape}; a "
                                   f"{fmt} {want[name]} tensor must be U8 {shape}")

@@ -275,8 +275,10 @@ def _convert_tensors(reader: Any, family: Family, config: Any, source: str
         if fmt is None and t.tensor_type not in floats:
             converted[t.tensor_type.name] = converted.get(t.tensor_type.name, 0) + 1
         raw = None
-        if fmt is not None:  # the blocks as they are, one row of blocks per row of w
-            raw = quant.from_gguf(fmt, np.asarray(t.data, np.uint8).reshape(shape[0], -1))
+        if fmt is not None and len(shape) == 2:  # the blocks (F16: the halves) as they are,
+            # one row of blocks per row of w
+            data = np.ascontiguousarray(t.data)
+            raw = quant.from_gguf(fmt, data.view(np.uint8).reshape(shape[0], -1))
         w = family.from_gguf_rows(config, name, w)  # whole rows move: blocks stay intact
         raw = None if raw is None else family.from_gguf_rows(config, name, raw)
         out[name] = np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
@@ -285,8 +287,8 @@ def _convert_tensors(reader: Any, family: Family, config: Any, source: str
     if converted:
         kinds = ", ".join(f"{k} ({n})" for k, n in sorted(converted.items()))
         progress(f"{sum(converted.values())} tensors stored as {kinds} converted to bf16: iron "
-                 f"runs {', '.join(sorted(quant.GGUF_TYPES))} blocks as stored, F32, F16 and "
-                 "BF16 tensors as bf16, and converts the other types")
+                 f"runs {', '.join(sorted(quant.GGUF_TYPES))} tensors as stored, F32 and BF16 "
+                 "tensors as bf16, and converts the other types")
     missing = [n for n in want if n not in out]
     if missing:
         raise CheckpointError(f"{source}: lacks tensors for {missing[:5]} "

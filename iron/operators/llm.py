@@ -10,7 +10,7 @@ from ..devices import Device
 from ..operator import (APPROXIMATED, Operator, Rule, bfloat16, columns, expect, expect_dtype,
                         mid_context, normal, param, pow2_tiles, rope_frequencies, rule,
                         tunable)
-from ..quant import FORMATS, dequantize, tiled_rows
+from ..quant import FORMATS, PLAIN, dequantize, tiled_rows
 from ..tensor import Tensor
 from .matrix import example_weight, expect_weight, weight_k
 from .rowwise import RMSNorm, RoPE
@@ -31,7 +31,8 @@ class Embedding(Operator):
                    {"vocab": 48, "dim": 256, "rows": 2, "weight_format": "uint4",
                     "group_size": 128},
                    {"vocab": 32, "dim": 512, "rows": 3, "weight_format": "q4_k", "group_size": 256},
-                   {"vocab": 48, "dim": 256, "rows": 4, "weight_format": "q6_k", "group_size": 256})
+                   {"vocab": 48, "dim": 256, "rows": 4, "weight_format": "q6_k", "group_size": 256},
+                   {"vocab": 50, "dim": 7, "rows": 3, "weight_format": "f16"})
     shape_fields = ("weight_format", "group_size")
     vocab: int = param()
     dim: int = param()
@@ -78,7 +79,7 @@ class Embedding(Operator):
         ok = (tokens >= 0) & (tokens < self.vocab)
         index = np.where(ok, tokens, 0)
         fmt, dim, group = self.weight_format, self.dim, self.group_size
-        rows = dequantize(fmt, table[index] if fmt == "bf16" else
+        rows = dequantize(fmt, table[index] if fmt in PLAIN else
                           tiled_rows(fmt, table, dim, group, index), dim, group)
         return np.where(ok[:, None], rows, np.float32(0))
 

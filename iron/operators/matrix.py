@@ -10,17 +10,17 @@ from ..devices import Device
 from ..errors import ShapeError
 from ..operator import (ACCUMULATED, Operator, Rule, bfloat16, columns, expect, expect_dtype,
                         normal, param, pow2_tiles, rule, tunable)
-from ..quant import (FORMATS, TILE, FormatError, activation_values, check_format, dequantize,
-                     k_of, random_matrix, row_bytes, tile, untile)
+from ..quant import (FORMATS, PLAIN, TILE, FormatError, activation_values, check_format,
+                     dequantize, k_of, plain_dtype, random_matrix, row_bytes, tile, untile)
 from ..tensor import Tensor
 
 
 def weight_k(op: Operator | type, w: Tensor, fmt: str, group: int) -> int:
-    """K of a weight (rows, K) in bf16 or (rows, row bytes) in a quantized format."""
+    """K of a weight (rows, K) in bf16 or f16, or (rows, row bytes) in a quantized format."""
     name = getattr(op, "__name__", type(op).__name__)
     try:
         check_format(fmt, group, name)
-        if fmt == "bf16":
+        if fmt in PLAIN:
             return w.shape[1]
         k = k_of(fmt, w.shape[1], group, tiled=True)
     except FormatError as e:
@@ -33,28 +33,48 @@ def weight_k(op: Operator | type, w: Tensor, fmt: str, group: int) -> int:
 
 def weight_values(fmt: str, w: np.ndarray, k: int, group: int) -> np.ndarray:
     """The float32 values of a weight as a kernel reads it (quantized: the tiled layout)."""
-    return dequantize(fmt, w if fmt == "bf16" else untile(fmt, w, k, group), k, group)
+    return dequantize(fmt, w if fmt in PLAIN else untile(fmt, w, k, group), k, group)
 
 
 def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: str = "bf16",
                    group_size: int = 32, scale: float = 1.0) -> tuple[dict, np.ndarray]:
-    """(call fields, weight matrix) of a test case: bf16 normal numbers, or valid blocks."""
+    """(call fields, weight matrix) of a test case: bf16 or f16 normal numbers, or valid
+    blocks."""
     if weight_format == "bf16":
         return {}, normal(rng, rows, k, scale=scale)
+    if weight_format == "f16":
+        return ({"weight_format": "f16"},
+                tile("f16", random_matrix("f16", rows, k, group_size, rng, scale), k, group_size))
     return ({"weight_format": weight_format, "group_size": group_size},
             tile(weight_format, random_matrix(weight_format, rows, k, group_size, rng, scale), k,
                  group_size))
 
 
+def output_fields(fields: dict, dtype: str) -> dict:
+    """A test case's call fields with its output dtype named where it is not the default."""
+    return fields if dtype == "bf16" else {**fields, "output_dtype": dtype}
+
+
 def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
-    """W must be (rows, K) bf16, or (rows, row bytes) uint8 for a quantized format."""
+    """W must be (rows, K) bf16 or f16, or (rows, row bytes) uint8 for a quantized format."""
     fmt, k = op.weight_format, op.K if hasattr(op, "K") else op.dim
-    want = (rows, row_bytes(fmt, k, op.group_size, tiled=True))
-    dtype = bfloat16 if fmt == "bf16" else np.uint8
-    expect(w.shape == (rows, k) if fmt == "bf16" else w.shape == want, op,
-           f"{what} has shape {w.shape}, expected {(rows, k) if fmt == 'bf16' else want} "
-           f"for weight_format {fmt!r}")
+    want = (rows, k) if fmt in PLAIN else (rows, row_bytes(fmt, k, op.group_size, tiled=True))
+    dtype = plain_dtype(fmt) if fmt in PLAIN else np.uint8
+    expect(w.shape == want, op, f"{what} has shape {w.shape}, expected {want} for "
+           f"weight_format {fmt!r}")
     expect_dtype(w, dtype, op, what)
+
+
+#: What a matrix product's output may be stored as: bf16, as every tensor between steps, or
+#: float32 for a model's logits (a bf16 logit has 8 significant bits, so the two likeliest
+#: tokens tie exactly at a few percent of the steps of a small model, and greedy decoding then
+#: takes the lower id where the float32 sums would not tie)
+OUTPUT_DTYPES = ("bf16", "float32")
+
+
+def stored_dtype(op: Operator) -> type:
+    """The numpy dtype of a matrix product's output (its ``output_dtype`` param)."""
+    return np.float32 if op.output_dtype == "float32" else bfloat16
 
 
 #: Prefetch distances a quantized GEMV's cpu kernel may use, the default first (bytes of W)
@@ -71,7 +91,8 @@ class GEMV(Operator):
     many bytes ahead the cpu kernel for a quantized W asks for W, the best distance being a
     property of the host's caches and prefetchers (on a Sapphire Rapids-class Xeon 3 KiB
     decoded 1.08-1.09x faster than 4 KiB; Zen hosts were measured at 4 KiB); the npu designs
-    stream W by DMA and have no use for it.
+    stream W by DMA and have no use for it.  ``output_dtype`` float32 keeps the float32 sums
+    unrounded (a model's head, whose logits decide the next token).
     """
 
     kernel = "gemv"
@@ -89,7 +110,13 @@ class GEMV(Operator):
                    {"M": 48, "K": 1536, "batches": 2, "weight_format": "uint4",
                     "group_size": 128},
                    {"M": 32, "K": 512, "batches": 3, "weight_format": "q4_k", "group_size": 256},
-                   {"M": 48, "K": 256, "batches": 1, "weight_format": "q6_k", "group_size": 256})
+                   {"M": 48, "K": 256, "batches": 1, "weight_format": "q6_k", "group_size": 256},
+                   {"M": 40, "K": 576, "batches": 3, "output_dtype": "float32"},
+                   {"M": 7, "K": 33, "batches": 2, "weight_format": "f16"},
+                   {"M": 64, "K": 576, "batches": 1, "weight_format": "f16",
+                    "output_dtype": "float32"},
+                   {"M": 32, "K": 576, "batches": 2, "weight_format": "q8_0",
+                    "output_dtype": "float32"})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
     M: int = param()
@@ -97,6 +124,7 @@ class GEMV(Operator):
     batches: int = param(1)
     weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
+    output_dtype: str = param("bf16", choices=OUTPUT_DTYPES)
     tile_size_input: int = tunable()
     tile_size_output: int = tunable()
     num_aie_columns: int = tunable()
@@ -114,7 +142,7 @@ class GEMV(Operator):
         expect(x.shape[-1] == self.K, self, f"x has {x.shape[-1]} columns, W has K={self.K}")
         expect_weight(self, w, self.M, "W")
         expect_dtype(x, bfloat16, self, "x")
-        return [(x.shape[:-1] + (self.M,), bfloat16)]
+        return [(x.shape[:-1] + (self.M,), stored_dtype(self))]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
         def preference(t: int) -> tuple[bool, int]:
@@ -122,7 +150,7 @@ class GEMV(Operator):
             # leave one thread a ninth idle), then about 64 rows an item
             return (self.M // t % dev.columns != 0, abs(t - 64))
 
-        if self.weight_format != "bf16":  # rows come in the layout's tiles
+        if self.weight_format not in PLAIN:  # rows come in the layout's tiles
             return {"num_aie_columns": columns(dev), "tile_size_input": [TILE],
                     "tile_size_output": sorted((t for t in pow2_tiles(self.M, lo=TILE, hi=512)
                                                 if t % TILE == 0), key=preference),
@@ -138,25 +166,25 @@ class GEMV(Operator):
                    "tile_size_output tile_size_input", "tile_size_output % tile_size_input == 0")
         yield rule(self.M % self.tile_size_output == 0, "tile_size_output",
                    "M % tile_size_output == 0")
-        if self.weight_format != "bf16":
+        if self.weight_format not in PLAIN:
             yield rule(self.tile_size_input == TILE, "tile_size_input",
                        f"tile_size_input == {TILE} for a quantized W (the rows of one tile of "
                        "its layout are computed together)")
 
     @classmethod
-    def example(cls, rng, M, K, batches, **fmt):
+    def example(cls, rng, M, K, batches, output_dtype="bf16", **fmt):
         x = normal(rng, K) if batches == 1 else normal(rng, batches, K)
         fields, w = example_weight(rng, M, K, scale=0.1, **fmt)
-        return fields, [w, x]
+        return output_fields(fields, output_dtype), [w, x]
 
     def example_input(self, index, shape, dtype, rng):
-        if index == 0 and self.weight_format != "bf16":
+        if index == 0 and self.weight_format != "bf16":  # f16: example_weight's dtype
             return example_weight(rng, self.M, self.K, self.weight_format, self.group_size,
                                   0.1)[1]
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, w, x):
-        if self.weight_format != "bf16":  # x rounded to int8 codes per 32 values
+        if self.weight_format not in PLAIN:  # x rounded to int8 codes per 16 values
             x = activation_values(x)
         return x @ weight_values(self.weight_format, w, self.K, self.group_size).T
 
@@ -169,7 +197,7 @@ class GEMM(Operator):
     there only ``tile_n`` and ``num_aie_columns`` change the kernel's speed.  B may be stored
     quantized (``weight_format``, see ``iron.quant``): each row of A is then multiplied as the
     GEMV multiplies x (rounded to int8 codes per 16 values, integer dot products with B's
-    codes), so a row of C is what the GEMV gives for that row.
+    codes), so a row of C is what the GEMV gives for that row.  ``output_dtype`` as the GEMV's.
     """
 
     kernel = "gemm"
@@ -182,7 +210,11 @@ class GEMM(Operator):
                    {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0"},
                    {"M": 20, "K": 256, "N": 48, "weight_format": "uint4", "group_size": 128},
                    {"M": 9, "K": 512, "N": 32, "weight_format": "q4_k", "group_size": 256},
-                   {"M": 6, "K": 256, "N": 48, "weight_format": "q6_k", "group_size": 256})
+                   {"M": 6, "K": 256, "N": 48, "weight_format": "q6_k", "group_size": 256},
+                   {"M": 20, "K": 96, "N": 80, "output_dtype": "float32"},
+                   {"M": 7, "K": 3, "N": 5, "weight_format": "f16"},
+                   {"M": 20, "K": 96, "N": 80, "weight_format": "f16"},
+                   {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0", "output_dtype": "float32"})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
     M: int = param()
@@ -190,6 +222,7 @@ class GEMM(Operator):
     N: int = param()
     weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
+    output_dtype: str = param("bf16", choices=OUTPUT_DTYPES)
     tile_m: int = tunable()
     tile_k: int = tunable()
     tile_n: int = tunable()
@@ -206,7 +239,7 @@ class GEMM(Operator):
     def signature(self, a: Tensor, b: Tensor) -> list:
         expect_weight(self, b, self.N, "B")
         expect_dtype(a, bfloat16, self, "A")
-        return [((self.M, self.N), bfloat16)]
+        return [((self.M, self.N), stored_dtype(self))]
 
     def space(self, dev: Device) -> dict[str, list[int]]:
         return {"num_aie_columns": columns(dev),
@@ -217,7 +250,7 @@ class GEMM(Operator):
     def rules(self, dev: Device) -> Iterator[Rule]:
         yield from super().rules(dev)
         yield rule(self.K % self.tile_k == 0, "tile_k", "K % tile_k == 0")
-        if self.weight_format != "bf16":
+        if self.weight_format not in PLAIN:
             yield rule(self.tile_k % self.group_size == 0, "tile_k",
                        f"tile_k % group_size == 0 (B's {self.weight_format} groups of "
                        f"{self.group_size} are expanded whole)")
@@ -226,9 +259,9 @@ class GEMM(Operator):
                        "layout at a time)")
 
     @classmethod
-    def example(cls, rng, M, K, N, **fmt):
+    def example(cls, rng, M, K, N, output_dtype="bf16", **fmt):
         fields, b = example_weight(rng, N, K, scale=0.1, **fmt)
-        return fields, [normal(rng, M, K), b]
+        return output_fields(fields, output_dtype), [normal(rng, M, K), b]
 
     def example_input(self, index, shape, dtype, rng):
         if index == 1 and self.weight_format != "bf16":
@@ -237,6 +270,6 @@ class GEMM(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, a, b):
-        if self.weight_format != "bf16":  # A's rows rounded as the GEMV rounds x
+        if self.weight_format not in PLAIN:  # A's rows rounded as the GEMV rounds x
             a = activation_values(a)
         return a @ weight_values(self.weight_format, b, self.K, self.group_size).T

@@ -1,9 +1,10 @@
 """How close a kernel's output must be to the reference maths: shared by the tests and the tuner.
 
-Both sides are rounded to bfloat16 before they are compared, so an element may differ by
-``atol + rtol * |ref|`` (the operator's ``tolerance``, or the target's where its kernels
-approximate more coarsely: ``Target.tolerance``) plus one bf16 ulp of the reference: the one
-rounding step by which two correct bf16 results of the same float32 sum may differ.  And the
+Both sides are rounded to the output's dtype before they are compared, so an element may differ
+by ``atol + rtol * |ref|`` (the operator's ``tolerance``, or the target's where its kernels
+approximate more coarsely: ``Target.tolerance``) plus one ulp of the reference in that dtype
+(bf16, or float32 for a float32 output such as logits): the one rounding step by which two
+correct results of the same float32 sum may differ.  And the
 elements together may not lean one way: the sum of the errors stays within ``BIAS`` of the sum
 of |ref|. Rounding and the kernels' approximations are unbiased, a systematic error (a wrong
 constant, a missing term) is not, so a 1% one fails even where elements may each be 3% off.
@@ -33,15 +34,21 @@ def bf16_ulp(x: np.ndarray) -> np.ndarray:
     return np.ldexp(np.float32(1), exponent - 8).astype(np.float32)
 
 
+def float32_ulp(x: np.ndarray) -> np.ndarray:
+    """The spacing of float32 numbers at |x| (24 significant bits)."""
+    return np.spacing(np.abs(x).astype(np.float32))
+
+
 def mismatch(name: str, out: np.ndarray, ref: np.ndarray,
              tol: tuple[float, float] | None = None) -> str | None:
     """Why ``out`` is not close enough to ``ref`` for operator ``name`` (within ``tol``, by
     default the operator's own tolerance); None when it is."""
     rtol, atol = tol or tolerance(name)
+    ulp = float32_ulp if np.asarray(out).dtype == np.float32 else bf16_ulp
     out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
     if out.shape != ref.shape:
         return f"{name}: output has shape {out.shape}, the reference {ref.shape}"
-    bound = atol + rtol * np.abs(ref) + bf16_ulp(ref)
+    bound = atol + rtol * np.abs(ref) + ulp(ref)
     error = np.abs(out - ref)
     bad = ~(error <= bound)  # NaN counts as off
     if not bad.any():

@@ -63,6 +63,8 @@ SMALL = [
     ("Softmax", {"rows": 8, "size": 64}),
     ("GEMV", {"M": 64, "K": 32, "batches": 1}), ("GEMV", {"M": 32, "K": 48, "batches": 3}),
     ("GEMM", {"M": 32, "K": 64, "N": 64}),
+    ("GEMV", {"M": 32, "K": 48, "batches": 2, "output_dtype": "float32"}),  # logits
+    ("GEMM", {"M": 32, "K": 64, "N": 64, "output_dtype": "float32"}),
 ]
 
 

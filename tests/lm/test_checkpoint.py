@@ -515,7 +515,7 @@ def test_embedded_says_paris(smollm2: Path):
 def test_gguf_of_every_stored_type_converts_and_says_what_it_converted(tmp_path: Path, capsys):
     """F16 and BF16 tensors become bf16 as their values round; a type iron does not run as
     stored (Q5_0 here, Q5_K alike) is dequantized to bf16 with one line naming it and
-    how many tensors; Q4_0 blocks are kept."""
+    how many tensors; Q4_0 blocks and F16 halves are kept as the file stores them."""
     src = tmp_path / "mixed.gguf"
     weights = _write_tiny_gguf(src, seed=3, types={
         "q_proj.weight": "F16", "k_proj.weight": "BF16", "down_proj.weight": "Q5_0",
@@ -527,7 +527,12 @@ def test_gguf_of_every_stored_type_converts_and_says_what_it_converted(tmp_path:
     for name, w in weights.items():
         np.testing.assert_array_equal(ckpt.tensor(name), w.astype(ml_dtypes.bfloat16), name)
     kept = {n: ckpt.quantized(n)[0] for n in ckpt.tensor_names() if ckpt.quantized(n)}
-    assert kept == {f"model.layers.{i}.mlp.gate_proj.weight": "q4_0" for i in range(2)}
+    assert kept == {**{f"model.layers.{i}.mlp.gate_proj.weight": "q4_0" for i in range(2)},
+                    **{f"model.layers.{i}.self_attn.q_proj.weight": "f16" for i in range(2)}}
+    for i in range(2):
+        name = f"model.layers.{i}.self_attn.q_proj.weight"
+        halves = ckpt.quantized(name)[1].view(np.float16)  # the row layout's bytes
+        np.testing.assert_array_equal(halves, weights[name].astype(np.float16), name)
 
 
 def test_gguf_of_another_architecture_is_refused_in_one_line(tmp_path: Path):

@@ -138,8 +138,9 @@ def test_prompt_of_one_token_one_chunk_and_several_chunks(smollm2_model, smollm2
                                                           length):
     """1 and 32 tokens: the tail program; 40: one padded chunk; 70: a chunk and a tail;
     100: a chunk and a padded chunk. The top token is the reference's, or one the reference
-    puts within two bf16 steps of its top (logits are bf16: 40 tokens end on such a near-tie,
-    13.27 against 13.20, where a step is 0.0625)."""
+    puts within two bf16 steps of its top (the hidden states are bf16 and the weights the
+    file's blocks: 40 tokens end on such a near-tie, 13.27 against 13.20, where a step is
+    0.0625)."""
     ids = (token_ids(smollm2_model, " ".join(TEXTS)) * 3)[:length]
     assert len(ids) == length
     assert (smollm2_model.chunk, smollm2_model.tail_chunk) == (64, 32)
@@ -316,14 +317,33 @@ def test_native_bundle_runs_the_files_blocks(tmp_path):
         assert_accurate(kl, agree, TINY)
 
 
+@pytest.fixture(scope="module")
+def smollm2_bf16_bundle(smollm2, tmp_path_factory):
+    """The embedded checkpoint with every matrix in bf16 (its activations stay unrounded)."""
+    return make_bundle(smollm2, tmp_path_factory.mktemp("bf16") / "cpu", weights="bf16",
+                       context=2048)
+
+
+def test_chat_answer_is_paris_where_the_logits_tied_in_bf16(smollm2_bf16_bundle):
+    """After the chat prompt "What is the capital of France?" (with SmolLM2's default system
+    message) the float32 model puts "The" (id 504) 0.08 above "L" (id 60); the bf16-weights
+    bundle, 0.07 above. Rounded to bf16 both logits were 25.375, and greedy took the lower id:
+    "L'Étoile, la Marseillaise, ...". With float32 logits the answer names Paris. (On the
+    file's own Q4_1 blocks "L" leads by 0.09 in float32, as in llama.cpp on the same file.)"""
+    result = run_cli(smollm2_bf16_bundle, "--chat", "-p", "What is the capital of France?",
+                     "--temperature", "0", "-n", "12", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("The capital of France is Paris"), result.stdout
+
+
 def test_smollm2_native_greedy_text_matches_bf16_up_to_near_ties(
-        smollm2, smollm2_model, smollm2_reference, tmp_path):
+        smollm2_model, smollm2_reference, smollm2_bf16_bundle):
     """The default (native Q4_1 / Q8_0) bundle against a bf16 bundle of the same checkpoint:
     greedy continuations agree, or part only where the float32 model itself is near a tie."""
     from iron.pipeline.bundle import Bundle
 
     assert Bundle.open(smollm2_model.bundle.path).meta["weights"] == "native"
-    bf16 = LanguageModel(make_bundle(smollm2, tmp_path / "bf16", weights="bf16"))
+    bf16 = LanguageModel(smollm2_bf16_bundle)
     for text in TEXTS:
         prompt = token_ids(smollm2_model, text)[:24]
         ours, _ = smollm2_model.generate(prompt, 16)

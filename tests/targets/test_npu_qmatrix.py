@@ -36,6 +36,8 @@ CASES = [
     ("GEMM", {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0"}),
     ("GEMM", {"M": 8, "K": 64, "N": 32, "weight_format": "q4_0"}),
     ("GEMM", {"M": 4, "K": 256, "N": 16, "weight_format": "uint4", "group_size": 128}),
+    ("GEMV", {"M": 32, "K": 64, "batches": 2, "weight_format": "q8_0",
+              "output_dtype": "float32"}),  # a quantized head's float32 logits
 ]
 IDS = [f"{n}-{s['weight_format']}-{i}" for i, (n, s) in enumerate(CASES)]
 
@@ -63,12 +65,17 @@ def test_emulation_matches_the_reference_at_every_legal_setting(dev, name, shape
             assert_close(name, exe.run(xs)[0], graph.reference(*xs))
 
 
+#: The bf16 outputs: rounded once, they are the cpu's bits; a float32 output keeps the last
+#: bits that the order of the float additions changes (the emulation test bounds it).
+ROUNDED = [(i, case) for i, case in zip(IDS, CASES) if "output_dtype" not in case[1]]
+
+
 @pytest.mark.parametrize("dev", ("npu1", "npu2"))
-@pytest.mark.parametrize("name,shape", CASES, ids=IDS)
+@pytest.mark.parametrize("name,shape", [case for _, case in ROUNDED], ids=[i for i, _ in ROUNDED])
 def test_emulated_results_are_the_cpu_kernels_bits(dev, name, shape):
     """Same integer sums and float steps as kernels/cpu/qmatmul.h, an independent
-    implementation: the emulated design's output is the cpu target's, bit for bit (the README
-    says so)."""
+    implementation: the emulated design's bf16 output is the cpu target's, bit for bit (the
+    README says so)."""
     cls, fields, inputs = case_inputs(name, shape, np.random.default_rng(5))
     cpu = np.asarray(OneStep(cls, fields, "cpu")(*inputs))
     emulated = np.asarray(OneStep(cls, fields, dev).emulate(*inputs))

@@ -86,9 +86,11 @@ def test_instances_are_deduplicated_and_single_setting_ones_skipped(tmp_path):
     assert names == sorted([
         "Embedding(vocab=10, dim=64, rows=1, weight_format='bf16', group_size=32)",
         "AXPY(size=64, scalar_factor=2.0)",
-        "GEMV(M=16, K=64, batches=1, weight_format='bf16', group_size=32)",
+        "GEMV(M=16, K=64, batches=1, weight_format='bf16', group_size=32, "
+        "output_dtype='bf16')",
         "AXPY(size=128, scalar_factor=2.0)",
-        "GEMV(M=16, K=64, batches=2, weight_format='bf16', group_size=32)"])
+        "GEMV(M=16, K=64, batches=2, weight_format='bf16', group_size=32, "
+        "output_dtype='bf16')"])
     assert all(i.uses == 1 for i in found if not i.describe().startswith("Embedding"))
     assert [i.uses for i in found if i.describe().startswith("Embedding")] == [2]
     bench = FakeBench()

@@ -1,6 +1,7 @@
 /* gemm: C = A @ B^T  (B in the Linear-weight layout), for prompt prefill.
  *
- * args: A (M, K) bf16, B (N, K) bf16 -> C (M, N) bf16;  C[m, n] = sum_k A[m, k] * B[n, k].
+ * args: A (M, K) bf16, B (N, K) bf16 -> C (M, N) bf16, or float32 (IRON_OUTPUT_DTYPE,
+ *   iron_out.h);  C[m, n] = sum_k A[m, k] * B[n, k].
  *   B may instead be (N, row bytes) uint8 in a quantized format (iron_quant.h, macros
  *   IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE): the quantized GEMV's scheme then runs
  *   (qmatmul.h), each row of A a vector rounded to int8 codes per 16 values, integer dot
@@ -39,6 +40,7 @@
 #include <omp.h>
 
 #include "iron_cpu.h"
+#include "iron_out.h"
 #include "iron_quant.h"
 
 #if !defined(IRON_M) || !defined(IRON_K) || !defined(IRON_N) || !defined(IRON_TILE_M) \
@@ -49,10 +51,10 @@ IRON_NUM_AIE_COLUMNS"
 _Static_assert(IRON_M % IRON_TILE_M == 0, "M % tile_m == 0");
 _Static_assert(IRON_K % IRON_TILE_K == 0, "K % tile_k == 0");
 _Static_assert(IRON_N % IRON_TILE_N == 0, "N % tile_n == 0");
-_Static_assert(IRON_WEIGHT_FORMAT == 0 || IRON_TILE_N % 16 == 0,
+_Static_assert(Q_PLAIN || IRON_TILE_N % 16 == 0,
                "tile_n % 16 == 0 for quantized B");
 
-#if QFMT != IRON_FMT_BF16 /* the quantized GEMV's scheme, a prompt row per vector */
+#if !Q_PLAIN /* the quantized GEMV's scheme, a prompt row per vector */
 
 #define Q_K IRON_K
 #define Q_VECTORS IRON_M
@@ -63,17 +65,19 @@ _Static_assert(IRON_WEIGHT_FORMAT == 0 || IRON_TILE_N % 16 == 0,
 
 void iron_kernel(void *const *args) { q_matmul(args[1], args[0], args[2]); }
 
-#else /* bf16 B */
+#else /* bf16 or f16 B */
 
 #define NR 16                                     /* columns per packed panel of B */
 #define TN_PAD ((IRON_TILE_N + NR - 1) / NR * NR) /* tile width rounded up to panels */
 #define PANELS (TN_PAD / NR)
 #define CT_FLOATS ((long)IRON_M * TN_PAD)
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && QFMT == IRON_FMT_BF16
+#define DPBF16 1
 #include "gemm_bf16_avx512.h" /* vdpbf16ps on k-pair panels */
 #else
-#include "gemm_bf16_avx2.h"   /* float32 FMAs on widened bf16 */
+#define DPBF16 0
+#include "gemm_bf16_avx2.h"   /* float32 FMAs on widened bf16 (f16: converted by F16C) */
 #endif
 
 #include "gemm_amx.h"         /* defines AMX where the instance can use it */
@@ -81,7 +85,7 @@ void iron_kernel(void *const *args) { q_matmul(args[1], args[0], args[2]); }
 void iron_kernel(void *const *args) {
     const uint16_t *A = args[0];
     const void *B = args[1];
-    uint16_t *C = args[2];
+    out_t *C = args[2];
 
 #ifdef AMX
     if (amx_permitted()) {
@@ -92,7 +96,7 @@ void iron_kernel(void *const *args) {
 
     /* A as micro reads it (row stride A_STRIDE): float32 for AVX2; for AVX512_BF16 A itself,
      * or for an odd TILE_K a copy with each k-tile followed by one zero */
-#if defined(__AVX512BF16__)
+#if DPBF16
     uint16_t *copy = NULL;
     const uint16_t *Ap = A;
     if (IRON_TILE_K % 2) {
@@ -130,11 +134,11 @@ void iron_kernel(void *const *args) {
         }
         for (long i = 0; i < IRON_M; i++)
             for (long j = 0; j < IRON_TILE_N; j++)
-                C[i * IRON_N + n0 + j] = iron_f32_to_bf16(ct[i * TN_PAD + j]);
+                C[i * IRON_N + n0 + j] = out_scalar(ct[i * TN_PAD + j]);
     }
 
     free(work);
     free(copy);
 }
 
-#endif /* bf16 B */
+#endif /* bf16 or f16 B */

@@ -2,7 +2,7 @@
  * Included by gemm.c after the packed-panel path, which it falls back to when the kernel may not use AMX. */
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) \
-    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0
+    && IRON_K % 32 == 0 && IRON_TILE_N % 16 == 0 && QFMT == IRON_FMT_BF16
 #define AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -72,15 +72,14 @@ static void pack_at(const uint16_t *A, uint16_t *at) {
 
 /* C[m, n0 + n] = out[n][m - m0] for the nt * 16 x mt * 16 block in out (row stride 32) */
 static void write_c(const int nt, const int mt, const float *out, long m0, long n0,
-                    uint16_t *C) {
+                    out_t *C) {
     for (int ns = 0; ns < nt; ns++)
         for (int ms = 0; ms < mt; ms++) {
             __m512 r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(out + (16 * ns + i) * 32 + 16 * ms);
             transpose16(r); /* r[j] = column j: 16 n of row m = m0 + 16 ms + j */
             for (int j = 0; j < 16 && m0 + 16 * ms + j < IRON_M; j++)
-                _mm256_storeu_si256((__m256i *)(C + (m0 + 16 * ms + j) * IRON_N + n0 + 16 * ns),
-                                    (__m256i)_mm512_cvtneps_pbh(r[j]));
+                out_store16(C + (m0 + 16 * ms + j) * IRON_N + n0 + 16 * ns, r[j]);
         }
 }
 
@@ -116,7 +115,7 @@ static inline __attribute__((always_inline)) void amx_block(const int nt, const 
     if (nt == 2 && mt == 2) _tile_stored(3, out + 16 * 32 + 16, 128);
 }
 
-static void gemm_amx(const uint16_t *A, const uint16_t *B, uint16_t *C) {
+static void gemm_amx(const uint16_t *A, const uint16_t *B, out_t *C) {
     uint16_t *at = aligned_alloc(64, sizeof(uint16_t) * MB * KC * 512);
     pack_at(A, at);
 #if IRON_NUM_AIE_COLUMNS > 1

@@ -1,6 +1,6 @@
 /* gemm.c's bf16 path with AVX2 + FMA: A and B widened to float32, a 6x16 micro kernel of FMAs.
  * Included by gemm.c (which defines the instance's constants and NR, TN_PAD, PANELS, CT_FLOATS) on
- * hosts without AVX512-BF16. */
+ * hosts without AVX512-BF16, and for an f16 B (converted exactly by F16C) on every host. */
 
 
 #define A_STRIDE IRON_K
@@ -31,12 +31,16 @@ static inline __attribute__((always_inline)) void micro(const int rows, const fl
     }
 }
 
-/* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] -> bp[panel][k][16] in float32 */
+/* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] (bf16 or f16) -> bp[panel][k][16] in float32 */
 static void pack_b(const void *B, long n0, long k0, float *bp) {
     for (long n = 0; n < IRON_TILE_N; n++) {
         float *dst = bp + (n / NR) * (long)IRON_TILE_K * NR + n % NR;
         const uint16_t *b = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
+#if QFMT == IRON_FMT_F16
+        for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = _cvtsh_ss(b[k]); /* exact */
+#else
         for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = iron_bf16_to_f32(b[k]);
+#endif
     }
 }
 

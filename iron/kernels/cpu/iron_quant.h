@@ -20,6 +20,9 @@
  * Value = (d sc) u - (dmin mn) (q4_k, per group) or (d sc) (u - 32) (q6_k, per 16 values):
  * d sc and dmin mn are exact in float32.
  *
+ * bf16 and f16 (Q_PLAIN) are not blocked: a (rows, K) matrix of 16-bit floats, read by the
+ * kernels' own plain paths.
+ *
  * macros: IRON_WEIGHT_FORMAT (one of IRON_FMT_*, the index in iron.quant.FORMATS),
  * IRON_GROUP_SIZE (a multiple of 32).
  */
@@ -35,12 +38,14 @@
 #define IRON_FMT_UINT4 4
 #define IRON_FMT_Q4_K 5
 #define IRON_FMT_Q6_K 6
+#define IRON_FMT_F16 7 /* IEEE half, one per value: a plain (rows, K) matrix like bf16 */
 
 #if !defined(IRON_WEIGHT_FORMAT) || !defined(IRON_GROUP_SIZE)
 #error "iron_quant.h needs IRON_WEIGHT_FORMAT and IRON_GROUP_SIZE"
 #endif
 
 #define QFMT IRON_WEIGHT_FORMAT
+#define Q_PLAIN (QFMT == IRON_FMT_BF16 || QFMT == IRON_FMT_F16) /* no blocks, no tiles */
 #define Q_KQUANT (QFMT == IRON_FMT_Q4_K || QFMT == IRON_FMT_Q6_K)
 #define QG (Q_KQUANT ? 32 : IRON_GROUP_SIZE)               /* the kernels' group */
 #define Q_SUPER (Q_KQUANT ? 8 : 1)                         /* groups per super-block */
@@ -61,7 +66,7 @@
 #define Q_ROW_BYTES(k) ((long)(k) / Q_SUPER_VALUES * (Q_SUPER_BYTES / Q_TILE))
 #define Q_TILE_BYTES(k) (Q_TILE * Q_ROW_BYTES(k))
 
-#if QFMT != IRON_FMT_BF16
+#if !Q_PLAIN
 
 static inline float q_param(const uint8_t *p) {
     uint16_t h;
@@ -227,5 +232,5 @@ static inline __attribute__((always_inline)) __m512 q6_k_scale16(
 #endif
 #endif
 
-#endif /* QFMT != IRON_FMT_BF16 */
+#endif /* !Q_PLAIN */
 #endif /* IRON_QUANT_H */

@@ -21,6 +21,7 @@
 
 #include <float.h>
 
+#include "iron_out.h"
 #include "iron_quant.h"
 
 #if !defined(Q_K) || !defined(Q_VECTORS) || !defined(Q_OUT_STRIDE) || !defined(Q_ITEM_ROWS) \
@@ -119,7 +120,7 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
 /* a tile of W times the vectors v0 .. v0 + Q_VECTOR_BLOCK - 1, BB at a time (the last pass
  * takes the rest); out points at the tile's first row of vector 0 */
 static inline void tile_times_vectors(const uint8_t *tile, const vectors_t v, const long v0,
-                                      uint16_t *out) {
+                                      out_t *out) {
     acc_t acc[BB];
     long b0 = v0;
     for (; b0 + BB <= v0 + Q_VECTOR_BLOCK; b0 += BB) {
@@ -144,7 +145,7 @@ static inline void tile_times_vectors(const uint8_t *tile, const vectors_t v, co
 }
 
 /* the rows of work item item of W times the rounded vectors v */
-static inline void q_items(const uint8_t *W, const vectors_t v, uint16_t *out, const long item) {
+static inline void q_items(const uint8_t *W, const vectors_t v, out_t *out, const long item) {
     for (long v0 = 0; v0 < Q_VECTORS; v0 += Q_VECTOR_BLOCK)
         for (long m = item * Q_ITEM_ROWS; m < (item + 1) * Q_ITEM_ROWS; m += Q_TILE)
             tile_times_vectors(W + m / Q_TILE * Q_TILE_BYTES(Q_K), v, v0, out + m);
@@ -169,8 +170,9 @@ static inline void round_group(const uint16_t *x, const long bg, const vectors_t
  * sharing it out needs, and a barrier waits for the slowest thread's wake-up. */
 #define Q_PRIVATE_X (Q_VECTORS <= 4)
 
-/* out (Q_VECTORS, Q_OUT_STRIDE) bf16 = x (Q_VECTORS, Q_K) bf16 times the rows of W */
-static void q_matmul(const uint8_t *W, const uint16_t *x, uint16_t *out) {
+/* out (Q_VECTORS, Q_OUT_STRIDE) bf16 or float32 (iron_out.h) = x (Q_VECTORS, Q_K) bf16 times
+ * the rows of W */
+static void q_matmul(const uint8_t *W, const uint16_t *x, out_t *out) {
 #if Q_PRIVATE_X
 #if IRON_NUM_AIE_COLUMNS > 1
     #pragma omp parallel num_threads(IRON_NUM_AIE_COLUMNS)

@@ -122,10 +122,10 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
 }
 
 static inline __attribute__((always_inline)) void store_rows(const acc_t *acc, const int nb,
-                                                             uint16_t *out) {
+                                                             out_t *out) {
     for (int b = 0; b < nb; b++) {
-        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE, acc[b].h[0]);
-        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE + 8, acc[b].h[1]);
+        out_store8(out + b * (long)Q_OUT_STRIDE, acc[b].h[0]);
+        out_store8(out + b * (long)Q_OUT_STRIDE + 8, acc[b].h[1]);
     }
 }
 

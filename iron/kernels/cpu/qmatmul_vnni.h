@@ -125,16 +125,8 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
 }
 
 static inline __attribute__((always_inline)) void store_rows(const __m512 *acc, const int nb,
-                                                             uint16_t *out) {
-    for (int b = 0; b < nb; b++) {
-#if defined(__AVX512BF16__)
-        _mm256_storeu_si256((__m256i *)(out + b * (long)Q_OUT_STRIDE),
-                            (__m256i)_mm512_cvtneps_pbh(acc[b]));
-#else /* VNNI without BF16 (Ice Lake): the same rounding, 8 lanes at a time */
-        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE, _mm512_castps512_ps256(acc[b]));
-        iron_store8_bf16(out + b * (long)Q_OUT_STRIDE + 8, _mm512_extractf32x8_ps(acc[b], 1));
-#endif
-    }
+                                                             out_t *out) {
+    for (int b = 0; b < nb; b++) out_store16(out + b * (long)Q_OUT_STRIDE, acc[b]);
 }
 typedef __m512 acc_t;
 

@@ -8,7 +8,8 @@
 //     code = round-half-even(x * (127 / max|x|)) (iron.quant.activation_values);
 //   qmatrix_<fmt>: one 16-row tile of W (k values from value k0 of its rows: whole groups)
 //     times the quantized vectors into a float32 accumulator (vectors x 16 rows);
-//   qmatrix_store: the accumulator rounded once to bf16 into the output tile.
+//   qmatrix_store: the accumulator rounded once to bf16 into the output tile (qmatrix_store_f32:
+//     stored as float32, a model's logits).
 //
 // A tile is lane-parallel over its 16 rows and never sums across rows: a 64-byte plane of
 // 4-bit codes is a 32-lane int16 vector whose lanes 2i and 2i + 1 are the low and high half of
@@ -390,6 +391,12 @@ void qmatrix_store(const float *acc, bfloat16 *y, int32_t vectors, int32_t y_col
         t.from_vector(aie::load_v<QROWS>(acc + b * QROWS));
         aie::store_v(y + b * y_cols + row_offset, t.template to_vector<bfloat16>());
     }
+}
+
+void qmatrix_store_f32(const float *acc, float *y, int32_t vectors, int32_t y_cols,
+                       int32_t row_offset) {
+    for (int32_t b = 0; b < vectors; b++)
+        aie::store_v(y + b * y_cols + row_offset, aie::load_v<QROWS>(acc + b * QROWS));
 }
 
 }  // extern "C"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...operator import Operator
+from ...quant import PLAIN
 from ..cost import COMPUTE, LAUNCH, MEMORY, Estimate, estimate
 from .calibration import Calibration, calibration
 
@@ -122,8 +123,9 @@ def work(op: Operator, h: Calibration) -> Work | None:
 def _gemv(op, threads: int) -> Work:
     """gemv.c: per 16 elements of W one load, two widenings, two FMAs, and 2 / TI loads of x
     (TI rows share them); per row a reduction of 2 x UNROLL accumulators and a store. A
-    quantized W (_gemv_tiled) is read in its own bytes."""
-    if op.weight_format != "bf16":
+    quantized W (_gemv_tiled) is read in its own bytes; an f16 W like a bf16 one (F16C's
+    conversion in place of the widening)."""
+    if op.weight_format not in PLAIN:
         return _gemv_tiled(op, threads)
     ti = op.tile_size_input
     unroll = 1 if ti >= 2 else 2
@@ -165,11 +167,12 @@ def _gemm(op, threads: int, h: Calibration) -> Work:
     """gemm.c, whichever of its three paths this host compiles for the instance; a quantized
     B runs the GEMV's tile scheme with a row of A per vector."""
     M, K, N = op.M, op.K, op.N
-    if op.weight_format != "bf16":
+    if op.weight_format not in PLAIN:
         return _tiled(op.weight_format, op.group_size, N, K, M, N // op.tile_n, threads)
     items = N // op.tile_n
     pack_a = M * K / LANES * 3
-    if h.amx and K % 32 == 0 and op.tile_n % 16 == 0:
+    bf16 = op.weight_format == "bf16"  # an f16 B takes the float32 FMA path on every host
+    if bf16 and h.amx and K % 32 == 0 and op.tile_n % 16 == 0:
         mb, nb = math.ceil(M / 16), math.ceil(N / 16)
         dp = mb * nb * (K // 32)  # TDPBF16PS per call
         loads = math.ceil(M / 32) * nb * (K // 32) + math.ceil(N / 32) * mb * (K // 32)
@@ -178,7 +181,8 @@ def _gemm(op, threads: int, h: Calibration) -> Work:
                     pack_a + loads + write_c, items, threads, cycles=dp * AMX_DP_CYCLES)
     k_tiles = K // op.tile_k
     panels = math.ceil(op.tile_n / 16)
-    if h.avx512_bf16:  # vdpbf16ps on 16 lanes, a k-pair per instruction, up to 8 rows x 2 panels
+    if bf16 and h.avx512_bf16:  # vdpbf16ps on 16 lanes, a k-pair per instruction, up to 8
+        # rows x 2 panels
         rows = next(r for r in (8, 4, 2, 1) if op.tile_m >= r)
         pairs = math.ceil(op.tile_k / 2)
         products = M * items * panels * k_tiles * pairs  # per row, panel and k-pair

@@ -13,6 +13,7 @@ from ...devices import Device
 from ...operator import Operator, Rule
 from ...operators import GEMM
 from ...program import Program
+from ...quant import PLAIN
 from ...store import Entry, Store
 from ..base import Recipe, Target
 from ..cost import Estimate
@@ -69,7 +70,7 @@ class CpuTarget(Target):
     def ignored_tunables(self, op: Operator) -> frozenset[str]:
         """A GEMM with quantized B multiplies each row of A as the GEMV does, a whole row of
         B's codes at a time (qmatmul.h): its ``tile_k`` changes nothing."""
-        if isinstance(op, GEMM) and op.weight_format != "bf16":
+        if isinstance(op, GEMM) and op.weight_format not in PLAIN:
             return frozenset({"tile_k"})
         return frozenset()
 

@@ -139,7 +139,8 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         rows, size = n[0], n[1]
         ops = ROW_OPS[f] + EXPONENTIALS.get(f, 0) * exp
         return rows * size * ops / lanes + rows * ROW_CYCLES
-    if f == "gemv_bf16":  # rows of W, K, batches, (output tile): a vector MAC per step
+    if f in ("gemv_bf16", "gemv_bf16_f32"):  # rows of W, K, batches, (output tile): a vector
+        # MAC per step
         rows, k, batches = n[0], n[1], n[2]
         return rows * k * batches / lanes + rows * batches * ROW_CYCLES
     if f == "gemm_bf16":  # tile_m x tile_k x tile_n: one MMUL per cycle
@@ -159,6 +160,8 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return n[1] * n[0] / kernels.qmatrix_block() * QUANTIZE_BLOCK_OPS
     if f == "qmatrix_store":  # vectors: a load, a rounding and a store each
         return n[0] * 3
+    if f == "qmatrix_store_f32":  # vectors: a load and a store each
+        return n[0] * 2
     if f == "attn_tile":  # kv_heads, rb, follow, group, hd, tile, ctx, rows: every query x
         _, rb, _, group, hd, tile, _, _ = n[-8:]  # key (a slotted row in every slot's pass)
         queries = rb * group
@@ -184,7 +187,8 @@ def kernel_cycles(call: Call, res: NpuResources) -> float:
         return tile * hd / lanes * 2 + rows * ROW_CYCLES
     if f == "zero_f32":  # a 16-float store per step
         return n[0] / 16
-    if f == "store_bf16":  # per MMUL block a load and a conversion; per output row vector
+    if f in ("store_bf16", "store_f32"):  # per MMUL block a load and a conversion (f32: a
+        # move); per output row vector
         r, _, t = kernels.mmul_shape(res.name)  # its lanes inserted one by one and a store
         w = kernels.gemm_row_lanes()
         return n[0] * n[1] / (r * w) * (2 * w / t + r * (w + 1))

@@ -187,13 +187,14 @@ def gemv(op: GEMV, res: NpuResources) -> Design:
     share = M // cols
     fifos, cores, phase = [], [], []
     outer, inner = share // tso, tso // tsi
+    out = qmatrix.output_dtype(op)
+    kernel = "gemv_bf16" if out == "bf16" else "gemv_bf16_f32"
     for c in range(cols):
         core = Tile(c, 2)
         a, x, y = f"A_{c}", f"x_{c}", f"y_{c}"
         fifos += [Fifo(a, shim(c), (core,), 2, (tsi, K)), Fifo(x, shim(c), (core,), 1, (B, K)),
-                  Fifo(y, core, (shim(c),), 2, (B, tso))]
-        rows = Loop(inner, (*consume(a), Call("gemv_bf16", (a, x, y, tsi, K, B, tso,
-                                                            Iv(0, tsi))),
+                  Fifo(y, core, (shim(c),), 2, (B, tso), out)]
+        rows = Loop(inner, (*consume(a), Call(kernel, (a, x, y, tsi, K, B, tso, Iv(0, tsi))),
                             *release("consume", a)))
         tiles = Loop(outer, (*produce(y), rows, *release("produce", y)))
         cores.append(Core(core, (*consume(x), *peeled(tiles), *release("consume", x))))
@@ -201,7 +202,7 @@ def gemv(op: GEMV, res: NpuResources) -> Design:
                   Transfer("in", 1, x, shim(c), linear(0, B * K)),
                   Transfer("out", 2, y, shim(c), Pattern(c * share, (1, share // tso, B, tso),
                                                          (0, tso, M, 1)))]
-    args = (Arg("W", M * K), Arg("x", B * K), Arg("y", B * M))
+    args = (Arg("W", M * K), Arg("x", B * K), Arg("y", B * M, out))
     return Design(op.describe(True), res.name, args, tuple(fifos), (), (), tuple(cores),
                   (tuple(phase),), "gemv.cc", ("tile_size_input", "tile_size_output"))
 
@@ -213,6 +214,7 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
     share = N // cols
     mt, nt, kt = M // (rows * tm), share // tn, K // tk
     fifos, links, buffers, cores = [], [], [], []
+    out = qmatrix.output_dtype(op)
     for c in range(cols):
         mem = Tile(c, 1)
         workers = tuple(Tile(c, 2 + r) for r in range(rows))
@@ -223,8 +225,8 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
         fifos += [Fifo(a, shim(c), (mem,), 2, (rows * tm, tk)),
                   *(Fifo(n, mem, (w,), 2, (tm, tk)) for n, w in zip(a_r, workers)),
                   Fifo(b, shim(c), (mem,), 2, (tn, tk)), Fifo(bw, mem, workers, 2, (tn, tk)),
-                  *(Fifo(n, w, (mem,), 2, (tm, tn)) for n, w in zip(c_r, workers)),
-                  Fifo(cc, mem, (shim(c),), 2, (rows * tm, tn))]
+                  *(Fifo(n, w, (mem,), 2, (tm, tn), out) for n, w in zip(c_r, workers)),
+                  Fifo(cc, mem, (shim(c),), 2, (rows * tm, tn), out)]
         links += [Link((a,), tuple(a_r), tuple(r * tm * tk for r in range(rows))),
                   Link((b,), (bw,)),
                   Link(tuple(c_r), (cc,), tuple(r * tm * tn for r in range(rows)))]
@@ -235,7 +237,7 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
                                Call("gemm_bf16", (a_r[r], bw, Buf(acc), tm, tk, tn)),
                                *release("consume", a_r[r], bw)))
             body = (*produce(c_r[r]), Call("zero_f32", (Buf(acc), tm * tn)), k_loop,
-                    Call("store_bf16", (Buf(acc), c_r[r], tm, tn)),
+                    Call(f"store_{out}", (Buf(acc), c_r[r], tm, tn)),
                     *release("produce", c_r[r]))
             cores.append(Core(w, peeled(Loop(mt * nt, body))))
     sequence = []
@@ -244,12 +246,13 @@ def gemm(op: GEMM, res: NpuResources) -> Design:
         for c in range(cols):
             a = Pattern(m * rows * tm * K, (nt, kt, rows * tm, tk), (0, tk, K, 1))
             b = Pattern(c * share * K, (nt, kt, tn, tk), (tn * K, tk, K, 1))
-            out = Pattern(m * rows * tm * N + c * share, (1, nt, rows * tm, tn), (0, tn, N, 1))
+            c_out = Pattern(m * rows * tm * N + c * share, (1, nt, rows * tm, tn),
+                            (0, tn, N, 1))
             phase += [Transfer("in", 0, f"A_{c}", shim(c), a),
                       Transfer("in", 1, f"B_{c}", shim(c), b),
-                      Transfer("out", 2, f"C_{c}", shim(c), out)]
+                      Transfer("out", 2, f"C_{c}", shim(c), c_out)]
         sequence.append(tuple(phase))
-    args = (Arg("A", M * K), Arg("B", N * K), Arg("C", M * N))
+    args = (Arg("A", M * K), Arg("B", N * K), Arg("C", M * N, out))
     return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
                   tuple(buffers), tuple(cores), tuple(sequence), "gemm.cc",
                   ("tile_m", "tile_k", "tile_n"))

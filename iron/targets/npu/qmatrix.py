@@ -35,13 +35,14 @@ KERNEL_SOURCE = "qmatrix.cc"
 
 
 #: The formats ``qmatrix.cc`` has a kernel for.  The K-quants (q4_k, q6_k: super-blocks of 256
-#: with packed sub-block scales) have none yet: such a GEMV or GEMM is placed on the host.
+#: with packed sub-block scales) and f16 (IEEE halves, which the bf16 designs do not read) have
+#: none yet: such a GEMV or GEMM is placed on the host.
 FORMATS = ("q4_0", "q4_1", "q8_0", "uint4")
 
 
 def quantized(op: Operator) -> bool:
-    """A GEMV or GEMM whose weight is block-quantized (``weight_format`` other than bf16): no
-    bf16 design applies to it (a quantized Embedding table is a gather, placed on the host)."""
+    """A GEMV or GEMM whose weight is not bf16 (block-quantized, or f16): no bf16 design applies
+    to it (a quantized Embedding table is a gather, placed on the host)."""
     return isinstance(op, (GEMV, GEMM)) and op.weight_format != "bf16"
 
 
@@ -77,6 +78,11 @@ def padded(n: int) -> int:
     return -(-n // 16) * 16
 
 
+def output_dtype(op: GEMV | GEMM) -> str:
+    """The design dtype of a matrix product's output: bf16, or f32 for float32 (logits)."""
+    return "f32" if op.output_dtype == "float32" else "bf16"
+
+
 def byte_run(offset: int, count: int) -> Pattern:
     """``count`` contiguous bytes (whole 32-bit words) as a pattern of at most 1023-word rows."""
     p = linear(offset // 4, count // 4, inner_max=1023)
@@ -100,13 +106,14 @@ def design(op, res: NpuResources) -> Design:
     tile_bytes = TILE * row_bytes(fmt, tk, group)
     whole = TILE * row_bytes(fmt, K, group)  # one tile of W, all of K
     fifos, buffers, cores = [], [], []
+    y_dtype = output_dtype(op)
     for c in range(cols):
         core, s = Tile(c, 2), Tile(c, 0)
         x, w, y = f"x_{c}", f"W_{c}", f"y_{c}"
         xq, dx, xs, acc = f"xq_{c}", f"dx_{c}", f"xs_{c}", f"acc_{c}"
         fifos += [Fifo(x, s, (core,), x_depth, (K,)),
                   Fifo(w, s, (core,), w_depth, (tile_bytes,), "u8"),
-                  Fifo(y, core, (s,), y_depth, (tm, tn))]
+                  Fifo(y, core, (s,), y_depth, (tm, tn), y_dtype)]
         buffers += [Buffer(xq, core, (tm * K,), "i8"),
                     Buffer(dx, core, (tm * padded(K // 16),), "f32"),
                     Buffer(xs, core, (tm * padded(K // group),), "f32"),
@@ -115,7 +122,8 @@ def design(op, res: NpuResources) -> Design:
         take = Loop(tm, (Acquire(x, "consume"),
                          Call("qmatrix_quantize", (x, *held, K, 1, group, Iv(0, 1))),
                          Release(x, "consume")))
-        store = Call("qmatrix_store", (Buf(acc), y, tm, tn, Iv(0, TILE)))
+        store = Call("qmatrix_store" if y_dtype == "bf16" else "qmatrix_store_f32",
+                     (Buf(acc), y, tm, tn, Iv(0, TILE)))
         if kt == 1:  # W's acquire right in the loop over the tiles, which unrolls it
             tiles = Loop(t16, (Acquire(w, "consume"),
                                Call(f"qmatrix_{fmt}", (w, *held, Buf(acc), tk, tm, group, 0, K,
@@ -146,7 +154,7 @@ def design(op, res: NpuResources) -> Design:
         sequence.append(tuple(phase))
     ins = [Arg("x" if isinstance(op, GEMV) else "A", vectors * K),
            Arg("W" if isinstance(op, GEMV) else "B", rows // TILE * whole, "u8")]
-    args = (ins[xa], ins[wa], Arg("y" if isinstance(op, GEMV) else "C", vectors * rows))
+    args = (ins[xa], ins[wa], Arg("y" if isinstance(op, GEMV) else "C", vectors * rows, y_dtype))
     fields = (("tile_size_output",) if isinstance(op, GEMV) else ("tile_m", "tile_k", "tile_n"))
     return Design(op.describe(True), res.name, args, tuple(fifos), (), tuple(buffers),
                   tuple(cores), tuple(sequence), KERNEL_SOURCE, fields)
