@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import iron
+from apps.llama.config import LlamaConfig
 from apps.llama.model import Head
 from iron import quant
-from iron.lm.checkpoint import LlamaConfig
 from iron.operator import ACCUMULATED
 from iron.operators.matrix import weight_values
 
