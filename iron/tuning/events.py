@@ -235,6 +235,26 @@ class InUseRejected(Event):
                 f"{self.problem.splitlines()[0][:150]}")
 
 
+@dataclass(frozen=True)
+class Paused(Event):
+    """Other processes use more than ``limit`` cores' worth: timings wait for a quiet machine."""
+
+    busy: float
+    limit: float
+
+    def text(self) -> str:
+        return (f"    paused: other processes use {self.busy:.2f} cores' worth "
+                f"(limit {self.limit:g})")
+
+
+@dataclass(frozen=True)
+class QuietAgain(Event):
+    waited: float
+
+    def text(self) -> str:
+        return f"    quiet again after {self.waited:.0f} s"
+
+
 # ---- deciding ----------------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from ..tensor import spec
 from .candidates import Instance
 from .check import mismatch
 from .log import Comparison
+from .events import Sink
 from .quiet import PATIENCE, QUIET, LoadMeter, wait_quiet
 
 
@@ -155,7 +156,7 @@ class TargetBenchmark(Benchmark):
                  cold_bytes: int | None = None, max_copies: int = 256, warmup: int = 2,
                  min_runs: int = 5, max_runs: int = 200, min_time: float = 0.1,
                  timeout: float = 5.0, blocks: int = 16, quiet: float | None = QUIET,
-                 patience: float = PATIENCE):
+                 patience: float = PATIENCE, events: Sink | None = None):
         self.device = get_device(device)
         self.target: Target = target_for(self.device)
         self.store = store
@@ -165,12 +166,18 @@ class TargetBenchmark(Benchmark):
         self.warmup, self.min_runs, self.max_runs = warmup, min_runs, max_runs
         self.min_time, self.timeout, self.blocks = min_time, timeout, blocks
         self.quiet, self.patience = quiet, patience
+        self.events = events  # where a pause for a busy machine is said (None: printed)
         # v3: every timing records the load it was taken under
         self.method = f"{self.target.kind}-v3 cold={cold_bytes >> 20}MiB"
         self._data: tuple[Operator, _InstanceData] | None = None
 
     def key(self, op: Operator) -> str:
         return self.target.key(op)
+
+    def __getstate__(self) -> dict:
+        """Sent to a cluster's workers without the sink, which stays with the tuner: a worker
+        says a pause on its own output."""
+        return {**self.__dict__, "events": None}
 
     def compile(self, ops: Sequence[Operator], deadline: float | None) -> dict[str, str | None]:
         """Compile in parallel (nothing is timed meanwhile), stopping at ``deadline``."""
@@ -216,7 +223,7 @@ class TargetBenchmark(Benchmark):
                 m = self._measure(instance, op, best)
             if self.quiet is None or meter.load <= self.quiet or m.error is not None:
                 return dataclasses.replace(m, load=meter.load)
-            wait_quiet(self.quiet, self.patience)
+            wait_quiet(self.quiet, self.patience, self.events)
 
     def _measure(self, instance: Instance, op: Operator, best: float | None) -> Measurement:
         exe, data = self._prepare(instance, op)
@@ -255,7 +262,7 @@ class TargetBenchmark(Benchmark):
                 c = self._compare(instance, new, old)
             if self.quiet is None or meter.load <= self.quiet:
                 return dataclasses.replace(c, load=meter.load)
-            wait_quiet(self.quiet, self.patience)
+            wait_quiet(self.quiet, self.patience, self.events)
 
     def _compare(self, instance: Instance, new: Operator, old: Operator) -> Comparison:
         exe_new, data = self._prepare(instance, new)

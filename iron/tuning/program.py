@@ -42,6 +42,7 @@ from ..host import cache_bytes
 from .candidates import Instance, unset
 from .log import Comparison
 from .measure import Benchmark, Measurement
+from .events import Sink
 from .quiet import PATIENCE, QUIET, LoadMeter, wait_quiet
 
 #: Interleaved rounds of a program head-to-head, and roughly how long it may take.
@@ -103,12 +104,12 @@ class ProgramRunner:
 
     def __init__(self, dev: Device, weights: Mapping[str, np.ndarray], store=None,
                  quiet: float | None = QUIET, patience: float = PATIENCE,
-                 cache: int | None = None):
+                 cache: int | None = None, events: Sink | None = None):
         self.device, self.target, self.store = dev, target_for(dev), store
         self.cache = cache or cache_bytes()  # the host's last-level cache, which runs the programs
         self.weights = {name: huge_page_copy(np.ascontiguousarray(a))
                         for name, a in weights.items()}
-        self.quiet, self.patience = quiet, patience
+        self.quiet, self.patience, self.events = quiet, patience, events
         self.state: dict[str, np.ndarray] = {}  # shared by every program, as the model does
         self._exes: dict[str, object] = {}
         self._inputs: dict[str, list[np.ndarray]] = {}
@@ -178,7 +179,7 @@ class ProgramRunner:
             if self.quiet is None or meter.load <= self.quiet:
                 self.load = meter.load
                 return times
-            wait_quiet(self.quiet, self.patience)
+            wait_quiet(self.quiet, self.patience, self.events)
 
     def _rounds(self, versions: Mapping[str, Program], rounds: int,
                 seconds: float | None, between: Sequence[Program]) -> dict[str, list[float]]:

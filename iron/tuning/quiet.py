@@ -11,11 +11,10 @@ a busy neighbour without saying so.
 from __future__ import annotations
 
 import os
-import sys
 import time
-from typing import TextIO
 
 from ..errors import IronError
+from .events import Paused, PrintSink, QuietAgain, Sink
 
 class BusyError(IronError):
     """The machine stayed busy: the tune stops rather than record timings taken under load."""
@@ -67,23 +66,24 @@ def others_busy(interval: float = 0.25) -> float:
 
 
 def wait_quiet(limit: float = QUIET, patience: float = PATIENCE,
-               out: TextIO | None = None) -> float:
-    """Return others' load once it is at most ``limit``; pause while it is above; raise
-    ``BusyError`` if it stays above for ``patience`` seconds."""
+               events: Sink | None = None) -> float:
+    """Return others' load once it is at most ``limit``; pause while it is above, saying so to
+    ``events`` (default: a ``PrintSink``); raise ``BusyError`` if it stays above for
+    ``patience`` seconds."""
+    emit = events or PrintSink()
     waited, said = 0.0, False
     while True:
         busy = others_busy()
         if busy <= limit:
             if said:
-                print(f"    quiet again after {waited:.0f} s", file=out or sys.stdout, flush=True)
+                emit(QuietAgain(waited))
             return busy
         if waited >= patience:
             raise BusyError(f"the machine stayed busy for {waited:.0f} s (other processes used "
                             f"{busy:.2f} cores' worth, the limit is {limit:g}); timings taken "
                             "now would be wrong: tune on a quiet machine")
         if not said:
-            print(f"    paused: other processes use {busy:.2f} cores' worth (limit {limit:g})",
-                  file=out or sys.stdout, flush=True)
+            emit(Paused(busy, limit))
             said = True
         time.sleep(2.0)
         waited += 2.25

@@ -179,7 +179,7 @@ def choose_benchmark(dev: Device, probe: Operator | None, emit: Sink,
     target = target_for(dev)
     reason = target.unavailable(dev)
     if not reason:
-        return given or TargetBenchmark(dev)
+        return given or TargetBenchmark(dev, events=emit)
     if given is not None or probe is None or target.cost(probe) is None:
         raise DeviceError(
             f"cannot tune for {dev}: tuning runs every candidate on the device itself ({reason}) "
@@ -269,7 +269,7 @@ def tune(app: Application, device: Device | str = "cpu", options: TuneOptions = 
 
         emit(LoadingWeights())
         runner = ProgramRunner(dev, dict(app.weights()), bench.store, bench.quiet,
-                               bench.patience)
+                               bench.patience, events=emit)
     if runner is not None:
         from .program import InProgram
 

@@ -667,7 +667,7 @@ def test_quiet_gate_sees_a_busy_process_and_refuses():
         time.sleep(0.3)
         assert others_busy(0.5) >= 0.5  # one spinning process is (close to) a whole core
         with pytest.raises(IronError, match="the machine stayed busy .* tune on a quiet"):
-            wait_quiet(limit=0.5, patience=2.0, out=open(os.devnull, "w"))
+            wait_quiet(limit=0.5, patience=2.0, events=lambda event: None)
     finally:
         spinner.kill()
         spinner.wait()

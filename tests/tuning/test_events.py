@@ -48,3 +48,23 @@ def test_the_print_sink_shows_each_event_as_the_command_line_does(tmp_path, caps
 def test_bad_options_are_refused_naming_the_field_and_the_value(options, message):
     with pytest.raises(iron.IronError, match=message.replace("(", r"\(")):
         TuneOptions(**options)
+
+
+def test_a_pause_for_a_busy_machine_goes_to_the_sink(monkeypatch, capsys):
+    """The quiet gate says its pause and its end as events, not on stdout; a benchmark sent
+    to a cluster's workers leaves the tuner's sink behind."""
+    import pickle
+
+    from iron.tuning import quiet
+    from iron.tuning.events import Paused, QuietAgain
+    from iron.tuning.measure import TargetBenchmark
+
+    loads = iter([1.5, 1.2, 0.1])
+    monkeypatch.setattr(quiet, "others_busy", lambda interval=0.25: next(loads))
+    monkeypatch.setattr(quiet.time, "sleep", lambda seconds: None)
+    events = Collect()
+    assert quiet.wait_quiet(0.25, 60, events) == 0.1
+    assert events.events == [Paused(1.5, 0.25), QuietAgain(4.5)]
+    assert capsys.readouterr().out == ""
+    bench = TargetBenchmark(events=events)
+    assert pickle.loads(pickle.dumps(bench)).events is None and bench.events is events
