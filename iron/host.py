@@ -207,7 +207,7 @@ KERNEL_PATHS = (
     ("avx2", ("avx2", "fma")),
     ("avx512", ("avx512f",)),
     ("vnni", ("avx512_vnni", "avx512bw")),
-    ("bf16", ("avx512_bf16",)),
+    ("bf16", ("avx512_bf16", "avx512vl")),  # attention's bf16 dot products: 256-bit forms
     ("amx", ("amx_tile", "amx_bf16", "avx512_bf16")),
 )
 

@@ -467,7 +467,7 @@ def test_a_host_class_names_the_kernel_paths_its_build_compiles_and_its_cores():
     from iron import host
 
     assert host.isa_class({"avx2", "fma", "sse4_2"}) == "avx2"  # Zen 3, or x86-64-v3 anywhere
-    zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
+    zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
     assert host.isa_class(zen4) == "avx2-avx512-vnni-bf16"
     assert host.isa_class(zen4 | {"amx_tile", "amx_bf16"}) == "avx2-avx512-vnni-bf16-amx"
     assert host.isa_class({"sse2"}) == "x86-64"
