@@ -25,6 +25,19 @@ more bits (the first and last eighth, every third between), Q4_K elsewhere.
     python benchmarks/make_gguf.py --vocab ggml-vocab-llama-spm.gguf --hidden 256 --layers 2 \
         --heads 4 --kv-heads 2 --ffn 256 --type Q8_0
 
+Architectures: ``--arch llama`` (the default), ``qwen2`` (q, k and v biases, ``blk.N.attn_q.bias``
+...) or ``qwen3`` (per-head q and k RMSNorm weights, ``blk.N.attn_q_norm.weight``, and
+``--head-dim``, which Qwen3 states apart from hidden / heads), with the keys under the
+architecture's prefix as llama.cpp's converter writes them (``qwen2.block_count``, ...); a Qwen
+file runs llama.cpp's NEOX RoPE, so its q and k rows are not permuted. Biases are random
+(std 0.5: the size Qwen2's reach), the q/k norm weights random around 1, so a runtime that
+skipped either would compute other numbers. ``--type F16`` stores every matrix as float16, the
+file llama.cpp and iron are compared on; a Qwen2 vocabulary is llama.cpp's
+``ggml-vocab-qwen2.gguf`` (``--vocab``)::
+
+    python benchmarks/make_gguf.py --arch qwen3 --type F16 --vocab ggml-vocab-qwen2.gguf \
+        --hidden 256 --layers 2 --heads 4 --kv-heads 2 --head-dim 128 --ffn 512
+
 RoPE scaling: ``--rope-scaling llama3`` writes the ``rope_freqs`` tensor of Llama 3.1/3.2 as
 llama.cpp's converter computes it from the llama3 parameters (``--rope-factor``, default 32,
 low/high frequency factors 1 and 4, ``--rope-original-context``, default 8192: Llama 3.2's),
@@ -45,7 +58,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M")
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "F16")
+ARCHS = ("llama", "qwen2", "qwen3")
+#: llama.cpp's ``llama_ftype`` of each type (``general.file_type``)
+FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "F16": 1}
+BIAS_STD = 0.5
 STD = 0.02
 QK_K = 256
 
@@ -59,12 +76,21 @@ class Shape:
     ffn: int = 8192
     context: int = 8192
     rope_base: float = 500000.0
+    head_dim: int | None = None  # None: hidden // heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
     def check(self) -> None:
-        rules = [(self.hidden % self.heads == 0, "hidden % heads == 0"),
+        rules = [(self.head_dim is not None or self.hidden % self.heads == 0,
+                  "hidden % heads == 0 (or an explicit head_dim)"),
+                 (self.head_size % 2 == 0, "head_dim even"),
                  (self.heads % self.kv_heads == 0, "heads % kv_heads == 0"),
-                 (self.hidden % QK_K == 0 and self.ffn % QK_K == 0,
-                  f"hidden and ffn multiples of {QK_K} (the K-quants' super-blocks)"),
+                 (self.hidden % QK_K == 0 and self.ffn % QK_K == 0
+                  and self.head_size * self.heads % QK_K == 0,
+                  f"hidden, ffn and heads * head_dim multiples of {QK_K} (the K-quants' "
+                  "super-blocks)"),
                  (min(self.hidden, self.layers, self.heads, self.kv_heads, self.ffn) > 0,
                   "every size positive")]
         for ok, rule in rules:
@@ -106,27 +132,37 @@ def llama3_rope_factors(head_dim: int, base: float, s: RopeScaling) -> np.ndarra
     return np.array(factors, dtype=np.float32)
 
 
-def default_path(shape: Shape, qtype: str, vocab: Path | None = None) -> Path:
-    name = "llama-1b" if shape == Shape() else (
-        f"llama-h{shape.hidden}-l{shape.layers}-a{shape.heads}-kv{shape.kv_heads}-f{shape.ffn}")
+def default_path(shape: Shape, qtype: str, vocab: Path | None = None,
+                 arch: str = "llama") -> Path:
+    name = f"{arch}-1b" if shape == Shape() else (
+        f"{arch}-h{shape.hidden}-l{shape.layers}-a{shape.heads}-kv{shape.kv_heads}-f{shape.ffn}")
+    if shape.head_dim is not None:
+        name += f"-d{shape.head_dim}"
     if vocab is not None:
         name += "-" + vocab.stem.removeprefix("ggml-vocab-")
     return REPO / "build" / "gguf" / f"{name}-{qtype}.gguf"
 
 
-def tensor_shapes(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, numpy shape (rows, columns)) of every tensor, in llama.cpp's names; tied
-    embeddings: no output.weight."""
-    head_dim = shape.hidden // shape.heads
-    kv = shape.kv_heads * head_dim
+def tensor_shapes(shape: Shape, vocab: int, arch: str = "llama"
+                  ) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, numpy shape (rows, columns)) of every tensor, in llama.cpp's names (gguf-py's
+    ``TENSOR_NAMES``); tied embeddings: no output.weight."""
+    head_dim = shape.head_size
+    q, kv = shape.heads * head_dim, shape.kv_heads * head_dim
     out = [("token_embd.weight", (vocab, shape.hidden))]
     for i in range(shape.layers):
         b = f"blk.{i}."
         out += [(b + "attn_norm.weight", (shape.hidden,)),
-                (b + "attn_q.weight", (shape.hidden, shape.hidden)),
+                (b + "attn_q.weight", (q, shape.hidden)),
                 (b + "attn_k.weight", (kv, shape.hidden)),
-                (b + "attn_v.weight", (kv, shape.hidden)),
-                (b + "attn_output.weight", (shape.hidden, shape.hidden)),
+                (b + "attn_v.weight", (kv, shape.hidden))]
+        if arch == "qwen2":
+            out += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)),
+                    (b + "attn_v.bias", (kv,))]
+        if arch == "qwen3":
+            out += [(b + "attn_q_norm.weight", (head_dim,)),
+                    (b + "attn_k_norm.weight", (head_dim,))]
+        out += [(b + "attn_output.weight", (shape.hidden, q)),
                 (b + "ffn_norm.weight", (shape.hidden,)),
                 (b + "ffn_gate.weight", (shape.ffn, shape.hidden)),
                 (b + "ffn_up.weight", (shape.ffn, shape.hidden)),
@@ -205,11 +241,22 @@ def tokenizer_fields(reader) -> list:
     return out
 
 
+def vector(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A 1-D tensor's float32 values: norms 1 (Qwen3's q/k norms random around 1), biases
+    random."""
+    if name.endswith(".bias"):
+        return rng.standard_normal(dims, dtype=np.float32) * np.float32(BIAS_STD)
+    if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+        return 1 + rng.standard_normal(dims, dtype=np.float32) * np.float32(0.25)
+    return np.ones(dims, np.float32)
+
+
 def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
-          vocab: Path | None = None, rope: RopeScaling | None = None) -> Path:
+          vocab: Path | None = None, rope: RopeScaling | None = None,
+          arch: str = "llama") -> Path:
     """Write the file (atomically); ``std`` is the weights' standard deviation, ``vocab`` the
     GGUF file whose tokenizer metadata it copies (default: the embedded SmolLM2 file's),
-    ``rope`` the RoPE scaling (default none)."""
+    ``rope`` the RoPE scaling (default none), ``arch`` the architecture (``ARCHS``)."""
     import gguf
     from gguf.quants import quantize
 
@@ -218,6 +265,11 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
 
     if qtype not in TYPES:
         raise SystemExit(f"make_gguf: --type {qtype!r} is not one of {', '.join(TYPES)}")
+    if arch not in ARCHS:
+        raise SystemExit(f"make_gguf: --arch {arch!r} is not one of {', '.join(ARCHS)}")
+    if rope is not None and arch != "llama":
+        raise SystemExit(f"make_gguf: --rope-scaling {rope.kind} is Llama 3's; --arch {arch} "
+                         "files have none")
     shape.check()
     if vocab is not None and not Path(vocab).is_file():
         raise SystemExit(f"make_gguf: --vocab {vocab}: no such file")
@@ -229,8 +281,8 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        w = gguf.GGUFWriter(tmp, "llama")
-        w.add_name(f"random llama h{shape.hidden} l{shape.layers} {qtype}")
+        w = gguf.GGUFWriter(tmp, arch)
+        w.add_name(f"random {arch} h{shape.hidden} l{shape.layers} {qtype}")
         w.add_context_length(shape.context)
         w.add_embedding_length(shape.hidden)
         w.add_block_count(shape.layers)
@@ -238,10 +290,13 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
         w.add_head_count(shape.heads)
         w.add_head_count_kv(shape.kv_heads)
         w.add_rope_freq_base(shape.rope_base)
-        w.add_rope_dimension_count(shape.hidden // shape.heads)
+        w.add_rope_dimension_count(shape.head_size)
+        if shape.head_dim is not None:
+            w.add_key_length(shape.head_dim)
+            w.add_value_length(shape.head_dim)
         w.add_layer_norm_rms_eps(1e-5)
         w.add_vocab_size(vocab)
-        w.add_file_type({"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15}[qtype])
+        w.add_file_type(FILE_TYPES[qtype])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for name, value, vtype, sub in tokenizer_fields(reader):
             w.add_key_value(name, value, vtype, sub_type=sub)
@@ -250,13 +305,19 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
             w.add_rope_scaling_factor(rope.factor)
         elif rope is not None:  # llama.cpp's converter writes the factors and no scaling keys
             w.add_tensor("rope_freqs.weight", llama3_rope_factors(
-                shape.hidden // shape.heads, shape.rope_base, rope))
-        for name, dims in tensor_shapes(shape, vocab):
+                shape.head_size, shape.rope_base, rope))
+        for name, dims in tensor_shapes(shape, vocab, arch):
             if len(dims) == 1:
-                w.add_tensor(name, np.ones(dims, np.float32))
+                w.add_tensor(name, vector(name, dims, rng))
                 continue
             ggml = tensor_type(name, qtype, shape.layers)
             kind = gguf.GGMLQuantizationType[ggml]
+            if ggml == "F16":
+                values = rng.standard_normal(dims, dtype=np.float32) * np.float32(std)
+                if name == "token_embd.weight":
+                    values[non_text_tokens(reader)] = 0
+                w.add_tensor(name, values.astype(np.float16))
+                continue
             if ggml in ("Q4_K", "Q6_K"):
                 blocks = random_k_blocks(ggml, *dims, rng, std)
                 if name == "token_embd.weight":  # all-zero blocks are zero values
@@ -284,11 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = Shape()
     parser.add_argument("--type", default="Q4_0", choices=TYPES)
+    parser.add_argument("--arch", default="llama", choices=ARCHS)
     parser.add_argument("--hidden", type=int, default=defaults.hidden)
     parser.add_argument("--layers", type=int, default=defaults.layers)
     parser.add_argument("--heads", type=int, default=defaults.heads)
     parser.add_argument("--kv-heads", type=int, default=defaults.kv_heads)
     parser.add_argument("--ffn", type=int, default=defaults.ffn)
+    parser.add_argument("--head-dim", type=int, help="default: hidden / heads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=Path, metavar="FILE.gguf",
                         help="copy this GGUF file's tokenizer metadata (default: SmolLM2's)")
@@ -301,17 +364,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         help="default: build/gguf/<shape>[-<vocab>]-<type>.gguf")
     args = parser.parse_args(argv)
-    shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
+    shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn,
+                  head_dim=args.head_dim)
     rope = None if args.rope_scaling == "none" else RopeScaling(
         args.rope_scaling, args.rope_factor, original_context=args.rope_original_context)
     if rope is not None and not (math.isfinite(rope.factor) and rope.factor > 0
                                  and rope.original_context > 0):
         raise SystemExit(f"make_gguf: --rope-factor {rope.factor} --rope-original-context "
                          f"{rope.original_context} breaks the rule: both must be positive")
-    out = args.out or default_path(shape, args.type, args.vocab)
+    out = args.out or default_path(shape, args.type, args.vocab, args.arch)
     if rope is not None and args.out is None:
         out = out.with_name(f"{out.stem}-rope-{rope.kind}{out.suffix}")
-    path = write(out, shape, args.type, args.seed, vocab=args.vocab, rope=rope)
+    path = write(out, shape, args.type, args.seed, vocab=args.vocab, rope=rope, arch=args.arch)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

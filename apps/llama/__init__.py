@@ -1,5 +1,5 @@
-"""The Llama application: a decoder over any Llama-architecture checkpoint (a Hugging Face
-folder or a GGUF file); by default the embedded SmolLM2-135M-Instruct (see
+"""The Llama application: a decoder over any Llama-family checkpoint (Llama, Qwen2, Qwen3; a
+Hugging Face folder or a GGUF file); by default the embedded SmolLM2-135M-Instruct (see
 iron.lm.gguf_import).
 
 The family's one home, in dependency order: ``config.py`` (``LlamaConfig``, RoPE

@@ -92,6 +92,12 @@ class LlamaConfig:
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_id: int | tuple[int, ...] | None
+    #: the family member (``VARIANTS``): ``llama``, ``qwen2`` or ``qwen3``
+    model_type: str = "llama"
+    #: q, k and v projections carry biases (Qwen2)
+    qkv_bias: bool = False
+    #: each query and key head is RMS-normed over ``head_dim`` before RoPE (Qwen3)
+    qk_norm: bool = False
 
     @classmethod
     def from_json(cls, path: str | Path) -> LlamaConfig:
@@ -121,9 +127,10 @@ class LlamaConfig:
         if self.rope_scaling is not None:
             scaling = self.rope_scaling.to_json_dict(self.max_position_embeddings)
         eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        variant = VARIANTS[self.model_type]
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [variant.architecture],
+            "model_type": self.model_type,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -138,10 +145,40 @@ class LlamaConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
+            **variant.fixed,
         }
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A member of the Llama family as its ``config.json`` names it: the same decoder (RMSNorm,
+    grouped-query attention with RoPE rotating halves, SwiGLU) with what the member adds."""
+
+    architecture: str  # ``architectures[0]``, transformers' class
+    qkv_bias: bool  # q, k and v projections with biases (o_proj without)
+    qk_norm: bool  # per-head RMSNorm of q and k (weights of head_dim) before RoPE
+    #: fields whose transformers default is not Llama's
+    defaults: dict[str, Any]
+    #: fields that, when present, must hold this value: the decoder implements only this
+    fixed: dict[str, Any]
+
+
+#: transformers' LlamaConfig, Qwen2Config and Qwen3Config (``models/<name>/configuration_*.py``
+#: and ``modeling_*.py``): Qwen2's q/k/v projections have ``bias=True``; Qwen3's have
+#: ``attention_bias`` (o_proj too), and ``q_norm`` / ``k_norm`` over ``head_dim`` (default 128,
+#: not derived); both default to a context of 32768 and may use a sliding window, which iron's
+#: attention does not.
+VARIANTS = {
+    "llama": Variant("LlamaForCausalLM", False, False, {},
+                     {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+                      "pretraining_tp": 1}),
+    "qwen2": Variant("Qwen2ForCausalLM", True, False, {"max_position_embeddings": 32768},
+                     {"hidden_act": "silu", "use_sliding_window": False}),
+    "qwen3": Variant("Qwen3ForCausalLM", False, True,
+                     {"max_position_embeddings": 32768, "head_dim": 128},
+                     {"hidden_act": "silu", "attention_bias": False,
+                      "use_sliding_window": False}),
+}
 
 
 _REQUIRED = object()
@@ -172,11 +209,6 @@ _KIND_RULES = {
     "token_ids": "must be a non-negative integer, a non-empty list of them, or null",
 }
 
-# Fields that, when present, must hold this value: the decoder implements only this variant.
-_FIXED_FIELDS = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-                 "pretraining_tp": 1}
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -201,26 +233,40 @@ def _bad(source: str, field: str, value: Any, rule: str) -> CheckpointError:
     return CheckpointError(f"{source}: field {field!r} = {value!r} {rule}")
 
 
-def _parse_config(data: Any, source: str) -> LlamaConfig:
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{source}: the model config must be a JSON object, "
-                              f"got {type(data).__name__}")
+def _variant_name(data: dict, source: str) -> str:
+    """The family member ``data`` describes, by its ``model_type`` and ``architectures``."""
     model_type = data.get("model_type")
     archs = data.get("architectures")
     if model_type is None and archs is None:
         raise CheckpointError(f"{source}: neither 'model_type' nor 'architectures' is set; "
                               "a Llama config has model_type 'llama'")
-    if model_type is not None and model_type != "llama":
-        raise _bad(source, "model_type", model_type,
-                   "is not supported: only 'llama' (Llama architecture) checkpoints load")
-    if archs is not None and archs != ["LlamaForCausalLM"]:
-        raise _bad(source, "architectures", archs, "must be ['LlamaForCausalLM']")
-    for field, want in _FIXED_FIELDS.items():
+    known = ", ".join(repr(n) for n in VARIANTS)
+    if model_type is not None and model_type not in VARIANTS:
+        raise _bad(source, "model_type", model_type, f"is not supported: only {known} "
+                   "(Llama-family) checkpoints load")
+    if model_type is None:
+        model_type = next((n for n, v in VARIANTS.items() if archs == [v.architecture]), None)
+    want = [VARIANTS[model_type].architecture] if model_type else None
+    if archs is not None and archs != want:
+        rule = f"must be {want}" if want else "must be one of " + ", ".join(
+            str([v.architecture]) for v in VARIANTS.values())
+        raise _bad(source, "architectures", archs, rule)
+    return model_type
+
+
+def _parse_config(data: Any, source: str) -> LlamaConfig:
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{source}: the model config must be a JSON object, "
+                              f"got {type(data).__name__}")
+    name = _variant_name(data, source)
+    variant = VARIANTS[name]
+    for field, want in variant.fixed.items():
         if field in data and data[field] != want:
             raise _bad(source, field, data[field], f"is not supported: it must be {want!r}")
 
     values: dict[str, Any] = {}
     for field, (kind, default) in _CONFIG_FIELDS.items():
+        default = variant.defaults.get(field, default)
         if field not in data or (data[field] is None and default is not _REQUIRED):
             if default is _REQUIRED:
                 raise CheckpointError(f"{source}: required field {field!r} is missing "
@@ -235,6 +281,7 @@ def _parse_config(data: Any, source: str) -> LlamaConfig:
         if kind == "token_ids" and isinstance(v, list):
             v = v[0] if len(v) == 1 else tuple(v)
         values[field] = v
+    values.update(model_type=name, qkv_bias=variant.qkv_bias, qk_norm=variant.qk_norm)
 
     rope_params = data.get("rope_parameters")  # transformers v5 spelling of theta + scaling
     scaling_raw = data.get("rope_scaling")

@@ -86,17 +86,18 @@ class Decoder(iron.Graph):
                                   linear_(mat(p + "self_attn.v_proj.weight", kv_dim, d), h))
             else:
                 qkv = linear_(mat(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, d), h)
+            extra, fields = self.variant_inputs(p)  # Qwen2's q|k|v bias, Qwen3's q/k norms
             cache = (c.num_key_value_heads, self.ctx, hd)
             if self.slots is None:
                 q, k_cache, v_cache = QKVRoPE.step(  # q: (rows, heads * hd), rotated
                     qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
-                    self.state(f"v_cache.{i}", cache))
+                    self.state(f"v_cache.{i}", cache), *extra, **fields)
                 a = Attention.step(q, k_cache, v_cache, pos)  # (rows, heads * hd)
             else:  # row r: its own sequence, at pos[r] in cache slot slot[r]
                 cache = (self.slots, *cache)
                 q, k_cache, v_cache = SlotQKVRoPE.step(
                     qkv, pos, inv_freq, self.state(f"k_cache.{i}", cache),
-                    self.state(f"v_cache.{i}", cache), slot)
+                    self.state(f"v_cache.{i}", cache), slot, *extra, **fields)
                 a = SlotAttention.step(q, k_cache, v_cache, pos, slot)  # (rows, heads * hd)
             x = ElementwiseAdd.step(x, linear_(mat(p + "self_attn.o_proj.weight", d, q_dim), a))
             h = RMSNorm.step(x, w(p + "post_attention_layernorm.weight", (d,)),
@@ -106,6 +107,21 @@ class Decoder(iron.Graph):
             x = ElementwiseAdd.step(x, linear_(mat(p + "mlp.down_proj.weight", d,
                                                    c.intermediate_size), m))
         return RMSNorm.step(x, w("model.norm.weight", (d,)), eps=c.rms_norm_eps)  # (rows, d)
+
+    def variant_inputs(self, p: str) -> tuple[list[iron.Tensor], dict]:
+        """What a family member adds to layer ``p``'s ``QKVRoPE`` step, in its input order:
+        Qwen2's stacked q|k|v bias, added before the rotation; Qwen3's q and k norm weights,
+        each head RMS-normed with the model's epsilon before it is rotated."""
+        c, hd = self.config, self.config.head_dim
+        extra, fields = [], {}
+        if c.qkv_bias:
+            width = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd
+            extra.append(self.weight(p + "self_attn.qkv_proj.bias", (width,)))
+        if c.qk_norm:
+            extra += [self.weight(p + "self_attn.q_norm.weight", (hd,)),
+                      self.weight(p + "self_attn.k_norm.weight", (hd,))]
+            fields["eps"] = c.rms_norm_eps
+        return extra, fields
 
 
 class Head(iron.Graph):

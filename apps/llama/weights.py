@@ -1,9 +1,10 @@
 """The Llama family's weights: the tensors a checkpoint holds (Hugging Face names and
 ``[out, in]`` shapes) and how they become the kernels' weights at bundle time.
 
-Weight names are the checkpoint's, except three derived in the kernels' layout:
+Weight names are the checkpoint's, except those derived in the kernels' layout:
 ``model.layers.N.self_attn.qkv_proj.weight`` (q, k and v stacked, so one matrix product
-computes all three and ``QKVRoPE`` rotates them and fills the KV cache),
+computes all three and ``QKVRoPE`` rotates them and fills the KV cache; Qwen2's biases stacked
+the same way, ``qkv_proj.bias``, which ``QKVRoPE`` adds),
 ``model.layers.N.mlp.gate_up_proj.weight`` (gate stacked over up, so one matrix product reads
 both and ``SwiGLU`` combines them) and ``rope.inv_freq`` (float32 frequencies, llama3 scaling
 included).
@@ -38,6 +39,13 @@ def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
         shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
         shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
+        if config.qkv_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
         shapes[p + "self_attn.o_proj.weight"] = (h, q_out)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes[p + "mlp.gate_proj.weight"] = (inter, h)

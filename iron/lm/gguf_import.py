@@ -21,7 +21,9 @@ K-quants are not dequantized: the kernels read their super-blocks); F32 and BF16
 bf16, and any other type (Q5_0, Q5_K, ...) is dequantized to bf16 with one line saying so.  RoPE scaling becomes the config's
 ``rope_scaling`` with llama.cpp's frequencies (``iron.lm.gguf_rope``): Llama 3.1/3.2's
 ``rope_freqs`` tensor and linear ``llama.rope.scaling.*`` keys; YaRN and LongRoPE files are
-refused in one line.  A file whose architecture is not ``llama`` is refused in one line.
+refused in one line.  The decoder family (``iron.lm.family``; ``apps/llama/`` for ``llama``,
+``qwen2`` and ``qwen3`` files) reads the metadata and names the tensors; a file whose
+architecture the family does not know is refused in one line.
 The directory is built beside its destination and renamed into place; ``iron-manifest.json``,
 written last, records the source hash and every file's hash, and a directory whose manifest
 checks out is reused as is::
@@ -407,7 +409,7 @@ def app_family(name: str | None) -> Family:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m iron.lm.gguf_import",
-        description="Convert a Llama GGUF file into a Hugging Face checkpoint directory "
+        description="Convert a Llama-family GGUF file into a Hugging Face checkpoint directory "
                     f"(default: SmolLM2-135M-Instruct from {WHEEL_REQUIREMENT}).")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--gguf", type=Path, help="convert this GGUF file")

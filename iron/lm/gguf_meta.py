@@ -43,24 +43,28 @@ _KINDS: dict[str, tuple[frozenset, bool, Callable[[Any], bool], str]] = {
 }
 
 _T = "tokenizer.ggml."
-#: every key iron reads and its kind; keys not listed are not read, so not checked
-LLAMA_KEYS: dict[str, str] = {
+#: every key iron reads of a model's own (under its ``general.architecture``) and its kind;
+#: keys not listed are not read, so not checked
+ARCH_KEYS: dict[str, str] = {
+    "block_count": "count",
+    "context_length": "count",
+    "embedding_length": "count",
+    "feed_forward_length": "count",
+    "attention.head_count": "count",
+    "attention.head_count_kv": "count",
+    "attention.key_length": "count",
+    "rope.dimension_count": "count",
+    "vocab_size": "count",
+    "attention.layer_norm_rms_epsilon": "float",
+    "rope.freq_base": "float",
+    "rope.scaling.type": "string",
+    "rope.scaling.factor": "float",
+    "rope.scale_linear": "float",
+    "rope.scaling.attn_factor": "float",
+}
+#: every other key iron reads and its kind
+GENERAL_KEYS: dict[str, str] = {
     "general.architecture": "string",
-    "llama.block_count": "count",
-    "llama.context_length": "count",
-    "llama.embedding_length": "count",
-    "llama.feed_forward_length": "count",
-    "llama.attention.head_count": "count",
-    "llama.attention.head_count_kv": "count",
-    "llama.attention.key_length": "count",
-    "llama.rope.dimension_count": "count",
-    "llama.vocab_size": "count",
-    "llama.attention.layer_norm_rms_epsilon": "float",
-    "llama.rope.freq_base": "float",
-    "llama.rope.scaling.type": "string",
-    "llama.rope.scaling.factor": "float",
-    "llama.rope.scale_linear": "float",
-    "llama.rope.scaling.attn_factor": "float",
     _T + "model": "string",
     _T + "pre": "string",
     _T + "tokens": "strings",
@@ -86,10 +90,16 @@ TOKEN_TYPES = range(0, 7)
 _MISSING = object()
 
 
-def check_metadata(f: GGUFFile) -> None:
-    """Check every key of ``LLAMA_KEYS`` the file holds against its kind (arrays: the element
+def keys(arch: str) -> dict[str, str]:
+    """Every key iron reads of a model of architecture ``arch`` (``llama.block_count``, ...)
+    and its kind."""
+    return {**GENERAL_KEYS, **{f"{arch}.{key}": kind for key, kind in ARCH_KEYS.items()}}
+
+
+def check_metadata(f: GGUFFile, arch: str) -> None:
+    """Check every key of ``keys(arch)`` the file holds against its kind (arrays: the element
     type only; their sizes are checked against the file by the functions below)."""
-    for key, kind in LLAMA_KEYS.items():
+    for key, kind in keys(arch).items():
         field = f.fields.get(key)
         if field is None:
             continue
@@ -111,22 +121,22 @@ def value(f: GGUFFile, key: str, default: Any = _MISSING) -> Any:
         return field.contents()
     if default is _MISSING:
         raise CheckpointError(f"{f.source}: GGUF metadata key {key!r} is missing; the file is "
-                              "not a complete llama.cpp Llama model")
+                              "not a complete llama.cpp model")
     return default
 
 
-def check_layers(f: GGUFFile, block_count: int) -> None:
+def check_layers(f: GGUFFile, block_count: int, arch: str) -> None:
     """``block_count`` must be the number of ``blk.N`` layers whose tensors the file holds,
     checked before anything of that size is built."""
     found = {int(m.group(1)) for t in f.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
     if block_count != len(found) or found != set(range(block_count)):
         held = f"blk.0 .. blk.{max(found)}" if found else "none"
-        raise CheckpointError(f"{f.source}: llama.block_count = {block_count}, but the file "
+        raise CheckpointError(f"{f.source}: {arch}.block_count = {block_count}, but the file "
                               f"holds tensors for {len(found)} layers ({held}); the count must "
                               "be the number of layers stored")
 
 
-def check_vocabulary(f: GGUFFile, hidden: int) -> int:
+def check_vocabulary(f: GGUFFile, hidden: int, arch: str) -> int:
     """The vocabulary size, checked against the embedding (``token_embd.weight``, which the
     file's size bounds), the token types, scores and special token ids; then every merge
     against the tokens.  The token strings are decoded only once their count fits."""
@@ -142,9 +152,9 @@ def check_vocabulary(f: GGUFFile, hidden: int) -> int:
             f"token_embd.weight has dims {list(embed.dims)}; it must be [{hidden}, "
             f"{tokens.count}] (embedding_length, one row per token)")
     n = tokens.count
-    declared = value(f, "llama.vocab_size", n)
+    declared = value(f, f"{arch}.vocab_size", n)
     if declared != n:
-        raise CheckpointError(f"{f.source}: llama.vocab_size = {declared} differs from the "
+        raise CheckpointError(f"{f.source}: {arch}.vocab_size = {declared} differs from the "
                               f"{n} tokens of tokenizer.ggml.tokens")
     for key in (_T + "token_type", _T + "scores"):
         field = f.fields.get(key)
@@ -157,7 +167,7 @@ def check_vocabulary(f: GGUFFile, hidden: int) -> int:
         if bad is not None:
             raise CheckpointError(f"{f.source}: {_T}token_type[{bad}] = {types[bad]} is not a "
                                   "llama.cpp token type (0..6)")
-    for key, kind in LLAMA_KEYS.items():
+    for key, kind in GENERAL_KEYS.items():
         if kind == "token id" and key in f.fields and value(f, key) >= n:
             raise CheckpointError(f"{f.source}: {key} = {value(f, key)} is not a token id of "
                                   f"this vocabulary (0..{n - 1})")
@@ -169,7 +179,7 @@ def _array(f: GGUFFile, key: str) -> GGUFValue:
     field = f.fields.get(key)
     if field is None:
         raise CheckpointError(f"{f.source}: GGUF metadata key {key!r} is missing; the file is "
-                              "not a complete llama.cpp Llama model")
+                              "not a complete llama.cpp model")
     return field
 
 

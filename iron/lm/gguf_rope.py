@@ -29,24 +29,25 @@ from iron.lm.gguf_file import GGUFFile
 from iron.lm.gguf_meta import value
 
 ROPE_FREQS = "rope_freqs.weight"
-_A = "llama.rope."
 _TRANSLATED = ("none", "linear")
 
 
-def gguf_rope_scaling(f: GGUFFile, head_dim: int) -> dict[str, Any] | None:
+def gguf_rope_scaling(f: GGUFFile, head_dim: int, arch: str) -> dict[str, Any] | None:
     """The ``rope_scaling`` entry of ``config.json`` giving llama.cpp's frequencies for ``f``
-    (metadata already checked by ``gguf_meta.check_metadata``), or None for plain RoPE."""
-    kind = value(f, _A + "scaling.type", "linear")
+    (metadata already checked by ``gguf_meta.check_metadata``), or None for plain RoPE;
+    ``arch`` is the file's ``general.architecture``, its keys' prefix."""
+    prefix = f"{arch}.rope."
+    kind = value(f, prefix + "scaling.type", "linear")
     if kind not in _TRANSLATED:
-        raise CheckpointError(f"{f.source}: {_A}scaling.type = {kind!r} is not supported: iron "
+        raise CheckpointError(f"{f.source}: {prefix}scaling.type = {kind!r} is not supported: iron "
                               "translates 'none' and 'linear' (and Llama 3.1's rope_freqs tensor)")
-    attn = value(f, _A + "scaling.attn_factor", 1.0)
+    attn = value(f, prefix + "scaling.attn_factor", 1.0)
     if attn != 1.0:
-        raise CheckpointError(f"{f.source}: {_A}scaling.attn_factor = {attn!r} is not "
+        raise CheckpointError(f"{f.source}: {prefix}scaling.attn_factor = {attn!r} is not "
                               "supported: it must be 1 (iron's RoPE does not scale cos/sin)")
     factor = 1.0
     if kind == "linear":
-        factor = value(f, _A + "scaling.factor", value(f, _A + "scale_linear", 1.0))
+        factor = value(f, prefix + "scaling.factor", value(f, prefix + "scale_linear", 1.0))
     freq_factors = _freq_factors(f, head_dim)
     if freq_factors is not None:
         factors = freq_factors * np.float32(factor)

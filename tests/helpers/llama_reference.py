@@ -1,4 +1,6 @@
-"""An independent float32 reference: Hugging Face ``transformers.LlamaForCausalLM`` on torch CPU.
+"""An independent float32 reference: Hugging Face transformers' model of the checkpoint's
+architecture (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``: the class its
+``model_type`` names, through ``AutoModelForCausalLM``) on torch CPU.
 
 Test-only; needs ``torch`` and ``transformers`` (tests ``pytest.importorskip`` both before
 importing this module). The checkpoint is loaded from local files only, from safetensors only
@@ -15,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 
 class LlamaReference:
     """A checkpoint directory loaded into transformers in float32, eager attention."""
 
     def __init__(self, checkpoint_dir: str | Path):
-        self.model = LlamaForCausalLM.from_pretrained(
+        self.model = AutoModelForCausalLM.from_pretrained(
             str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager",
             local_files_only=True, use_safetensors=True, trust_remote_code=False)
         self.model.eval()
@@ -34,7 +36,7 @@ class LlamaReference:
         stays independent of the code under test. Needs ``accelerate`` (the test extra)."""
         path = Path(path)
         self = cls.__new__(cls)
-        self.model = LlamaForCausalLM.from_pretrained(
+        self.model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32,
             attn_implementation="eager", local_files_only=True, trust_remote_code=False)
         self.model.eval()

@@ -52,6 +52,19 @@ def vocab_dir(build: Path) -> Path:
     return extracted(build, "llama-vocab", MODELS + "ggml-vocab-")
 
 
+def vocab_file(build: Path, name: str) -> Path:
+    """``ggml-vocab-<name>.gguf`` for a test: the test is skipped offline, and fails in CI,
+    where the data is required."""
+    import pytest
+
+    try:
+        return vocab_dir(build) / f"ggml-vocab-{name}.gguf"
+    except Unavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"llama.cpp's vocabulary test data is required in CI: {e}")
+        pytest.skip(f"llama.cpp's vocabulary test data unavailable offline: {e}")
+
+
 def templates_dir(build: Path) -> Path:
     """``build/llama-templates`` holding llama.cpp's ``models/templates/*.jinja``: real
     models' chat templates, as Hugging Face ships them (fetched on first use)."""

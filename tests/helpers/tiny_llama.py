@@ -87,6 +87,21 @@ def tiny_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def random_weights(program, seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights for every weight a recorded decoder program binds: RoPE frequencies of base
+    10000, norm weights around 1, every other tensor normal with std 0.1."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, t in program.named("weight").items():
+        if name == "rope.inv_freq":
+            weights[name] = (10000.0 ** -(np.arange(t.shape[0]) / t.shape[0])).astype(t.dtype)
+        elif name.endswith("norm.weight"):
+            weights[name] = (1 + 0.1 * rng.standard_normal(t.shape)).astype(t.dtype)
+        else:
+            weights[name] = (0.1 * rng.standard_normal(t.shape)).astype(t.dtype)
+    return weights
+
+
 def write_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
     """Write the tiny checkpoint into ``directory`` (created) and return it."""
     from safetensors.numpy import save_file

@@ -547,7 +547,7 @@ def test_gguf_of_another_architecture_is_refused_in_one_line(tmp_path: Path):
     w.close()
     with pytest.raises(CheckpointError) as e:
         gguf_import.ensure_checkpoint(path, FAMILY, tmp_path / "build")
-    assert str(e.value) == (f"{path}: general.architecture = 'gpt2'; only 'llama' GGUF files "
-                            "convert")
+    assert str(e.value) == (f"{path}: general.architecture = 'gpt2'; only 'llama', 'qwen2', "
+                            "'qwen3' GGUF files convert")
     assert not (tmp_path / "build" / "checkpoints").exists() or not any(
         (tmp_path / "build" / "checkpoints").iterdir())

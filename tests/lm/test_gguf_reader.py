@@ -199,10 +199,10 @@ def test_real_vocabularies_meet_every_metadata_rule(name):
     except llama_vocab.Unavailable as e:
         pytest.skip(str(e))
     f = GGUFFile.open(folder / f"ggml-vocab-{name}.gguf")
-    gguf_meta.check_metadata(f)
+    gguf_meta.check_metadata(f, "llama")
     tokens = gguf_meta.value(f, T + "tokens")
     assert set(gguf_meta.value(f, T + "token_type")) <= set(gguf_meta.TOKEN_TYPES)
-    for key, kind in gguf_meta.LLAMA_KEYS.items():
+    for key, kind in gguf_meta.GENERAL_KEYS.items():
         if kind == "token id" and key in f.fields:
             assert gguf_meta.value(f, key) < len(tokens), key
     gguf_meta._check_merges(f, tokens)

@@ -38,13 +38,7 @@ def _benchmark(name: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,bos", [("llama-spm", 1), ("llama-bpe", 128000)])
 def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, bos: int):
-    try:
-        vocab_dir = llama_vocab.vocab_dir(REPO / "build")
-    except llama_vocab.Unavailable as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"llama.cpp's vocabulary test data is required in CI: {e}")
-        pytest.skip(f"llama.cpp's vocabulary test data unavailable offline: {e}")
-    vocab = vocab_dir / f"ggml-vocab-{name}.gguf"
+    vocab = llama_vocab.vocab_file(REPO / "build", name)
     want = llama_vocab.cases(vocab)[TEXT]
     make = _benchmark("make_gguf")
     model = make.write(tmp_path / f"tiny-{name}.gguf", make.Shape(

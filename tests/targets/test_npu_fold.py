@@ -26,7 +26,7 @@ from iron.targets.npu.coresidence import columns, loads, loads_per_pass, pack
 from iron.targets.npu.resources import DISPATCH_SECONDS, SWITCH_SECONDS
 from iron.targets.npu.runner import Emulated
 from iron.targets.npu.verify import Problem, check_text
-from tiny_llama import TINY_CONFIG
+from tiny_llama import TINY_CONFIG, random_weights
 
 from apps.llama.config import LlamaConfig
 from apps.llama.model import Decoder
@@ -107,16 +107,7 @@ def tiny_decoder():
     config = LlamaConfig.from_dict(DECODER)
     graph = Decoder(config, rows=1, ctx=32, device="npu2")  # bf16 matrices: GEMVs designed
     program = graph.record_like([np.zeros(1, np.int32), np.zeros(1, np.int32)])
-    rng = np.random.default_rng(0)
-    weights = {}
-    for name, t in program.named("weight").items():
-        if name == "rope.inv_freq":
-            weights[name] = (10000.0 ** -(np.arange(t.shape[0]) / t.shape[0])).astype(t.dtype)
-        elif name.endswith("norm.weight"):
-            weights[name] = (1 + 0.1 * rng.standard_normal(t.shape)).astype(t.dtype)
-        else:
-            weights[name] = (0.1 * rng.standard_normal(t.shape)).astype(t.dtype)
-    return graph, program, weights
+    return graph, program, random_weights(program)
 
 
 def test_the_llama_layers_fold_between_their_host_steps_with_unchanged_results():
