@@ -10,6 +10,19 @@ from iron.host import class_name
 
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the console script pip installed beside python
+IRON = Path(sys.executable).with_name("iron")
+
+
+def iron_run_json(model, prompt: str, build: Path, ops: Path) -> dict:
+    """``iron run MODEL -p PROMPT -n 2 --temperature 0 --json`` building into its own folder
+    ``build`` (compiled kernels shared through ``ops``): the answer as parsed JSON; a failed run
+    fails the test with its standard error."""
+    env = {**os.environ, "IRON_BUILD_DIR": str(build), "IRON_CACHE_DIR": str(ops)}
+    result = subprocess.run([IRON, "run", model, "-p", prompt, "-n", "2", "--temperature", "0",
+                             "--json"], capture_output=True, text=True, env=env, timeout=1800)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def doit(project, *args, check=True, env=None, verbose=True):

@@ -4,15 +4,13 @@ expect, with the BOS the file asks for, and so do the server's completions; the 
 continues the prompt's."""
 
 import importlib.util
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import llama_vocab
+from buildtools import iron_run_json
 from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,13 +41,7 @@ def test_iron_run_tokenizes_the_prompt_as_llama_cpp(tmp_path: Path, name: str, b
     make = _benchmark("make_gguf")
     model = make.write(tmp_path / f"tiny-{name}.gguf", make.Shape(
         hidden=256, layers=2, heads=4, kv_heads=2, ffn=256, context=256), "Q8_0", vocab=vocab)
-    env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
-           "IRON_CACHE_DIR": str(REPO / "build" / "ops")}
-    iron = Path(sys.executable).with_name("iron")
-    result = subprocess.run([iron, "run", model, "-p", TEXT, "-n", "2", "--temperature", "0",
-                             "--json"], capture_output=True, text=True, env=env, timeout=1800)
-    assert result.returncode == 0, result.stderr
-    ran = json.loads(result.stdout)
+    ran = iron_run_json(model, TEXT, tmp_path / "build", REPO / "build" / "ops")
     assert ran["prompt_ids"] == [bos] + want
     assert ran["prompt_tokens"] == len(want) + 1 and ran["new_tokens"] == 2
     # the reply's text is what its tokens add to the prompt's (its first space kept)

@@ -3,9 +3,6 @@ of the Llama family: their Hugging Face configs, their GGUF files (``benchmarks/
 --arch``), the decoder graph over their weights against transformers' own Qwen2ForCausalLM /
 Qwen3ForCausalLM in float32 and llama.cpp on the same F16 file, through ``iron run``."""
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import pytest
 
 import iron
 import llama_vocab
+from buildtools import iron_run_json
 from apps.llama.config import LlamaConfig
 from iron.errors import CheckpointError
 from test_llama import Gate, assert_accurate, kl_stats, log_softmax
@@ -154,13 +152,7 @@ def test_iron_run_on_a_qwen_f16_gguf_tokenizes_and_predicts_as_llama_cpp(tmp_pat
     vocab = llama_vocab.vocab_file(REPO / "build", "qwen2")
     src = make_gguf.write(tmp_path / f"{arch}.gguf", SHAPES[arch], "F16", seed=4, std=STD,
                           vocab=vocab, arch=arch)
-    env = {**os.environ, "IRON_BUILD_DIR": str(tmp_path / "build"),
-           "IRON_CACHE_DIR": str(REPO / "build" / "ops")}
-    iron = Path(sys.executable).with_name("iron")
-    result = subprocess.run([iron, "run", src, "-p", PROMPT, "-n", "2", "--temperature", "0",
-                             "--json"], capture_output=True, text=True, env=env, timeout=1800)
-    assert result.returncode == 0, result.stderr
-    ran = json.loads(result.stdout)
+    ran = iron_run_json(src, PROMPT, tmp_path / "build", REPO / "build" / "ops")
     ids = ran["prompt_ids"]
 
     bundle, = (tmp_path / "build" / "llama").glob("cpu-*")

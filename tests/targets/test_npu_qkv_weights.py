@@ -74,23 +74,27 @@ def test_llamas_design_keeps_its_plain_row_fifo_and_kernel():
     assert [a.name for a in d.args][5:] == ["q", "k_cache_out", "v_cache_out"]
 
 
+def assert_fits_and_verifies(op, d, dev: str) -> None:
+    """Design ``d`` of ``op`` keeps every resource rule and the shim's descriptors, is valid as
+    mlir-aie's op definitions have it, and breaks one trip rule only, the one Llama's QKVRoPE
+    breaks too: more runtime buffers than aiecc's kernel declares."""
+    assert [r.text for r in design_rules(d, resources(dev), ()) if not r.ok] == []
+    assert allocate(d, resources(dev).shim_bds).overflow is None
+    generic = render(d, generic=True)
+    assert check_text(generic, op.describe(True)) is None
+    broken = violations(generic, RULES)
+    assert len(broken) == 1 and "buffers, more than the 5 aiecc" in broken[0], broken
+
+
 @pytest.mark.parametrize("op", [
     QKVRoPE(rows=64, heads=14, kv_heads=2, head_dim=64, ctx=8192, bias=True),
     QKVRoPE(rows=1, heads=16, kv_heads=8, head_dim=128, ctx=4096, qk_norm=True),
     QKVRoPE(rows=8, heads=4, kv_heads=2, head_dim=64, ctx=64, bias=True, qk_norm=True),
 ], ids=["qwen2-prefill", "qwen3-decode", "both"])
 def test_the_variants_designs_fit_and_verify_against_mlir_aies_op_definitions(op):
-    """Within every resource rule and the shim descriptors, verified as mlir-aie's ODS has it;
-    the one trip rule they break is the one Llama's QKVRoPE breaks too: more runtime buffers
-    than aiecc's kernel declares."""
     for dev in ("npu1", "npu2"):
         d = npu.design_of(op, dev)
-        assert [r.text for r in design_rules(d, resources(dev), ()) if not r.ok] == []
-        assert allocate(d, resources(dev).shim_bds).overflow is None
-        generic = render(d, generic=True)
-        assert check_text(generic, op.describe(True)) is None
-        broken = violations(generic, RULES)
-        assert len(broken) == 1 and "buffers, more than the 5 aiecc" in broken[0], broken
+        assert_fits_and_verifies(op, d, dev)
         assert design_estimate(d).terms["compute"] > 0  # the model prices the kernel
 
 
@@ -123,12 +127,7 @@ def test_the_slotted_variants_weights_follow_the_slots():
     for dev in ("npu1", "npu2"):
         d = npu.design_of(op, dev)
         assert [a.name for a in d.args][5:9] == ["slot", "bias", "q_norm", "k_norm"]
-        assert [r.text for r in design_rules(d, resources(dev), ()) if not r.ok] == []
-        assert allocate(d, resources(dev).shim_bds).overflow is None
-        generic = render(d, generic=True)
-        assert check_text(generic, op.describe(True)) is None
-        broken = violations(generic, RULES)
-        assert len(broken) == 1 and "buffers, more than the 5 aiecc" in broken[0], broken
+        assert_fits_and_verifies(op, d, dev)
 
 
 @pytest.mark.parametrize("dev", ["npu1", "npu2"])
