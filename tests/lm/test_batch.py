@@ -187,37 +187,6 @@ def test_a_sampler_that_raises_fails_its_own_request_and_not_the_others(smollm2_
     assert sorted(engine.free) == [0, 1, 2, 3] and not engine.active and not engine.prefilling
 
 
-def test_greedy_token_from_the_bits_is_the_samplers_argmax():
-    """The engine's greedy path reads the token off the bf16 bits; wherever it answers, it is
-    the token the greedy sampler picks from the same row, and where the bits cannot tell (a NaN,
-    a maximum of +-0 or below) it leaves the row to the sampler."""
-    from iron.lm.batch import greedy_token
-
-    rng = np.random.default_rng(5)
-    rows = [rng.normal(0, 4, 49152).astype(iron.bfloat16) for _ in range(20)]
-    tie = rng.normal(0, 1, 1000).astype(iron.bfloat16)
-    tie[[10, 700]] = iron.bfloat16(9.5)  # the first of equal maxima
-    inf = rng.normal(0, 1, 1000).astype(iron.bfloat16)
-    inf[[3, 600]] = np.inf
-    tiny = np.full(1000, -1.0, iron.bfloat16)
-    tiny[400] = np.float32(1e-40)  # a subnormal, the only positive value
-    rows += [tie, inf, tiny]
-    for k, row in enumerate(rows):
-        token = greedy_token(row)
-        assert token is not None, f"row {k}: greedy_token left an ordinary row to the sampler"
-        assert token == Sampler(temperature=0.0)(row), f"row {k}: greedy_token picked {token}"
-    assert greedy_token(tie) == 10
-    undecided = {"positive NaN": (0, np.nan), "negative NaN": (0, -np.nan)}
-    for name, (at, value) in undecided.items():
-        row = rows[0].copy()
-        row[at] = value
-        assert greedy_token(row) is None, name
-    assert greedy_token(np.full(8, -2.0, iron.bfloat16)) is None, "all negative"
-    zeros = np.array([-1.0, -0.0, 0.0, -3.0], iron.bfloat16)
-    assert greedy_token(zeros) is None, "a maximum of -0 and +0"
-    assert greedy_token(rows[0].astype(np.float32)) is None, "float32 logits"
-
-
 # ---- the prompt cache ------------------------------------------------------------------------
 
 def test_a_prefix_kept_in_a_slot_prefills_to_the_bits_of_a_full_prefill(slot_model, prompts):
