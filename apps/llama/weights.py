@@ -104,9 +104,9 @@ def weight_formats(checkpoint, mode: str = "native", group: int = 128) -> Format
     """(weight_format, group_size) of every kernel weight not run as bf16 under ``mode``.
 
     ``native`` keeps a matrix in the format its source file stored it in when every part of
-    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding; an F16 file:
-    f16), and splits
-    a q|k|v stack whose v alone has another format into q|k (``SPLIT_QK``) and v; ``uint4``
+    it has the same format (SmolLM2's GGUF: Q4_1 projections, a Q8_0 embedding; an F16 file
+    or a float16 safetensors checkpoint: f16; see ``Checkpoint.quantized``), and splits a q|k|v
+    stack whose v alone has another format into q|k (``SPLIT_QK``) and v; ``uint4``
     quantizes every projection (not the embedding) in groups of ``group``, or of 32 where
     ``group`` does not divide its rows (rows not a multiple of 32 stay bf16); ``bf16``
     quantizes nothing. A matrix whose row count is not a whole number of the quantized

@@ -114,12 +114,21 @@ class Checkpoint:
         return tensor_view(mm, info)
 
     def quantized(self, name: str) -> tuple[str, np.ndarray] | None:
-        """The tensor ``name`` as the source file's own blocks: (format, uint8 array in the
-        row layout of ``iron.quant``; bundles tile it), or None when it was not stored quantized."""
-        if name not in self._blocks:
-            return None
-        fmt, mm, info = self._blocks[name]
-        return fmt, tensor_view(mm, info)
+        """The tensor ``name`` as the source file's own blocks or halves: (format, uint8 array
+        in the row layout of ``iron.quant``; bundles tile it), or None when it is stored in a
+        format the kernels do not run as it is (bf16 or float32 runs as bf16).
+
+        A matrix a safetensors file stores as float16 is format f16, its bytes as they are:
+        rounding it to bf16 would keep 8 of its 11 significant bits, and a GGUF F16 tensor is
+        kept the same way (in ``quantized.safetensors``)."""
+        if name in self._blocks:
+            fmt, mm, info = self._blocks[name]
+            return fmt, tensor_view(mm, info)
+        if name in self._entries and self._entries[name][1].dtype == "F16":
+            halves = self.tensor(name)
+            if halves.ndim == 2:
+                return "f16", halves.view(np.uint8)
+        return None
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.directory)!r}, {len(self._entries)} tensors)"

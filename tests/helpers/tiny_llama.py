@@ -1,8 +1,8 @@
 """A small random Llama-3-style checkpoint for tests: every loader feature, a few hundred KB.
 
 ``write_tiny_llama(dir, seed)`` writes llama3 rope scaling, an untied ``lm_head``, grouped-query
-attention, two bfloat16 safetensors shards with ``model.safetensors.index.json``, and a real
-``tokenizer.json``: byte-level BPE without merges, where token id ``b`` is byte ``b`` (0..255)
+attention, two bfloat16 (or float16) safetensors shards with ``model.safetensors.index.json``,
+and a real ``tokenizer.json``: byte-level BPE without merges, where token id ``b`` is byte ``b`` (0..255)
 followed by four special tokens.
 """
 
@@ -102,13 +102,15 @@ def random_weights(program, seed: int = 0) -> dict[str, np.ndarray]:
     return weights
 
 
-def write_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
-    """Write the tiny checkpoint into ``directory`` (created) and return it."""
+def write_tiny_llama(directory: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write the tiny checkpoint into ``directory`` (created) and return it; ``dtype``
+    (bfloat16 or float16) is the type every tensor is stored in."""
     from safetensors.numpy import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    weights = {n: w.astype(ml_dtypes.bfloat16) for n, w in tiny_weights(TINY_CONFIG, seed).items()}
+    stored = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    weights = {n: w.astype(stored) for n, w in tiny_weights(TINY_CONFIG, seed).items()}
     shards = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
     for name, w in weights.items():
         first = name.startswith(("model.embed_tokens", "model.layers.0."))
@@ -121,7 +123,8 @@ def write_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
     total = sum(w.nbytes for w in weights.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (directory / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
+    config = {**TINY_CONFIG, "torch_dtype": dtype}
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(directory / "tokenizer.json")
     return directory
 

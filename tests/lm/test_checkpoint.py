@@ -97,6 +97,38 @@ def test_tiny_checkpoint_loads(tiny: Path):
         ckpt.tensor("lm_head.bias")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_float16_matrices_are_kept_as_f16_and_bf16_ones_as_bf16(tmp_path: Path, dtype):
+    """A float16 safetensors checkpoint's matrices are format f16, bound as the file's own
+    halves (bf16 would keep 8 of their 11 significant bits); its norms, vectors, stay bf16. A
+    bf16 checkpoint's matrices stay bf16: nothing is converted either way."""
+    from apps.llama.weights import kernel_weights, weight_formats
+
+    ckpt = open_checkpoint(write_tiny_llama(tmp_path / "tiny", seed=1, dtype=dtype))
+    want = tiny_weights(TINY_CONFIG, seed=1)
+    matrices = [n for n, shape in expected_tensors(ckpt.config).items() if len(shape) == 2]
+    formats = weight_formats(ckpt, "native")
+    weights = dict(kernel_weights(ckpt, ckpt.config, formats))
+    if dtype == "bfloat16":
+        assert formats == {} and all(ckpt.quantized(n) is None for n in matrices)
+        assert all(w.dtype == ml_dtypes.bfloat16 for n, w in weights.items()
+                   if n != "rope.inv_freq")
+        return
+    assert {ckpt.quantized(n)[0] for n in matrices} == {"f16"}
+    assert ckpt.quantized("model.norm.weight") is None
+    # each layer's four stacked matrices; the 260-row embedding and lm_head are not whole
+    # 16-row tiles, so they stay bf16 as in every format
+    assert set(formats.values()) == {("f16", 32)} and len(formats) == 4 * 2
+    for name, w in weights.items():
+        assert w.dtype == (np.float16 if name in formats else
+                           np.float32 if name == "rope.inv_freq" else ml_dtypes.bfloat16), name
+    up = "model.layers.1.mlp.gate_up_proj.weight"
+    np.testing.assert_array_equal(weights[up], np.concatenate(
+        [want[up.replace("gate_up", part)] for part in ("gate", "up")]).astype(np.float16))
+    o = "model.layers.0.self_attn.o_proj.weight"
+    np.testing.assert_array_equal(weights[o], want[o].astype(np.float16))
+
+
 def test_tiny_tokenizer(tiny: Path):
     from tokenizers import Tokenizer
 

@@ -153,25 +153,39 @@ def test_prompt_of_one_token_one_chunk_and_several_chunks(smollm2_model, smollm2
     assert ref[logits.argmax()] >= ref.max() - 2 * bf16_ulp(ref.max())
 
 
-def test_tiny_llama3_checkpoint_matches_reference(tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_tiny_llama3_checkpoint_matches_reference(tmp_path, dtype):
+    """A bf16 checkpoint's bundle binds bf16 matrices; a float16 one's binds the file's own
+    halves (format f16), and both match transformers' float32 model of the same stored values.
+    Every logit is within 1% of the largest (0.5% measured for either dtype: the bf16
+    activations between steps, not the weights, set the error here)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from llama_reference import LlamaReference
     from tiny_llama import write_tiny_llama
 
-    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=3)
+    from iron.pipeline.bundle import Bundle
+
+    checkpoint = write_tiny_llama(tmp_path / "tiny", seed=3, dtype=dtype)
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["rope_scaling"]["rope_type"] == "llama3"
     assert not config["tie_word_embeddings"]
     assert (checkpoint / "model.safetensors.index.json").exists()
-    model = LanguageModel(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
+    bundle = Bundle.open(make_bundle(checkpoint, tmp_path / "bundle", chunk=8))
+    formats = bundle.meta["weight_formats"]
+    if dtype == "float16":  # the stacked projections; 260 vocabulary rows are not whole tiles
+        assert len(formats) == 8 and {tuple(f) for f in formats.values()} == {("f16", 32)}
+        assert all(bundle.weights()[name].dtype == np.float16 for name in formats)
+    else:
+        assert formats == {}
+    model = LanguageModel(bundle.path)
     ids = list(np.random.default_rng(0).integers(0, 256, 40))
     ref = LlamaReference(checkpoint).logits(ids)
     for ours in (decode_logits(model, ids), prefill_logits(model, ids)):
         kl, agree = kl_stats(ref, ours)
         assert_accurate(kl, agree, TINY)
         scale = np.abs(ref).max()
-        assert np.abs(ours - ref).max() <= 0.05 * scale
+        assert np.abs(ours - ref).max() <= 0.01 * scale
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(tmp_path):
