@@ -109,6 +109,23 @@ def test_gemv_streaming_weights_is_memory_bound_at_the_hosts_bandwidth():
     assert one.seconds == pytest.approx(weights / 10e9, rel=0.05)  # one thread, 10 GB/s
 
 
+@pytest.mark.parametrize("op", [
+    GEMV(M=49152, K=576, batches=2, tile_size_input=4, tile_size_output=64, num_aie_columns=2),
+    GEMV(M=49152, K=576, batches=2, weight_format="q8_0", tile_size_output=64,
+         num_aie_columns=2),
+    GEMM(M=64, K=576, N=49152, tile_m=16, tile_k=64, tile_n=32, num_aie_columns=2),
+    GEMM(M=64, K=576, N=49152, weight_format="q4_1", tile_n=32, num_aie_columns=2)],
+    ids=["gemv", "gemv-q8_0", "gemm", "gemm-q4_1"])
+def test_a_float32_output_is_counted_as_four_bytes_an_element(op):
+    """The head's float32 logits are 4 bytes each: the bytes a product moves grow by 2 per
+    output element against its bf16 output, on every path (plain, quantized, GEMV, GEMM)."""
+    outputs = op.batches * op.M if isinstance(op, GEMV) else op.M * op.N
+    bf16 = cpu_model.work(op, HOST)
+    f32 = cpu_model.work(dataclasses.replace(op, output_dtype="float32"), HOST)
+    assert f32.warm - bf16.warm == 2 * outputs
+    assert (f32.cold, f32.ops) == (bf16.cold, bf16.ops)
+
+
 def test_an_unbalanced_team_counts_as_fewer_threads():
     # 576 rows in items of 64: 9 items, 5 on one thread and 4 on the other; items of 32: 18
     uneven = GEMV(M=576, K=1536, tile_size_input=4, tile_size_output=64, num_aie_columns=2)

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ...operator import Operator
 from ...quant import PLAIN
 from ..cost import COMPUTE, LAUNCH, MEMORY, Estimate, estimate
@@ -120,6 +122,14 @@ def work(op: Operator, h: Calibration) -> Work | None:
     return hook(op, getattr(op, "num_aie_columns", 1) or 1, h)
 
 
+def _out_bytes(op) -> int:
+    """Bytes per element of a matrix product's output (its ``output_dtype``): 2 for bf16, 4
+    for the float32 logits the Llama head writes (a vocabulary-sized row per token)."""
+    from ...operators.matrix import stored_dtype
+
+    return np.dtype(stored_dtype(op)).itemsize
+
+
 def _gemv(op, threads: int) -> Work:
     """gemv.c: per 16 elements of W one load, two widenings, two FMAs, and 2 / TI loads of x
     (TI rows share them); per row a reduction of 2 x UNROLL accumulators and a store. A
@@ -132,17 +142,17 @@ def _gemv(op, threads: int) -> Work:
     per16 = 5 + 2 / ti
     ops = op.batches * (op.M * (op.K // 16) * per16 + op.M * (op.K % 16) * 2
                         + op.M * (2 * unroll + 8)) + op.batches * op.K * 2
-    return Work(op.M * op.K * 2, op.batches * (op.K + op.M) * 2, ops,
+    return Work(op.M * op.K * 2, op.batches * (op.K * 2 + op.M * _out_bytes(op)), ops,
                 op.M // op.tile_size_output, threads)
 
 
 def _gemv_tiled(op, threads: int) -> Work:
     return _tiled(op.weight_format, op.group_size, op.M, op.K, op.batches,
-                  op.M // op.tile_size_output, threads)
+                  op.M // op.tile_size_output, threads, _out_bytes(op))
 
 
 def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
-           threads: int) -> Work:
+           threads: int, out_bytes: int) -> Work:
     """qmatmul.h (the quantized GEMV, and the GEMM with a row of A per vector): ``rows`` of W in
     16-row tiles times ``vectors`` x, counted for AVX512-VNNI (a 512-bit op counted as two
     8-lane ones; AVX2's vpmaddubsw + vpmaddwd on two 8-row halves come to about as many): per
@@ -151,7 +161,7 @@ def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
     q8_0's and q6_k's, are merged into one byte per code by those masks), and each vector takes 8
     vpdpbusd; per chunk and vector 4 ops scale the integer sums of x's two blocks by their
     scales, per group and vector 2 FMAs apply the rows' scales and bias. x is rounded to int8
-    once per call."""
+    once per call; each output element is ``out_bytes``."""
     from ...quant import K_BLOCK, row_bytes
 
     sets = 2 if fmt in ("q8_0", "q6_k") else 1
@@ -159,8 +169,8 @@ def _tiled(fmt: str, group: int, rows: int, k: int, vectors: int, items: int,
     passes = math.ceil(vectors / (4 if fmt == "q6_k" else 8))
     per_chunk = sets * 2 * 16 * passes + 2 * 8 * vectors + 2 * 4 * vectors
     ops = tiles * (chunks * per_chunk + groups * (4 + 4 * vectors)) + vectors * k * 2
-    return Work(rows * row_bytes(fmt, k, group, tiled=True), vectors * (k + rows) * 2, ops, items,
-                threads)
+    return Work(rows * row_bytes(fmt, k, group, tiled=True),
+                vectors * (k * 2 + rows * out_bytes), ops, items, threads)
 
 
 def _gemm(op, threads: int, h: Calibration) -> Work:
@@ -168,8 +178,10 @@ def _gemm(op, threads: int, h: Calibration) -> Work:
     B runs the GEMV's tile scheme with a row of A per vector."""
     M, K, N = op.M, op.K, op.N
     if op.weight_format not in PLAIN:
-        return _tiled(op.weight_format, op.group_size, N, K, M, N // op.tile_n, threads)
+        return _tiled(op.weight_format, op.group_size, N, K, M, N // op.tile_n, threads,
+                      _out_bytes(op))
     items = N // op.tile_n
+    a_and_c = M * K * 2 + M * N * _out_bytes(op)
     pack_a = M * K / LANES * 3
     bf16 = op.weight_format == "bf16"  # an f16 B takes the float32 FMA path on every host
     if bf16 and h.amx and K % 32 == 0 and op.tile_n % 16 == 0:
@@ -177,7 +189,7 @@ def _gemm(op, threads: int, h: Calibration) -> Work:
         dp = mb * nb * (K // 32)  # TDPBF16PS per call
         loads = math.ceil(M / 32) * nb * (K // 32) + math.ceil(N / 32) * mb * (K // 32)
         write_c = mb * nb * (16 * 4 + 16)  # a 16x16 transpose and 16 stores per block
-        return Work(N * K * 2, (M * K + M * N) * 2 + math.ceil(N / 32) * M * K * 2,
+        return Work(N * K * 2, a_and_c + math.ceil(N / 32) * M * K * 2,
                     pack_a + loads + write_c, items, threads, cycles=dp * AMX_DP_CYCLES)
     k_tiles = K // op.tile_k
     panels = math.ceil(op.tile_n / 16)
@@ -193,7 +205,7 @@ def _gemm(op, threads: int, h: Calibration) -> Work:
         ops = products * (1 + 1 / rows) + pack_a
     pack_b = N * K / LANES * 3  # every B tile widened or paired once
     c_traffic = k_tiles * M * items * panels * 2 * 2  # the float32 C block, per k-tile
-    return Work(N * K * 2, (M * K + M * N) * 2 + items * M * K * 2,
+    return Work(N * K * 2, a_and_c + items * M * K * 2,
                 ops + pack_b + c_traffic, items, threads)
 
 
