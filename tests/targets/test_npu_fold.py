@@ -21,8 +21,8 @@ from iron.targets import target_for
 from iron.targets.npu.fold import ALIGN, Fold, plan, render
 from iron.targets.npu.buckets import KV_CACHE, moved_bytes
 from iron.targets.npu.cost import design_estimate
-from iron.targets.npu.report import NOT_RENDERED, bucket_markdown, markdown, program_report
-from iron.targets.npu.coresidence import columns, loads, loads_per_pass, pack
+from iron.targets.npu.report import PACKED, bucket_markdown, markdown, program_report
+from iron.targets.npu.coresidence import columns, fits, loads, loads_per_pass, pack, relocate
 from iron.targets.npu.resources import DISPATCH_SECONDS, SWITCH_SECONDS
 from iron.targets.npu.runner import Emulated
 from iron.targets.npu.verify import Problem, check_text
@@ -148,13 +148,15 @@ def test_every_fold_verifies_and_lays_its_tensors_apart():
     """Both forms, the custom one read as the same module as the generic one."""
     _, program, _ = tiny_decoder()
     exe = loaded(program, None, True)
-    folds = [s for s in plan(program, exe.designs) if isinstance(s, Fold)]
-    for f in folds:
-        layout_ok(f)
-        custom = render(f)
-        check_text(render(f, generic=True), f.name, custom)
-        assert custom.count("aiex.configure @") == len(f.configures())
-        assert custom.count("aiex.run @sequence(") == len(f.runs)
+    for packed in (False, True):
+        folds = [s for s in plan(program, exe.designs, packed=packed) if isinstance(s, Fold)]
+        for f in folds:
+            layout_ok(f)
+            custom = render(f)
+            check_text(render(f, generic=True), f.name, custom)
+            assert custom.count("aiex.configure @") == len(f.configures())
+            assert custom.count("aiex.run @") == len(f.runs)
+            assert packed or custom.count("aiex.run @sequence(") == len(f.runs)
 
 
 def test_intermediates_stay_in_the_fold_and_the_host_gets_back_only_what_it_reads():
@@ -256,7 +258,7 @@ def test_the_report_adds_up_to_the_per_step_model_and_prices_dispatches_and_load
     assert r.packed.total == pytest.approx(r.folded.total - (r.loads - r.packed_loads)
                                            * SWITCH_SECONDS, rel=1e-12)
     table = markdown(r).splitlines()
-    assert len(table) == 7 and table[6] == NOT_RENDERED  # the packed row is a count
+    assert len(table) == 7 and table[6] == PACKED  # the packed row is what the folds run
     # per context bucket, what the KV-cache steps would move: the last, what they move now
     kv = [d for op, d in zip(program.ops, exe.designs) if isinstance(op, KV_CACHE)]
     assert kv and r.buckets[-1].bytes == sum(map(moved_bytes, kv))
@@ -272,16 +274,27 @@ def test_the_report_adds_up_to_the_per_step_model_and_prices_dispatches_and_load
 
 
 def test_packed_designs_share_the_array_with_the_same_results_and_fewer_loads():
-    """Packed, a member's cores and FIFOs stay as its last dispatch left them while the other
-    members run: the same bits over three tokens, and the loads the report counts."""
+    """Packed, the emulator runs each member as the merged device holds it (its columns and
+    symbols its own), and a member's cores and FIFOs stay as its last dispatch left them while
+    the other members run: the same bits over three tokens, and the loads the report counts."""
     _, program, weights = tiny_decoder()
     packed, alone = loaded(program, weights, True, pack=True), loaded(program, weights, True)
+    merged = [c for s in packed.segments if not isinstance(s, int)
+              for c in s.fold.configurations if c.merged]
+    assert merged and not any(c.merged for s in alone.segments if not isinstance(s, int)
+                              for c in s.fold.configurations)
+    ran: list = []  # the design of every emulation the array dispatched
+    configure = packed.array.configure
+    packed.array.configure = lambda c, d: ran.append(configure(c, d)) or ran[-1]
     loads = []
     for p in range(3):
         xs = [np.array([7 + p], np.int32), np.array([p], np.int32)]
         got, want = packed.run(xs)[0], alone.run(xs)[0]
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
         loads.append((packed.array.loads, alone.array.loads))
+    for m in (m for c in merged for m in c.members):  # run relocated and renamed
+        assert any(e.design is m.placed for e in ran) and m.placed != m.design
+        assert all(f.name.startswith(f"{m.symbol}__") for f in m.placed.fifos)
     r = program_report("decode", [program], [packed.designs])
     assert loads[2][0] - loads[1][0] == r.packed_loads < r.loads == loads[2][1] - loads[1][1]
     for name in packed.states:
@@ -318,6 +331,69 @@ def test_packing_is_upstreams_greedy_walk_over_designs_that_fit_the_columns_left
     # a design met again outside the current pack closes it, even where the next would fit
     assert pack([b, c, b, a], 3) == {id(b): 0, id(c): 1, id(a): 2}
     assert loads([0, 0, 1, 1, 0]) == 2 and loads([3]) == 0
+
+
+def packed_fold() -> tuple[Fold, int]:
+    """The tiny decoder's first fold holding a pack of several designs, and that pack's index
+    among its configurations."""
+    _, program, _ = tiny_decoder()
+    designs = list(loaded(program, None, True).designs)
+    fold = next(s for s in plan(program, designs) if isinstance(s, Fold)
+                and any(c.merged for c in s.configurations))
+    return fold, next(k for k, c in enumerate(fold.configurations) if c.merged)
+
+
+def test_a_pack_is_one_device_of_its_members_side_by_side_each_with_its_own_sequence():
+    fold, k = packed_fold()
+    p = fold.configurations[k]
+    used = [{t.col for t in m.placed.tiles()} for m in p.members]
+    assert all(not a & b for i, a in enumerate(used) for b in used[i + 1:])
+    assert max(map(max, used)) < 8 and min(used[1]) == columns(p.members[0].design)
+    names = [x.name for m in p.members for x in (*m.placed.fifos, *m.placed.buffers)]
+    assert len(names) == len(set(names))  # no symbol of one member collides with another's
+    text = render(fold)
+    device = text[text.index(f"aie.device(npu2) @{p.symbol} "):text.index("aie.device", text.index(
+        f"@{p.symbol} ") + 1)]
+    assert device.count("aie.runtime_sequence @") == len(p.members) > 1
+    for m in p.members:
+        assert f"aie.runtime_sequence @{m.symbol}(" in device
+        for f in m.design.fifos:  # every FIFO under its member's name, none under its own
+            assert f"aie.objectfifo @{m.symbol}__{f.name}(" in device
+            assert f"aie.objectfifo @{f.name}(" not in device
+    configures = [runs for c, runs in fold.configures() if c == k]  # once per layer
+    assert text.count(f"aiex.configure @{p.symbol} ") == len(configures) > 0
+    assert all([r.design for r in runs] == [fold.designs.index(m.design) for m in p.members]
+               for runs in configures)  # each configure runs every member, in turn
+    check_text(render(fold, generic=True), fold.name, text)  # every rule on the merged device
+
+
+def test_verify_refuses_a_pack_whose_members_overlap_columns():
+    fold, k = packed_fold()
+    p = fold.configurations[k]
+    second = p.members[1]
+    onto_the_first = dataclasses.replace(second, placed=relocate(second.design, 0,
+                                                                  second.symbol))
+    bad = dataclasses.replace(p, members=(p.members[0], onto_the_first, *p.members[2:]))
+    configurations = list(fold.configurations)
+    configurations[k] = bad
+    broken = dataclasses.replace(fold, configurations=tuple(configurations))
+    with pytest.raises(Problem, match=r"a second aie.core on core tile \(0, \d\).*"
+                       r"\[one_core_per_tile\]$"):
+        check_text(render(broken, generic=True), "fold")
+
+
+def test_designs_declaring_one_kernel_function_differently_are_not_packed():
+    """Kernel declarations keep their names (the object file's symbols), so two members
+    calling one function with other argument types cannot share a device, however many
+    columns are free; designs of distinct kernels can."""
+    _, program, _ = tiny_decoder()
+    designs = [d for d in loaded(program, None, True).designs if d is not None]
+    g1, g2 = [d for d in dict.fromkeys(designs) if d.name.startswith("GEMV(")][:2]
+    norm = next(d for d in designs if d.name.startswith("RMSNorm("))
+    assert "gemv_bf16 is declared" in fits([g1, g2], 64)
+    assert pack([g1, g2], 64) == {id(g1): 0, id(g2): 1}
+    assert fits([norm, g1], 64) is None and pack([norm, g1], 64) == {id(norm): 0, id(g1): 0}
+    assert "columns side by side > the 8" in fits([norm, g1], 8)
 
 
 def test_an_output_written_in_place_shares_its_inputs_place(monkeypatch):

@@ -115,12 +115,12 @@ def run_full_elf(folder: Path, fold: Fold, kernels: Path) -> None:
     peano = peano_dir()
     text = render(fold)
     (folder / "kernels").mkdir(parents=True, exist_ok=True)
-    for source in sorted({d.kernel_source for d in fold.designs}):
+    for source in sorted({d.kernel_source for d in fold.kernel_designs()}):
         shutil.copy2(kernels / source, folder / "kernels" / source)
     for header in sorted(kernels.glob("*.h")):
         shutil.copy2(header, folder / "kernels" / header.name)
     atomic_write_bytes(folder / FOLD_MLIR, text.encode())
-    for design in {d.kernel_source: d for d in fold.designs}.values():
+    for design in {d.kernel_source: d for d in fold.kernel_designs()}.values():
         compile_kernel(folder, design, peano)
     run(full_elf_command(peano), folder)
     expect(folder, FOLD_ELF)

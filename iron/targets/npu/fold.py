@@ -15,11 +15,14 @@ operator under one configure.
 ``Fold`` is that module as data, drawn from designs iron already has, so a new design folds
 with nothing of its own:
 
-- the designs never share the array: each ``aiex.configure`` reloads it, so their tiles,
-  channels, locks and memories are checked per design (``check``) and cannot collide; the cost
-  is a reconfiguration per change of design (``resources.SWITCH_SECONDS``), the same number as
-  when each step is its own dispatch of its own configuration (``coresidence`` counts them,
-  and what packing designs side by side would save);
+- each ``aiex.configure`` loads one configuration: a design's own device, or (``plan``'s
+  ``packed``, the default) a pack of consecutive designs merged into one device side by side,
+  each member in columns of its own with its symbols renamed and its own runtime sequence,
+  which the configure's ``aiex.run`` names (``coresidence``, as upstream IRON packs them).
+  Stepping between members of a loaded pack loads nothing; any other change of configuration
+  costs a reconfiguration (``resources.SWITCH_SECONDS``).  Every design's tiles, channels,
+  locks and memories are checked per design (``check``), and ``verify`` checks each merged
+  device with every rule;
 - a design's runtime sequence must end with a wait (``aiex.npu.dma_wait`` on an output):
   reconfiguring under a transfer still running would reprogram its buffer descriptors, so a
   design whose last phase waits on nothing ends its fold.  Each run's sequence keeps its own
@@ -35,8 +38,8 @@ with nothing of its own:
   AIEUtils.cpp``), which follows only ``memref.subview``, ``memref.cast`` and
   ``memref.reinterpret_cast`` with static offsets, sizes and strides: a ``memref.view`` (the
   only op that turns bytes into another element type) is not followed, hence a buffer per
-  element type (every design's arguments have static sizes).  The intermediates never travel to the host: a step's
-  output is the next step's input in device memory.  An output an operator writes in place of
+  element type (every design's arguments have static sizes).  The intermediates never travel
+  to the host: a step's output is the next step's input in device memory.  An output an operator writes in place of
   an input (its class's ``inplace``: output position -> input position, a KV cache) shares
   that input's place;
 - the devices that have folds: a multi-device module compiles only to a full ELF (aiecc's
@@ -51,9 +54,9 @@ npu1 one step each);
 ``render`` writes a fold's module in custom and generic form (``verify`` checks the generic
 one against the transcription of mlir-aie's ODS, ``aiex.configure`` / ``aiex.run`` included);
 ``Configured`` runs a fold in the emulator: the tensors laid out in its host buffers,
-every configure a load of its design on the array (``Array``: none when that design is the
-one loaded already, as the firmware skips reloading the same PDI), every run a dispatch of its
-design's runtime sequence on views of those buffers.
+every configure a load of its configuration on the array (``Array``: none when it is the one
+loaded already, as the firmware skips reloading the same PDI), every run a dispatch of its
+design's runtime sequence, as the configuration holds the design, on views of those buffers.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ import numpy as np
 
 from ...errors import BundleError
 from ...program import Program
+from .coresidence import Pack, make_pack, pack
 from .ir import DTYPE_BYTES, Design
+from .resources import resources
 
 #: The roles of a folded configuration's host buffers, in the main runtime sequence's argument
 #: order (each role has a buffer per element type it holds).
@@ -133,22 +138,30 @@ class Fold:
     buffers: tuple[HostBuffer, ...]
     reads: tuple[int, ...]  # tensors the fold takes from the host (weights included)
     writes: tuple[int, ...]  # tensors the host reads after it
+    #: the device configurations the fold loads (``coresidence.Pack``: a design's own device,
+    #: or designs packed side by side in one), and per design the index of the one holding it
+    configurations: tuple[Pack, ...] = ()
+    where: tuple[int, ...] = ()
 
     def configures(self) -> list[tuple[int, list[Run]]]:
-        """The main sequence: consecutive runs of one design under one configure."""
+        """The main sequence: consecutive runs of one configuration under one configure (index
+        into ``configurations``)."""
         out: list[tuple[int, list[Run]]] = []
         for run in self.runs:
-            if out and out[-1][0] == run.design:
+            c = self.where[run.design]
+            if out and out[-1][0] == c:
                 out[-1][1].append(run)
             else:
-                out.append((run.design, [run]))
+                out.append((c, [run]))
         return out
+
+    def kernel_designs(self) -> list[Design]:
+        """Every design whose kernels the fold's devices link with: each configuration's
+        members, run in this fold or not (a pack is one device wherever it is loaded)."""
+        return [m.design for c in self.configurations for m in c.members]
 
     def slot(self, tensor: int) -> Slot:
         return dict(self.slots)[tensor]
-
-    def symbol(self, design: int) -> str:
-        return f"d{design}_{Path(self.designs[design].kernel_source).stem}"
 
 
 def ends_with_wait(design: Design) -> bool:
@@ -163,18 +176,21 @@ def folds_on(device: str) -> bool:
     return device in FULL_ELF_DEVICES
 
 
-def plan(program: Program, designs: Sequence[Design | None], fold: bool = True
-         ) -> list[int | Fold]:
+def plan(program: Program, designs: Sequence[Design | None], fold: bool = True,
+         packed: bool = True) -> list[int | Fold]:
     """The program as host steps (their index) and folds, in order.  ``fold=False``, and on a
     device without folds (``folds_on``): one fold per NPU step, each its own dispatch (a fold
-    of one step is only how the emulator runs a lone dispatch; on npu1 it is never rendered)."""
+    of one step is only how the emulator runs a lone dispatch; on npu1 it is never rendered).
+    ``packed`` (with folds only): consecutive designs packed side by side into one
+    configuration where they fit (``coresidence.pack`` over the program's NPU steps)."""
     segments: list[int | Fold] = []
     current: list[int] = []
+    packs = program_packs(designs) if fold and packed else {}
 
     def close():
         if current:
             k = sum(isinstance(s, Fold) for s in segments)
-            segments.append(make_fold(program, designs, list(current), k))
+            segments.append(make_fold(program, designs, list(current), k, packs))
             current.clear()
 
     for i, design in enumerate(designs):
@@ -192,8 +208,31 @@ def plan(program: Program, designs: Sequence[Design | None], fold: bool = True
     return segments
 
 
+def program_packs(designs: Sequence[Design | None]) -> dict[int, Pack]:
+    """id(design) -> the pack it runs in, for every design packed with others (upstream's
+    adjacent packing over the program's NPU steps, on a device with folds); each pack merges
+    its members in the order the program first runs them."""
+    npu = [d for d in designs if d is not None and folds_on(d.device)]
+    if not npu:
+        return {}
+    group = pack(npu, resources(npu[0].device).columns)
+    members: dict[int, dict[int, Design]] = {}
+    for d in npu:
+        members.setdefault(group[id(d)], {})[id(d)] = d
+    out: dict[int, Pack] = {}
+    for g, found in members.items():
+        if len(found) > 1:
+            p = make_pack(f"pack{g}", list(found.values()), stem)
+            out.update((i, p) for i in found)
+    return out
+
+
+def stem(design: Design) -> str:
+    return Path(design.kernel_source).stem
+
+
 def make_fold(program: Program, designs: Sequence[Design | None], steps: list[int],
-              k: int) -> Fold:
+              k: int, packs: dict[int, Pack] | None = None) -> Fold:
     found: dict[int, int] = {}  # id(design) -> index
     distinct: list[Design] = []
     runs = []
@@ -260,8 +299,18 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
         if elements.pop(t) != elements[source]:
             raise BundleError(f"tensor {t} is written in place of tensor {source} with another "
                               "element type")
+    configurations: dict[tuple[int, ...], int] = {}
+    chosen: list[Pack] = []
+    where = []
+    for j, d in enumerate(distinct):
+        p = (packs or {}).get(id(d)) or make_pack(f"d{j}_{stem(d)}", [d], stem)
+        if p.key() not in configurations:
+            configurations[p.key()] = len(chosen)
+            chosen.append(p)
+        where.append(configurations[p.key()])
     return Fold(f"fold{k}", distinct[0].device, tuple(distinct), tuple(runs),
-                *layout(program, kinds, elements, alias), tuple(reads), tuple(writes))
+                *layout(program, kinds, elements, alias), tuple(reads), tuple(writes),
+                tuple(chosen), tuple(where))
 
 
 def layout(program: Program, kinds: dict[int, int], elements: dict[int, str],
@@ -296,8 +345,9 @@ def render(fold: Fold, generic: bool = False) -> str:
                           "of its NPU steps is its own xclbin (iron.targets.npu.fold)")
     custom = not generic
     lines = ["module {" if custom else '"builtin.module"() ({']
-    for k, design in enumerate(fold.designs):
-        w = Writer(design, custom, fold.symbol(k))
+    for p in fold.configurations:
+        w = (Writer(p.union(), custom, p.symbol, tuple((m.placed, m.symbol) for m in p.members))
+             if p.merged else Writer(p.members[0].design, custom, p.symbol))
         w.device()
         lines += w.lines
     params = ", ".join(f"%{b.name}: memref<{b.numel}x{ELEM[b.dtype]}>" for b in fold.buffers)
@@ -308,22 +358,24 @@ def render(fold: Fold, generic: bool = False) -> str:
         lines.append(f'    "aie.runtime_sequence"() <{{sym_name = "{SEQUENCE}"}}> ({{')
         lines.append(f"    ^bb0({params}):")
     names = iter(range(1, 1 << 62))
-    for k, runs in fold.configures():
-        design = fold.designs[k]
-        lines.append(f"      aiex.configure @{fold.symbol(k)} {{" if custom else
-                     f'      "aiex.configure"() <{{symbol = @{fold.symbol(k)}}}> ({{')
+    for c, runs in fold.configures():
+        configuration = fold.configurations[c]
+        lines.append(f"      aiex.configure @{configuration.symbol} {{" if custom else
+                     f'      "aiex.configure"() <{{symbol = @{configuration.symbol}}}> ({{')
         for run in runs:
+            design = fold.designs[run.design]
+            callee = configuration.member(design).symbol
             values, types = [], []
             for t, a in zip(run.tensors, design.args):
                 value, ty = view(lines, fold, fold.slot(t), a.numel, next(names), custom)
                 values.append(value)
                 types.append(ty)
             if custom:
-                lines.append(f"        aiex.run @{SEQUENCE}({', '.join(values)}) : "
+                lines.append(f"        aiex.run @{callee}({', '.join(values)}) : "
                              f"({', '.join(types)})")
             else:
                 lines.append(f'        "aiex.run"({", ".join(values)}) <{{runtime_sequence_'
-                             f'symbol = @{SEQUENCE}}}> : ({", ".join(types)}) -> ()')
+                             f'symbol = @{callee}}}> : ({", ".join(types)}) -> ()')
         lines.append("      }" if custom else "      }) : () -> ()")
     lines.append("    }" if custom else "    }) : () -> ()")
     lines += device_close(custom)
@@ -367,28 +419,28 @@ def view(lines: list[str], fold: Fold, slot: Slot, numel: int, n: int, custom: b
 
 class Array:
     """The NPU array of one executable in the emulator: the configuration loaded last.  A
-    configure of the design already loaded loads nothing (the firmware skips reloading the
-    same PDI), so its cores keep looping where the last dispatch left them; any other design
-    is a fresh load (cores starting, FIFOs empty).  With ``packs`` (id(design) -> its pack,
-    ``coresidence.pack``) a configuration is a pack: a configure of any member of the pack
-    loaded loads nothing, and every member's cores and FIFOs stay as its last dispatch left
-    them while the others run, as co-resident designs share the array."""
+    configure of the configuration already loaded loads nothing (the firmware skips reloading
+    the same PDI), so its cores keep looping where the last dispatch left them; any other is a
+    fresh load (cores starting, FIFOs empty).  A pack's members (``coresidence.Pack``) share
+    one configuration: each runs as the pack's device holds it (its columns and symbols its
+    own), and its cores and FIFOs stay as its last dispatch left them while the others run."""
 
-    def __init__(self, lib: str, packs: dict[int, int] | None = None):
-        self.lib, self.packs = lib, packs or {}
-        self.loaded: object = None  # the configuration loaded: a design's id or a pack
+    def __init__(self, lib: str):
+        self.lib = lib
+        self.loaded: object = None  # the configuration loaded (``Pack.key``)
         self.members: dict[int, object] = {}  # id(design) -> its Emulation, in that load
         self.loads = 0
 
-    def configure(self, design: Design):
+    def configure(self, configuration: Pack, design: Design):
+        """The emulation of ``design`` in ``configuration``, loading it unless loaded."""
         from .emulator import Emulation
 
-        key = ("pack", self.packs[id(design)]) if id(design) in self.packs else id(design)
-        if self.loaded != key:
-            self.loaded, self.members = key, {}
+        if self.loaded != configuration.key():
+            self.loaded, self.members = configuration.key(), {}
             self.loads += 1
         if id(design) not in self.members:  # a member's cores start with the load
-            self.members[id(design)] = Emulation(design, self.lib)
+            self.members[id(design)] = Emulation(configuration.member(design).placed,
+                                                 self.lib)
         return self.members[id(design)]
 
 
@@ -428,10 +480,10 @@ class Configured:
     def dispatch(self) -> None:
         """The main runtime sequence once: per configure its design loaded on the array
         (``Array``), each run a dispatch of that design's sequence on views of the buffers."""
-        for k, runs in self.fold.configures():
-            design = self.fold.designs[k]
-            loaded = self.array.configure(design)
+        for c, runs in self.fold.configures():
             for run in runs:
+                design = self.fold.designs[run.design]
+                loaded = self.array.configure(self.fold.configurations[c], design)
                 loaded.dispatch([self.view(t, a.dtype) for t, a in zip(run.tensors,
                                                                        design.args)])
         self.dispatches += 1

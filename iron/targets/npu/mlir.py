@@ -49,14 +49,33 @@ def object_file(source: str) -> str:
     return source.rsplit(".", 1)[0] + ".o"
 
 
-class Writer:
-    """Shared walk of a design; ``custom`` selects the syntax of every line."""
+def arg_type(design: Design, a) -> str:
+    """The MLIR type of a kernel call's argument ``a`` in ``design``."""
+    if isinstance(a, float):
+        return "f32"
+    if isinstance(a, (int, Iv)):
+        return "i32"
+    if isinstance(a, Buf):
+        b = next(b for b in design.buffers if b.name == a.name)
+        return memref(b.shape, b.dtype)
+    f = design.fifo(a)
+    return memref(f.shape, f.dtype)
 
-    def __init__(self, design: Design, custom: bool, symbol: str | None = None):
+
+class Writer:
+    """Shared walk of a design; ``custom`` selects the syntax of every line.  With
+    ``sequences`` (a pack's members, ``coresidence.Pack``: each placed design and its
+    sequence's symbol) ``design`` is their union and the device holds every member's runtime
+    sequence under its symbol, each function declared with its member's object file."""
+
+    def __init__(self, design: Design, custom: bool, symbol: str | None = None,
+                 sequences: tuple[tuple[Design, str], ...] = ()):
         self.d, self.custom, self.symbol = design, custom, symbol
+        self.sequences = sequences or ((design, "sequence"),)
         self.lines: list[str] = []
         self.n = 0
         self.fifos = {f.name: f for f in design.fifos}
+        self.cores_named: set[str] = set()
         plan = allocate(design, resources(design.device).shim_bds)
         if plan.overflow:
             raise ValueError(f"{design.name}: {plan.overflow}")  # the legality rule refuses it
@@ -70,15 +89,7 @@ class Writer:
         self.lines.append("  " * depth + text)
 
     def arg_type(self, a) -> str:
-        if isinstance(a, float):
-            return "f32"
-        if isinstance(a, (int, Iv)):
-            return "i32"
-        if isinstance(a, Buf):
-            b = next(b for b in self.d.buffers if b.name == a.name)
-            return memref(b.shape, b.dtype)
-        f = self.fifos[a]
-        return memref(f.shape, f.dtype)
+        return arg_type(self.d, a)
 
     def const(self, depth: int, value, kind: str) -> str:
         """A constant of the core being written, defined once at the top of its region."""
@@ -107,8 +118,10 @@ class Writer:
         of a module (a folded configuration, ``fold``)."""
         d = self.d
         self.emit(1, device_open(d.device, self.symbol, self.custom))
-        link = object_file(d.kernel_source)
+        links = {name: object_file(m.kernel_source) for m, _ in self.sequences
+                 for name in m.functions()}
         for name, args in sorted(d.functions().items()):
+            link = links[name]
             types = ", ".join(self.arg_type(a) for a in args)
             if self.custom:
                 self.emit(2, f'func.func private @{name}({types}) attributes {{link_with = '
@@ -153,12 +166,21 @@ class Writer:
                       f": (index) -> {t}")
         for core in d.cores:
             self.core(core)
-        self.sequence()
+        if self.sequences[0][0] is d:
+            self.sequence()
+        else:  # a pack: each member's sequence, its own descriptor ids
+            for member, name in self.sequences:
+                w = Writer(member, self.custom)
+                w.sequence(name)
+                self.lines += w.lines
         self.lines += device_close(self.custom)
 
     def core(self, core) -> None:
         """The core's program, one iteration per dispatch, until reconfiguration."""
         name = f"%core_{core.tile.col}_{core.tile.row}"
+        while name in self.cores_named:  # a second core on one tile: verify names the fault
+            name += "_again"
+        self.cores_named.add(name)
         if self.custom:
             self.emit(2, f"{name} = aie.core({tile_name(core.tile)}) {{")
         else:
@@ -253,14 +275,14 @@ class Writer:
             self.emit(depth, f'"func.call"({", ".join(values)}) <{{callee = '
                       f"@{op.function}}}> : ({types}) -> ()")
 
-    def sequence(self) -> None:
+    def sequence(self, name: str = "sequence") -> None:
         d = self.d
         types = [memref((a.numel,), a.dtype) for a in d.args]
         params = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(types))
         if self.custom:
-            self.emit(2, f"aie.runtime_sequence @sequence({params}) {{")
+            self.emit(2, f"aie.runtime_sequence @{name}({params}) {{")
         else:
-            self.emit(2, '"aie.runtime_sequence"() <{sym_name = "sequence"}> ({')
+            self.emit(2, f'"aie.runtime_sequence"() <{{sym_name = "{name}"}}> ({{')
             self.emit(2, f"^bb0({params}):")
         for phase, ids in zip(d.sequence, self.bd_ids):
             for t, ident in zip(phase, ids):

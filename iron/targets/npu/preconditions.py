@@ -36,6 +36,7 @@ from xdsl.ir import Operation, SSAValue
 from ...devices import device as get_device
 from . import ods
 from .check import shares_memory
+from .coresidence import one_core_per_tile
 from .ir import DTYPE_BYTES, Fifo, Tile
 from .rotation import fifo_rotation
 from .traced import untraceable
@@ -440,6 +441,7 @@ def traced_to_arguments(d: Device) -> Iterator[Violation]:
 #: Every precondition ``verify`` checks, in the order a lowering would meet them.
 RULES: tuple[Callable[[Device], Iterator[Violation]], ...] = (
     tiles_in_array,
+    one_core_per_tile,
     tile_kinds,
     link_legality,
     tokens_waited,

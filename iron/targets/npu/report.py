@@ -8,9 +8,11 @@ For the programs together (one token of a language-model bundle: ``decode`` then
 and for each: its steps by placement (the host-placed ones by operator, with their count), the
 NPU dispatches (unfolded: one per NPU step; folded: one per ``fold.Fold``; npu1 has no folds,
 one xclbin per step as upstream IRON runs Phoenix, ``fold.folds_on``), the configurations
-loaded (one per change of design along the NPU steps, around the cycle to the next call,
-``coresidence.loads``; packed: one per change of pack, ``coresidence.pack``, devices with
-folds only), the host <-> device handovers, and the modelled seconds split four ways:
+loaded, read off the folds as ``fold.plan`` renders and the emulator runs them (one per change
+of configuration along the NPU steps, around the cycle to the next call, ``coresidence.loads``:
+before packing each design its own device; packed, the bundle's folds, consecutive designs
+merged into one device where they fit, devices with folds only), the host <-> device
+handovers, and the modelled seconds split four ways:
 
 - kernel: the ``compute`` term of each NPU step's design (``cost.design_estimate``, the model
   the tuner ranks by: the slowest core's kernel calls);
@@ -41,11 +43,11 @@ from typing import Sequence
 from ...errors import IronError
 from ...program import Program
 from .buckets import Bucket, bucket_costs
-from .coresidence import loads_per_pass
+from .coresidence import loads
 from .cost import design_estimate
 from .ir import Design
 from .fold import Fold, folds_on, plan
-from .resources import DISPATCH_SECONDS, SMALL_DESIGN_ALONE_SECONDS, SWITCH_SECONDS, resources
+from .resources import DISPATCH_SECONDS, SMALL_DESIGN_ALONE_SECONDS, SWITCH_SECONDS
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,8 @@ def program_report(name: str, programs: Sequence[Program],
     """The report of ``programs`` run one after the other, each with its steps' designs (None:
     placed on the host), as one call (a token: decode then head)."""
     designs = [d for ds in step_designs for d in ds]
-    folds = sum(isinstance(s, Fold) for p, ds in zip(programs, step_designs)
-                for s in plan(p, ds))
+    packed_plans = [plan(p, ds) for p, ds in zip(programs, step_designs)]
+    folds = sum(isinstance(s, Fold) for segments in packed_plans for s in segments)
     kernel = movement = model_sum = 0.0
     for d in designs:
         if d is None:
@@ -105,9 +107,9 @@ def program_report(name: str, programs: Sequence[Program],
                     for ds in step_designs)
     device = npu[0].device if npu else programs[0].device.name
     folding = folds_on(device)
-    columns = resources(device).columns
-    loads = loads_per_pass(npu, columns, packed=False)
-    packed = loads_per_pass(npu, columns, packed=True) if folding else loads
+    before = loads(configurations([plan(p, ds, packed=False)
+                                   for p, ds in zip(programs, step_designs)]))
+    packed = loads(configurations(packed_plans))
 
     def split(dispatches: int, configurations: int) -> Split:
         return Split(kernel, movement, dispatches * DISPATCH_SECONDS,
@@ -117,8 +119,15 @@ def program_report(name: str, programs: Sequence[Program],
               for i, d in enumerate(ds) if d is not None]
     return ProgramReport(
         name, device, folding, len(designs), len(npu), dict(sorted(host.items())), len(npu),
-        folds, loads, packed, handovers, split(len(npu), loads), split(folds, loads),
+        folds, before, packed, handovers, split(len(npu), before), split(folds, before),
         split(folds, packed), model_sum, tuple(bucket_costs(placed, device)))
+
+
+def configurations(plans: Sequence[Sequence[int | Fold]]) -> list[tuple[int, ...]]:
+    """The configuration (``coresidence.Pack.key``) each NPU step runs in, in order, as the
+    folds of ``plans`` (one per program, called in turn) configure them."""
+    return [fold.configurations[c].key() for segments in plans for fold in segments
+            if isinstance(fold, Fold) for c, runs in fold.configures() for _ in runs]
 
 
 def bundle_report(path: str | Path, programs: Sequence[str] | None = None
@@ -153,10 +162,11 @@ def us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f}"
 
 
-#: What the packed row is: a count of what packing would save, not what the bundle runs.
-NOT_RENDERED = ("Packed: counted (coresidence.pack, upstream IRON's adjacent co-resident "
-                "packing), not rendered: the bundle's folds still load one aie.device per "
-                "design, so they run the folded row's configurations.")
+#: What the folded and the packed rows are.
+PACKED = ("Folded + packed: the bundle's folds as rendered and run, consecutive designs merged "
+          "into one aie.device where their columns fit side by side (iron.targets.npu."
+          "coresidence, upstream IRON's adjacent co-resident packing); folded: the same folds "
+          "with one aie.device per design.")
 
 
 def markdown(report: ProgramReport) -> str:
@@ -180,7 +190,7 @@ def markdown(report: ProgramReport) -> str:
         rows.append(f"\n{report.device} has no folds: no full-ELF flow, so each NPU step is its "
                     "own xclbin and dispatch, as upstream IRON runs Phoenix; nothing is packed.")
     else:
-        rows.append(f"\n{NOT_RENDERED}")
+        rows.append(f"\n{PACKED}")
     return "\n".join(rows)
 
 

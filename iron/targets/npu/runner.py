@@ -18,9 +18,7 @@ import numpy as np
 from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
 from .ir import Design, design_from_json
-from . import coresidence
-from .fold import Array, Configured, folds_on, plan
-from .resources import resources
+from .fold import Array, Configured, plan
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,21 +91,19 @@ def emulate_program(program: Program, segments: Sequence[int | Configured],
 
 class Emulated:
     """A program on an NPU device, run by the emulator, with the cpu executable's interface
-    (``bind_weights``, ``bind_state``, ``run``, ``reset_state``).  ``pack``: consecutive
-    designs share the array where its columns leave room (``coresidence.pack``, on a device
-    with folds), so stepping between them loads nothing."""
+    (``bind_weights``, ``bind_state``, ``run``, ``reset_state``).  ``pack`` (the default, as
+    the bundle's folds are rendered): consecutive designs share one configuration where the
+    array has room (``coresidence``, on a device with folds), so stepping between them loads
+    nothing; ``pack=False`` gives each design its own."""
 
     def __init__(self, program: Program, step_files: Sequence[Path], library: Path,
-                 fold: bool = True, pack: bool = False):
+                 fold: bool = True, pack: bool = True):
         self.program = program
         self.designs = [step_design(str(p)) for p in step_files]
         self.library = str(library)
-        npu = [d for d in self.designs if d is not None]
-        packs = (coresidence.pack(npu, resources(npu[0].device).columns)
-                 if pack and fold and npu and folds_on(npu[0].device) else None)
-        self.array = Array(self.library, packs)
+        self.array = Array(self.library)
         self.segments = [s if isinstance(s, int) else Configured(s, self.array)
-                         for s in plan(program, self.designs, fold)]
+                         for s in plan(program, self.designs, fold, pack)]
         self.weights: dict[str, np.ndarray] = {}
         self.states = {name: np.zeros(t.shape, t.dtype)
                        for name, t in program.named("state").items()}
