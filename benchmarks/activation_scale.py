@@ -23,10 +23,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
 
 
-def round_blocks(x, block: int | None):
+def round_blocks(x, block: int | None, fp16_scale: bool = False):
     """``x`` with every ``block`` consecutive values of its last axis (the whole row when
     None) rounded as the kernels round them: codes round(x * (127 / max |x|)), half to even,
-    times max |x| / 127; a block whose 127 / max |x| overflows float32 becomes zeros."""
+    times max |x| / 127; a block whose 127 / max |x| overflows float32 becomes zeros. With
+    ``fp16_scale`` the scale max |x| / 127 is rounded to float16, as llama.cpp's x86
+    ``quantize_row_q8_0`` / ``q8_1`` store it (ggml-cpu/arch/x86/quants.c)."""
     import torch
 
     shape = x.shape
@@ -36,7 +38,10 @@ def round_blocks(x, block: int | None):
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     inv = 127.0 / amax
     inv = torch.where(torch.isfinite(inv), inv, torch.zeros_like(inv))  # max |x| 0 or tiny
-    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(shape)
+    scale = amax / 127.0
+    if fp16_scale:
+        scale = scale.to(torch.float16).to(x.dtype)
+    return (torch.round(blocks * inv) * scale).reshape(shape)
 
 
 def main() -> None:

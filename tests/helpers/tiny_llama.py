@@ -2,8 +2,8 @@
 
 ``write_tiny_llama(dir, seed)`` writes llama3 rope scaling, an untied ``lm_head``, grouped-query
 attention, two bfloat16 (or float16) safetensors shards with ``model.safetensors.index.json``,
-and a real ``tokenizer.json``: byte-level BPE without merges, where token id ``b`` is byte ``b`` (0..255)
-followed by four special tokens.
+and a real ``tokenizer.json``: byte-level BPE without merges, where token id ``b`` is byte ``b``
+(0..255) followed by four special tokens.
 """
 
 from __future__ import annotations
