@@ -92,3 +92,26 @@ def test_an_emulated_batched_decode_step_is_each_rows_own_decode(npu2_bundle):
         for n in caches:
             assert np.array_equal(slotted.state(n)[slot[r]].view(np.uint16),
                                   one.state(n).view(np.uint16)), (r, n)
+
+
+def test_the_npu2_bundle_runs_packed_and_its_merged_devices_verify(npu2_bundle):
+    """The bundle's decode executable runs the folds as ``foldfiles`` renders them, consecutive
+    designs merged into one aie.device where their columns fit (iron.targets.npu.coresidence),
+    fewer loads per token than one device per design; every module of the bundle, the merged
+    devices included, passes every rule of ``verify``."""
+    from iron.pipeline.bundle import Bundle
+    from iron.targets.npu.foldfiles import bundle_folds
+    from iron.targets.npu.report import bundle_report
+
+    b = Bundle.open(npu2_bundle)
+    decode = b.executable("decode", b.weights(), emulate=True)
+    running = [s.fold for s in decode.segments if not isinstance(s, int)]
+    rendered = [f for p, f in bundle_folds(npu2_bundle) if p == "decode"]
+    assert [[(c.symbol, len(c.members)) for c in f.configurations] for f in running] == \
+        [[(c.symbol, len(c.members)) for c in f.configurations] for f in rendered]
+    assert any(c.merged for f in rendered for c in f.configurations)
+    token = bundle_report(npu2_bundle)[0]
+    assert 0 < token.packed_loads < token.loads == token.npu_steps
+    verify = subprocess.run([sys.executable, "-m", "iron.targets.npu.verify", str(npu2_bundle)],
+                            capture_output=True, text=True, timeout=1200)
+    assert verify.returncode == 0 and "module(s) verify" in verify.stdout, verify.stderr

@@ -205,8 +205,9 @@ def one_core_per_tile(d) -> Iterator[Violation]:
     """A physical tile carries one ``aie.tile`` and at most one ``aie.core``: upstream IRON's
     ``merge_devices`` shares one ``aie.tile`` per coordinate between the members of a pack and
     refuses two members putting an ``aie.core`` (or a DMA program) on the same tile
-    (``_EXCLUSIVE_PER_TILE``); mlir-aie's ``TileOp::getCoreOp`` finds a tile's one core.  Two
-    members whose columns overlap break it."""
+    (``_EXCLUSIVE_PER_TILE``); mlir-aie's ``TileOp::getCoreOp`` (``lib/Dialect/AIE/IR/
+    AIEDialect.cpp``) returns the first core among the tile's users, so a second one would be
+    lost unseen.  Two members whose columns overlap break it."""
     seen: dict[Tile, object] = {}
     for t in d.tiles:
         tile = d.tile(t.result)
