@@ -1,4 +1,4 @@
-"""The quantized GEMV and GEMM kernel as two source trees compile it, timed in one process.
+"""The quantized or f16 GEMV and GEMM kernels of two source trees, timed in one process.
 
 A kernel change is often a few percent on a host whose other core runs someone else's job,
 where one program timed after another sees a different machine. Here each instance is compiled
@@ -146,7 +146,7 @@ def main():
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=DIR",
                         help="a checkout whose iron/kernels/cpu to compile (twice or more)")
     parser.add_argument("--formats", nargs="+", default=["q4_k", "q6_k"],
-                        choices=quant.QUANTIZED)
+                        choices=[*quant.QUANTIZED, "f16"])
     parser.add_argument("--threads", type=int, default=None,
                         help="num_aie_columns (default: the profile's)")
     parser.add_argument("--no-gemm", action="store_true")

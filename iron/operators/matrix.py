@@ -214,6 +214,7 @@ class GEMM(Operator):
                    {"M": 20, "K": 96, "N": 80, "output_dtype": "float32"},
                    {"M": 7, "K": 3, "N": 5, "weight_format": "f16"},
                    {"M": 20, "K": 96, "N": 80, "weight_format": "f16"},
+                   {"M": 5, "K": 20, "N": 12, "weight_format": "f16"},  # 8x8 blocks and rest
                    {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0", "output_dtype": "float32"})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")

@@ -31,17 +31,53 @@ static inline __attribute__((always_inline)) void micro(const int rows, const fl
     }
 }
 
+#if QFMT == IRON_FMT_F16
+/* bp[panel][k .. k+8][n % 16 .. +8] = B[n .. n+8, k .. k+8] (row stride K) converted: the 8x8
+ * block of halves transposed in registers (three rounds of unpacks), then each k's 8 halves
+ * converted by one vcvtph2ps, exactly as _cvtsh_ss converts them one at a time. */
+static inline void pack_f16_8x8(const uint16_t *b, float *dst) {
+    __m128i r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(b + i * (long)IRON_K));
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);     /* k 0..3 of two rows */
+        t[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]); /* k 4..7 */
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {
+            u[4 * i + 2 * h] = _mm_unpacklo_epi32(t[4 * i + h], t[4 * i + 2 + h]);
+            u[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(t[4 * i + h], t[4 * i + 2 + h]);
+        }
+    /* u[j'] holds rows 0..3 (j' < 4) or 4..7 of k pairs: u[0] k 0,1; u[1] k 2,3; u[2] k 4,5 */
+    for (int j = 0; j < 4; j++) {
+        const __m128i lo = _mm_unpacklo_epi64(u[j], u[4 + j]);  /* k 2j, rows 0..7 */
+        const __m128i hi = _mm_unpackhi_epi64(u[j], u[4 + j]);  /* k 2j + 1 */
+        _mm256_storeu_ps(dst + (2 * j) * NR, _mm256_cvtph_ps(lo));
+        _mm256_storeu_ps(dst + (2 * j + 1) * NR, _mm256_cvtph_ps(hi));
+    }
+}
+#endif
+
 /* B[n0 .. n0+TILE_N, k0 .. k0+TILE_K] (bf16 or f16) -> bp[panel][k][16] in float32 */
 static void pack_b(const void *B, long n0, long k0, float *bp) {
+#if QFMT == IRON_FMT_F16
+    const long n8 = IRON_TILE_N / 8 * 8, k8 = IRON_TILE_K / 8 * 8;
+    for (long n = 0; n < n8; n += 8)
+        for (long k = 0; k < k8; k += 8)
+            pack_f16_8x8((const uint16_t *)B + (n0 + n) * IRON_K + k0 + k,
+                         bp + (n / NR) * (long)IRON_TILE_K * NR + k * NR + n % NR);
+    for (long n = 0; n < IRON_TILE_N; n++) { /* what is left of 8 x 8 blocks */
+        float *dst = bp + (n / NR) * (long)IRON_TILE_K * NR + n % NR;
+        const uint16_t *b = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
+        for (long k = n < n8 ? k8 : 0; k < IRON_TILE_K; k++)
+            dst[k * NR] = _cvtsh_ss(b[k]); /* exact */
+    }
+#else
     for (long n = 0; n < IRON_TILE_N; n++) {
         float *dst = bp + (n / NR) * (long)IRON_TILE_K * NR + n % NR;
         const uint16_t *b = (const uint16_t *)B + (n0 + n) * IRON_K + k0;
-#if QFMT == IRON_FMT_F16
-        for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = _cvtsh_ss(b[k]); /* exact */
-#else
         for (long k = 0; k < IRON_TILE_K; k++) dst[k * NR] = iron_bf16_to_f32(b[k]);
-#endif
     }
+#endif
 }
 
 /* ct (TILE_M rows, row stride TN_PAD) += Af[m0 .. m0+TILE_M, k0 .. k0+TILE_K] @ bp */
