@@ -39,9 +39,9 @@ with nothing of its own:
   ``memref.reinterpret_cast`` with static offsets, sizes and strides: a ``memref.view`` (the
   only op that turns bytes into another element type) is not followed, hence a buffer per
   element type (every design's arguments have static sizes).  The intermediates never travel
-  to the host: a step's output is the next step's input in device memory.  An output an operator writes in place of
-  an input (its class's ``inplace``: output position -> input position, a KV cache) shares
-  that input's place;
+  to the host: a step's output is the next step's input in device memory.  An output an
+  operator writes in place of an input (its class's ``inplace``: output position -> input
+  position, a KV cache) shares that input's place;
 - the devices that have folds: a multi-device module compiles only to a full ELF (aiecc's
   ``--generate-full-elf``, ``aiecc``), which npu2 (AIE2P) has and npu1 (Phoenix, AIE2) does
   not (amd/Triton-XDNA #53: "full ELF is not supported for Phoenix"; mlir-air restricts its
