@@ -51,6 +51,8 @@ HOST_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17")
 KERNEL_HEADERS = ("iron_aie.h", "aie_api_host.h")
 HOST_LIBRARY = "cores.so"
 STEP_FILE = "step.json"
+#: A context bucket's design files (``buckets``) go in ``bucket<positions>/`` of the step's.
+BUCKET_DIR = "bucket"
 DESIGN_FILE, MLIR_FILE, GENERIC_FILE = "design.json", "design.mlir", "design.generic.mlir"
 
 
@@ -181,6 +183,7 @@ class NpuTarget(Target):
     # ---- recipes and artifacts ----------------------------------------------------------------
 
     def recipe(self, op: Operator | None) -> Recipe:
+        from .buckets import bucket_designs
         from .mlir import SYNTAX
 
         if op is None:  # the core kernels built for the host: what the emulator calls, built
@@ -200,8 +203,10 @@ class NpuTarget(Target):
             "fields": op.config(), "placement": "host" if design is None else "npu",
             "sources": digests(sources), "mlir_syntax": SYNTAX, "aiecc": aiecc_identity(),
             # the design itself: a change of how it is drawn (a FIFO's depth) is a new artifact
-            "design": None if design is None else hashlib.sha256(json.dumps(
-                design.to_json(), sort_keys=True).encode()).hexdigest()[:16]}
+            "design": None if design is None else design_digest(design),
+            # and each context bucket's (``buckets``): compiled with the step
+            "buckets": {str(b): design_digest(d)
+                        for b, d in bucket_designs(op, dev.name).items()}}
         return Recipe(design.kernel_source if design else "host", (), description, sources)
 
     def build(self, recipe: Recipe, folder: Path) -> None:
@@ -217,19 +222,20 @@ class NpuTarget(Target):
                         "NPU calls"}, indent=1))
             return
         from .aiecc import run_aiecc
-        from .mlir import render
+        from .buckets import bucket_designs
 
-        doc, custom, generic = design.to_json(), render(design), render(design, generic=True)
-        (folder / DESIGN_FILE).write_text(json.dumps(doc, indent=1))
-        (folder / MLIR_FILE).write_text(custom)
-        (folder / GENERIC_FILE).write_text(generic)
-        (folder / "kernels").mkdir()
-        for path in recipe.sources:
-            shutil.copy2(path, folder / "kernels" / path.name)
-        (folder / STEP_FILE).write_text(json.dumps(
-            {"placement": "npu", "design": doc, "mlir": custom, "mlir_generic": generic}))
+        step = write_design(folder, design, recipe.sources)
         if d["aiecc"]:
             run_aiecc(folder, design)
+        step["buckets"] = []
+        for b, bucketed in bucket_designs(op, d["target"]).items():
+            sub = folder / f"{BUCKET_DIR}{b}"
+            sub.mkdir()
+            step["buckets"].append({"positions": b, **write_design(sub, bucketed,
+                                                                   recipe.sources)})
+            if d["aiecc"]:
+                run_aiecc(sub, bucketed)
+        (folder / STEP_FILE).write_text(json.dumps(step))
 
     def artifact(self, entry: Entry) -> Path:
         library = entry.file(HOST_LIBRARY)
@@ -249,6 +255,25 @@ class NpuTarget(Target):
         from .runner import Emulated
 
         return Emulated(program, step_files, runtime_file)
+
+
+def design_digest(design) -> str:
+    return hashlib.sha256(json.dumps(design.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_design(folder: Path, design, sources: Sequence[Path]) -> dict:
+    """A design's files in ``folder`` (its JSON, its module in custom and generic form, the
+    kernel sources aiecc compiles with it); returns what its step file says of it."""
+    from .mlir import render
+
+    doc, custom, generic = design.to_json(), render(design), render(design, generic=True)
+    (folder / DESIGN_FILE).write_text(json.dumps(doc, indent=1))
+    (folder / MLIR_FILE).write_text(custom)
+    (folder / GENERIC_FILE).write_text(generic)
+    (folder / "kernels").mkdir()
+    for path in sources:
+        shutil.copy2(path, folder / "kernels" / path.name)
+    return {"placement": "npu", "design": doc, "mlir": custom, "mlir_generic": generic}
 
 
 def cxx_compiler() -> tuple[str, str]:

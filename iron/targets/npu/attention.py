@@ -19,9 +19,8 @@ passes every cache tile through its core and replaces the rows that land in it
 constant of the compiled instruction stream.) The price is bytes moved per layer and dispatch,
 whatever the position: Attention reads ``2 * kv_heads * ctx * head_dim * 2`` bytes of keys and
 values, QKVRoPE reads and writes them, twice that (SmolLM2's 3 x 64 at ctx 8192: 6 MiB and
-12 MiB). A sequence per context bucket (powers of two up to the context, the smallest covering the
-position chosen per dispatch) would cut both to the bucket's size; it is not built, only priced
-(``buckets``).
+12 MiB). A design per context bucket (powers of two up to the context, the smallest covering the
+position chosen per dispatch, ``buckets``) cuts both to the bucket's size.
 
 **The slotted forms** (batched decode, every row its own sequence at ``pos[r]`` of cache slot
 ``slot[r]``) are the same designs over ``slots`` caches: the slots follow the positions through

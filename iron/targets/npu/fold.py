@@ -477,13 +477,16 @@ class Configured:
         return self.buffers[s.buffer][s.offset:s.offset + s.nbytes].view(dtype).reshape(
             shape).copy()
 
-    def dispatch(self) -> None:
+    def dispatch(self, fold: Fold | None = None) -> None:
         """The main runtime sequence once: per configure its design loaded on the array
-        (``Array``), each run a dispatch of that design's sequence on views of the buffers."""
-        for c, runs in self.fold.configures():
+        (``Array``), each run a dispatch of that design's sequence on views of the buffers.
+        ``fold``: another fold of the same steps and layout to run instead (a context
+        bucket's, ``runner.Bucketed``)."""
+        fold = fold or self.fold
+        for c, runs in fold.configures():
             for run in runs:
-                design = self.fold.designs[run.design]
-                loaded = self.array.configure(self.fold.configurations[c], design)
+                design = fold.designs[run.design]
+                loaded = self.array.configure(fold.configurations[c], design)
                 loaded.dispatch([self.view(t, a.dtype) for t, a in zip(run.tensors,
                                                                        design.args)])
         self.dispatches += 1

@@ -7,6 +7,7 @@ It reads bundles, so it sits above the pipeline layer (``scripts/import_cycles.p
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -17,20 +18,29 @@ from ...pipeline.bundle import Bundle, read_manifest
 from ...util import atomic_write_bytes
 from .aiecc import run_full_elf
 from .fold import Fold, folds_on, plan, render
-from .runner import step_design
+from .runner import bucket_plans, changed_folds, step_buckets, step_design
 
 
 def bundle_folds(path: Path):
-    """(program name, fold) for every fold of every program of the npu bundle at ``path``, as
-    its executables fold them; none on a device without folds (npu1: each NPU step is its own
-    xclbin, ``fold.folds_on``)."""
+    """(program name, fold, None) for every fold of every program of the npu bundle at
+    ``path``, as its executables fold them, each followed by (program name, fold, that whole
+    fold) for each context bucket changing it, the fold at that bucket (named
+    ``<fold>.bucket<positions>``); none on a device without folds (npu1: each NPU step is its
+    own xclbin, ``fold.folds_on``)."""
 
     bundle = Bundle.open(path)
     for name, doc in bundle.manifest["programs"].items():
-        designs = [step_design(str(bundle.path / k)) for k in doc["kernels"]]
-        for segment in plan(bundle.program(name), designs):
+        paths = [str(bundle.path / k) for k in doc["kernels"]]
+        program, designs = bundle.program(name), [step_design(p) for p in paths]
+        whole = plan(program, designs)
+        changed = changed_folds(whole, bucket_plans(program, designs,
+                                                    [step_buckets(p) for p in paths], True))
+        for k, segment in enumerate(whole):
             if isinstance(segment, Fold) and folds_on(segment.device):
-                yield name, segment
+                yield name, segment, None
+                for b, fold in changed.get(k, {}).items():
+                    yield (name, dataclasses.replace(fold, name=f"{segment.name}.bucket{b}"),
+                           segment)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     try:
-        for program, fold in bundle_folds(Path(argv[0])):
+        for program, fold, _ in bundle_folds(Path(argv[0])):
             for generic, suffix in ((False, ".mlir"), (True, ".generic.mlir")):
                 atomic_write_bytes(out / f"{program}.{fold.name}{suffix}",
                                    render(fold, generic).encode())

@@ -38,11 +38,11 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ...errors import IronError
 from ...program import Program
-from .buckets import Bucket, bucket_costs
+from .buckets import KV_CACHE, Bucket, at_bucket, bucket_costs
 from .coresidence import loads
 from .cost import design_estimate
 from .ir import Design
@@ -81,14 +81,27 @@ class ProgramReport:
     folded: Split
     packed: Split
     model_sum: float  # sum of ``design_estimate`` over the NPU steps: what ``unfolded`` must add to
-    #: per context bucket, what the KV-cache steps would move and take (``buckets``: not built)
+    #: per context bucket, what the built KV-cache steps move and take (``buckets``)
     buckets: tuple[Bucket, ...] = ()
+    #: the position the figures above are at (None: the whole context's designs)
+    position: int | None = None
 
 
 def program_report(name: str, programs: Sequence[Program],
-                   step_designs: Sequence[Sequence[Design | None]]) -> ProgramReport:
+                   step_designs: Sequence[Sequence[Design | None]],
+                   step_buckets: Sequence[Sequence[Mapping[int, Design]]] | None = None,
+                   position: int | None = None) -> ProgramReport:
     """The report of ``programs`` run one after the other, each with its steps' designs (None:
-    placed on the host), as one call (a token: decode then head)."""
+    placed on the host) and their context buckets' designs (``step_buckets``), as one call (a
+    token: decode then head), with the designs run at ``position`` (the buckets covering it;
+    None: the whole context's)."""
+    step_buckets = step_buckets or [[{} for _ in ds] for ds in step_designs]
+    kv = [(p.steps[i].op.ctx, d, v) for p, ds, vs in zip(programs, step_designs, step_buckets)
+          for i, (d, v) in enumerate(zip(ds, vs))
+          if d is not None and isinstance(p.steps[i].op, KV_CACHE)]
+    if position is not None:
+        step_designs = [[d if d is None else at_bucket(d, v, position + 1)
+                         for d, v in zip(ds, vs)] for ds, vs in zip(step_designs, step_buckets)]
     designs = [d for ds in step_designs for d in ds]
     packed_plans = [plan(p, ds) for p, ds in zip(programs, step_designs)]
     folds = sum(isinstance(s, Fold) for segments in packed_plans for s in segments)
@@ -115,12 +128,10 @@ def program_report(name: str, programs: Sequence[Program],
         return Split(kernel, movement, dispatches * DISPATCH_SECONDS,
                      configurations * SWITCH_SECONDS)
 
-    placed = [p.steps[i].op for p, ds in zip(programs, step_designs)
-              for i, d in enumerate(ds) if d is not None]
     return ProgramReport(
         name, device, folding, len(designs), len(npu), dict(sorted(host.items())), len(npu),
         folds, before, packed, handovers, split(len(npu), before), split(folds, before),
-        split(folds, packed), model_sum, tuple(bucket_costs(placed, device)))
+        split(folds, packed), model_sum, tuple(bucket_costs(kv)), position)
 
 
 def configurations(plans: Sequence[Sequence[int | Fold]]) -> list[tuple[int, ...]]:
@@ -130,12 +141,13 @@ def configurations(plans: Sequence[Sequence[int | Fold]]) -> list[tuple[int, ...
             if isinstance(fold, Fold) for c, runs in fold.configures() for _ in runs]
 
 
-def bundle_report(path: str | Path, programs: Sequence[str] | None = None
-                  ) -> list[ProgramReport]:
+def bundle_report(path: str | Path, programs: Sequence[str] | None = None,
+                  position: int | None = None) -> list[ProgramReport]:
     """The report of ``programs`` together (default: decode and head of a language-model
-    bundle, one token, else every program), then of each, for the npu bundle at ``path``."""
+    bundle, one token, else every program), then of each, for the npu bundle at ``path``,
+    at ``position`` (None: the whole context's designs)."""
     from ...pipeline.bundle import Bundle
-    from .runner import step_design
+    from .runner import step_file
 
     bundle = Bundle.open(path)
     if bundle.manifest["device"] not in ("npu1", "npu2"):
@@ -149,12 +161,14 @@ def bundle_report(path: str | Path, programs: Sequence[str] | None = None
         if name not in bundle.manifest["programs"]:
             raise IronError(f"{path}: no program {name!r} (it has "
                             f"{', '.join(bundle.manifest['programs'])})")
-    loaded = [(bundle.program(name), [step_design(str(bundle.path / f)) for f in
+    loaded = [(bundle.program(name), [step_file(str(bundle.path / f)) for f in
                                       bundle.manifest["programs"][name]["kernels"]])
               for name in names]
     together = program_report(" + ".join(names), [p for p, _ in loaded],
-                              [ds for _, ds in loaded])
-    alone = [program_report(name, [p], [ds]) for name, (p, ds) in zip(names, loaded)]
+                              [[d for d, _ in fs] for _, fs in loaded],
+                              [[v for _, v in fs] for _, fs in loaded], position)
+    alone = [program_report(name, [p], [[d for d, _ in fs]], [[v for _, v in fs]], position)
+             for name, (p, fs) in zip(names, loaded)]
     return [together, *alone] if len(names) > 1 else alone
 
 
@@ -195,15 +209,15 @@ def markdown(report: ProgramReport) -> str:
 
 
 def bucket_markdown(report: ProgramReport) -> str:
-    """What the KV-cache steps would move and take per context bucket, or "" without them."""
+    """What the KV-cache steps move and take per context bucket, or "" without them."""
     if not report.buckets:
         return ""
     rows = ["| context bucket (positions) | KV-cache steps' bytes moved | their modelled us |",
             "|---|---|---|"]
     rows += [f"| {b.positions} | {b.bytes:,} | {us(b.seconds)} |" for b in report.buckets]
-    rows.append(f"\nPer call of {report.name}. Not built: every dispatch runs the whole-context "
-                "sequence (the last row); a sequence per bucket, the host picking the smallest "
-                "covering the position, would move the bucket's row (iron.targets.npu.buckets).")
+    rows.append(f"\nPer call of {report.name}, from the bundle's built designs: a dispatch "
+                "runs the smallest bucket holding the last position its rows reach, the last "
+                "row past the last smaller bucket (iron.targets.npu.buckets).")
     return "\n".join(rows)
 
 
@@ -224,11 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bundle")
     parser.add_argument("--programs", help="comma-separated program names (default: decode "
                         "and head of a language-model bundle, else all)")
+    parser.add_argument("--position", type=int, help="price the designs run at this "
+                        "position (its context buckets); default: the whole context's")
     parser.add_argument("--json", action="store_true", help="every figure, as JSON")
     args = parser.parse_args(argv)
     try:
         reports = bundle_report(args.bundle, args.programs.split(",") if args.programs
-                                else None)
+                                else None, args.position)
     except IronError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -237,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   ("unfolded", "folded", "packed")}}
                           for r in reports], indent=1))
         return 0
+    print("The designs of the whole context (every dispatch's worst case):" if args.position
+          is None else f"The designs run at position {args.position} (its context buckets):")
     print(markdown(reports[0]))
     buckets = bucket_markdown(reports[0])
     if buckets:

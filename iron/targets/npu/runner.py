@@ -18,17 +18,89 @@ import numpy as np
 from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
 from .ir import Design, design_from_json
-from .fold import Array, Configured, plan
+from .buckets import at_bucket, bucket_positions, covering, reached
+from .fold import Array, Configured, Fold, plan
 
 
 @functools.lru_cache(maxsize=1024)
-def step_design(path: str) -> Design | None:
-    """The design in a step file (``step.json``), None for a host placement."""
+def step_file(path: str) -> tuple[Design | None, dict[int, Design]]:
+    """The design in a step file (``step.json``), None for a host placement, and its context
+    buckets' designs (positions -> design; none but for a KV-cache step, ``buckets``)."""
     try:
         doc = json.loads(Path(path).read_text())
-        return None if doc["placement"] == "host" else design_from_json(doc["design"])
-    except (OSError, ValueError, KeyError) as e:
+        if doc["placement"] == "host":
+            return None, {}
+        return design_from_json(doc["design"]), {
+            int(b["positions"]): design_from_json(b["design"]) for b in doc.get("buckets", ())}
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise BundleError(f"{path}: not a readable npu step file ({e})") from None
+
+
+def step_design(path: str) -> Design | None:
+    """The design in a step file, None for a host placement."""
+    return step_file(path)[0]
+
+
+def step_buckets(path: str) -> dict[int, Design]:
+    """The context buckets' designs in a step file (positions -> design)."""
+    return step_file(path)[1]
+
+
+def bucket_plans(program: Program, designs: Sequence[Design | None],
+                 variants: Sequence[Mapping[int, Design]], fold: bool, pack: bool = True
+                 ) -> dict[int, list[int | Fold]]:
+    """Per context bucket of the program's KV-cache steps, the program planned with each of
+    them at that bucket (``buckets.at_bucket``): the same segments as the whole-context plan,
+    the folds holding KV-cache steps running their bucket's designs (packed with their
+    neighbours as the whole context's are, ``pack``)."""
+    sizes = sorted({b for v in variants for b in v})
+    return {b: plan(program, [d if d is None else at_bucket(d, v, b)
+                              for d, v in zip(designs, variants)], fold, pack) for b in sizes}
+
+
+def changed_folds(whole: Sequence[int | Fold], plans: Mapping[int, Sequence[int | Fold]]
+                  ) -> dict[int, dict[int, Fold]]:
+    """Per segment index of the whole-context plan whose fold some bucket's plan changes (runs
+    other designs in), that fold per bucket changing it."""
+    out: dict[int, dict[int, Fold]] = {}
+    for k, segment in enumerate(whole):
+        for b, segments in plans.items():
+            if isinstance(segment, Fold) and any(
+                    a is not w for a, w in zip(segments[k].designs, segment.designs)):
+                out.setdefault(k, {})[b] = segments[k]
+    return out
+
+
+class Bucketed(Configured):
+    """A fold holding KV-cache steps with context buckets: at each dispatch the smallest bucket
+    covering the last position its steps' rows reach (read from the fold's own positions
+    tensors, put by the host before the dispatch) picks which of the compiled folds runs;
+    every fold of the choice has the whole one's steps and host-buffer layout."""
+
+    def __init__(self, fold: Fold, array: Array, program: Program,
+                 variants: dict[int, Fold]):
+        super().__init__(fold, array)
+        self.variants = variants
+        self.sizes = sorted(variants)  # and past the last: the whole context, ``self.fold``
+        self.sources = []  # (op, its positions tensor) of every KV-cache run
+        for run in fold.runs:
+            op = program.steps[run.step].op
+            names = [a.name for a in fold.designs[run.design].args]
+            if bucket_positions(op) and "pos" in names:
+                self.sources.append((op, run.tensors[names.index("pos")]))
+        if any(t not in fold.reads for _, t in self.sources):
+            self.variants, self.sizes = {}, []  # positions made inside: whole context
+        self.chosen: list[int | None] = []  # the bucket of every dispatch (None: whole)
+
+    def reached(self) -> int:
+        return max(reached(op, self.view(t, "i32")) for op, t in self.sources)
+
+    def dispatch(self, fold: Fold | None = None) -> None:
+        position = self.reached() if self.sizes else 0
+        bucket = (covering(self.sizes, position) if self.sizes and position < self.sizes[-1]
+                  else None)
+        self.chosen.append(bucket)
+        super().dispatch(fold or (self.fold if bucket is None else self.variants[bucket]))
 
 
 def emulate_host_step(step, env: dict[int, np.ndarray], program: Program) -> None:
@@ -94,19 +166,31 @@ class Emulated:
     (``bind_weights``, ``bind_state``, ``run``, ``reset_state``).  ``pack`` (the default, as
     the bundle's folds are rendered): consecutive designs share one configuration where the
     array has room (``coresidence``, on a device with folds), so stepping between them loads
-    nothing; ``pack=False`` gives each design its own."""
+    nothing; ``pack=False`` gives each design its own.  ``buckets``: a fold of KV-cache steps
+    runs the designs of the smallest context bucket covering the position (``Bucketed``);
+    False runs the whole-context designs at every position."""
 
     def __init__(self, program: Program, step_files: Sequence[Path], library: Path,
-                 fold: bool = True, pack: bool = True):
-        self.program = program
+                 fold: bool = True, pack: bool = True, buckets: bool = True):
+        self.program, self.step_files = program, list(step_files)
         self.designs = [step_design(str(p)) for p in step_files]
         self.library = str(library)
         self.array = Array(self.library)
-        self.segments = [s if isinstance(s, int) else Configured(s, self.array)
-                         for s in plan(program, self.designs, fold, pack)]
+        self.segments = self.configure(plan(program, self.designs, fold, pack), bucket_plans(
+            program, self.designs, [step_buckets(str(p)) if buckets else {}
+                                    for p in step_files], fold, pack))
         self.weights: dict[str, np.ndarray] = {}
         self.states = {name: np.zeros(t.shape, t.dtype)
                        for name, t in program.named("state").items()}
+
+    def configure(self, whole: list[int | Fold], buckets: dict[int, list[int | Fold]]
+                  ) -> list[int | Configured]:
+        """The plan's folds in the emulator; one holding KV-cache steps with context buckets
+        (a fold that differs in some bucket's plan) as ``Bucketed``."""
+        changed = changed_folds(whole, buckets)
+        return [s if isinstance(s, int) else
+                Bucketed(s, self.array, self.program, changed[k]) if k in changed else
+                Configured(s, self.array) for k, s in enumerate(whole)]
 
     def bind_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         for name, t in self.program.named("weight").items():

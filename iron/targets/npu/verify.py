@@ -1,10 +1,13 @@
 """Check npu designs' MLIR against mlir-aie's op definitions and its lowering's preconditions.
 
     python -m iron.targets.npu.verify FILE...   # design.generic.mlir or design.mlir, or step
-                                                # files (a bundle's kernels/*.json; host
+                                                # files (a bundle's kernels/*.json, with
+                                                # their context buckets' designs; host
                                                 # steps skipped)
     python -m iron.targets.npu.verify BUNDLE    # an npu bundle: every designed step's module
-                                                # and every folded configuration's (``fold``)
+                                                # (context buckets' too) and every folded
+                                                # configuration's (``fold``; a bucket's fold
+                                                # checked as the whole fold's frame)
 
 Each module is parsed by xDSL with the transcription of mlir-aie's ODS in ``ods`` (``aie``
 and ``aiex``) and xDSL's own ``builtin``, ``func``, ``arith``, ``scf`` and ``memref``, then
@@ -147,18 +150,20 @@ def check_text(text: str, name: str = "<text>", custom_text: str | None = None) 
                           f"{message} [custom_form]")
 
 
-def module_text(path: Path) -> tuple[str, str | None] | None:
-    """A module from a ``.mlir`` file (either form) or from a step file: its
-    ``mlir_generic`` and its custom form ``mlir``; None for a step placed on the host (it
-    has no design)."""
-    if path.suffix == ".json":
-        doc = json.loads(path.read_text())
-        if doc.get("placement") == "host":
-            return None
-        if "mlir_generic" not in doc:
-            raise Problem(f"{path}: not an npu step file (no 'mlir_generic')")
-        return doc["mlir_generic"], doc.get("mlir")
-    return path.read_text(), None
+def module_texts(path: Path) -> list[tuple[str, str, str | None]]:
+    """(label, generic form, custom form or None) of the modules in a ``.mlir`` file (either
+    form) or a step file: its ``mlir_generic`` and ``mlir``, then each context bucket's
+    (``buckets``); none for a step placed on the host (it has no design)."""
+    if path.suffix != ".json":
+        return [(str(path), path.read_text(), None)]
+    doc = json.loads(path.read_text())
+    if doc.get("placement") == "host":
+        return []
+    if "mlir_generic" not in doc:
+        raise Problem(f"{path}: not an npu step file (no 'mlir_generic')")
+    return [(str(path), doc["mlir_generic"], doc.get("mlir")),
+            *((f"{path} bucket {b['positions']}", b["mlir_generic"], b.get("mlir"))
+              for b in doc.get("buckets", ()))]
 
 
 def bundle_modules(path: Path):
@@ -177,14 +182,27 @@ def bundle_modules(path: Path):
             for k in doc["kernels"]:
                 if k not in seen:
                     seen.add(k)
-                    texts = module_text(path / k)
-                    if texts is not None:
-                        yield (str(path / k), *texts)
-        for program, fold in bundle_folds(path):
-            yield (f"{path} program {program} {fold.name}", render(fold, generic=True),
-                   render(fold))
+                    yield from module_texts(path / k)
+        for program, fold, whole in bundle_folds(path):
+            label = f"{path} program {program} {fold.name}"
+            if whole is None:
+                yield label, render(fold, generic=True), render(fold)
+            else:
+                same_frame(label, fold, whole)
     except IronError as e:
         raise Problem(str(e)) from None
+
+
+def same_frame(label: str, bucket, whole) -> None:
+    """A context bucket's fold (``foldfiles.bundle_folds``) is the whole fold with some
+    designs swapped for their buckets' (each verified on its own, from its step file): the
+    same runs of the same host buffers, each design with the same arguments, so its main
+    sequence is the whole fold's text, verified with it.  ``Problem`` otherwise."""
+    same = (bucket.runs, bucket.slots, bucket.buffers) == (whole.runs, whole.slots,
+                                                           whole.buffers)
+    if not (same and all(a.args == b.args for a, b in zip(bucket.designs, whole.designs))):
+        raise Problem(f"{label}: not the whole fold {whole.name} with bucket designs: its "
+                      "runs, host buffers or designs' arguments differ")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,12 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                     check_text(text, label, custom_text)
                     checked += 1
                 continue
-            texts = module_text(Path(name))
-            if texts is None:
-                skipped += 1
-                continue
-            check_text(texts[0], name, texts[1])
-            checked += 1
+            texts = module_texts(Path(name))
+            skipped += not texts
+            for label, text, custom_text in texts:
+                check_text(text, label, custom_text)
+                checked += 1
         except Problem as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
