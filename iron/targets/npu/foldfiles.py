@@ -22,12 +22,21 @@ from .runner import bucket_plans, changed_folds, step_buckets, step_design
 
 
 def bundle_folds(path: Path):
-    """(program name, fold, None) for every fold of every program of the npu bundle at
-    ``path``, as its executables fold them, each followed by (program name, fold, that whole
-    fold) for each context bucket changing it, the fold at that bucket (named
-    ``<fold>.bucket<positions>``); none on a device without folds (npu1: each NPU step is its
-    own xclbin, ``fold.folds_on``)."""
+    """(program name, fold) for every fold of every program of the npu bundle at ``path``, as
+    its executables fold them; none on a device without folds (npu1: each NPU step is its own
+    xclbin, ``fold.folds_on``)."""
+    return ((name, fold) for name, fold, whole in all_folds(path) if whole is None)
 
+
+def bucket_folds(path: Path):
+    """(program name, fold, the whole-context fold it stands for) for every fold a context
+    bucket changes, at that bucket (named ``<fold>.bucket<positions>``)."""
+    return ((name, fold, whole) for name, fold, whole in all_folds(path) if whole is not None)
+
+
+def all_folds(path: Path):
+    """(program name, fold, None) for every fold of the bundle at ``path``, each followed by
+    (program name, bucket fold, that fold) for each context bucket changing it."""
     bundle = Bundle.open(path)
     for name, doc in bundle.manifest["programs"].items():
         paths = [str(bundle.path / k) for k in doc["kernels"]]
@@ -57,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     try:
-        for program, fold, _ in bundle_folds(Path(argv[0])):
+        for program, fold, _ in all_folds(Path(argv[0])):
             for generic, suffix in ((False, ".mlir"), (True, ".generic.mlir")):
                 atomic_write_bytes(out / f"{program}.{fold.name}{suffix}",
                                    render(fold, generic).encode())
