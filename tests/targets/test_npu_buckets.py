@@ -17,6 +17,7 @@ from iron.targets.npu.buckets import (FLOOR, at_bucket, bucket_costs, bucket_des
                                       bucket_positions, context_buckets, covering, moved_bytes,
                                       reached, readdress)
 from iron.targets.npu.cost import design_estimate
+from iron.targets.npu.fold import render as render_fold
 from iron.targets.npu.ir import Pattern
 from iron.targets.npu.mlir import render
 from iron.targets.npu.runner import Bucketed, Emulated
@@ -152,7 +153,7 @@ def test_an_emulated_decode_across_buckets_is_bit_for_bit_the_whole_context(devi
 def test_every_bucket_design_is_in_the_step_file_and_verifies():
     """The step file of a KV-cache step carries each bucket's design and both forms of its
     module (what aiecc compiles per bucket); each verifies against mlir-aie's op definitions
-    and the lowering's preconditions, custom form included."""
+    and the lowering's preconditions, custom form included, and so does each bucket's fold."""
     graph = Layer("npu2")
     exe = target_for(graph.device).emulated().load(
         graph.record_like(layer_inputs(np.random.default_rng(0), [0])))
@@ -166,6 +167,10 @@ def test_every_bucket_design_is_in_the_step_file_and_verifies():
             assert check_text(b["mlir_generic"], str(path), b["mlir"]) is None
             checked += 1
     assert checked == 4
+    folds = [f for s in exe.segments if isinstance(s, Bucketed) for f in s.variants.values()]
+    assert len(folds) == 2  # the fold of QKVRoPE and Attention, at 128 and at 256
+    for fold in folds:
+        assert check_text(render_fold(fold, generic=True), fold.name, render_fold(fold)) is None
     for op in (dataclasses.replace(ATTEND, ctx=512), SlotAttention(
             rows=8, slots=8, heads=9, kv_heads=3, head_dim=64, ctx=512, tile_size=64,
             num_aie_columns=3), SlotQKVRoPE(rows=8, slots=8, heads=9, kv_heads=3, head_dim=64,
