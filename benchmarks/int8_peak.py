@@ -5,9 +5,11 @@ VPDPBUSD (``iron/kernels/cpu/qmatmul_vnni.h``; AVX2 hosts emulate it), so its ce
 instruction's rate on every core. ``int8_peak.c`` measures it: VPDPBUSD back to back into
 independent accumulators on each thread (zmm with AVX512-VNNI, ymm with AVX-VNNI), best of 9
 runs. Then iron's q4_0 GEMM, as this checkout compiles it, runs a 1B Llama's prefill shapes
-(a 64-row chunk against the FFN up, FFN down and QKV weights), best of the rounds, on one
-thread and on ``--threads``; each is printed in int8 multiply-adds per second (M x K x N per
-call) and as a fraction of the peak on as many threads.
+(a 64-row chunk against the FFN up, FFN down and QKV weights), with x rounded per 16 values
+and per 32 (the operator's ``x_block``: the Llama app's choice for the attention output and
+the MLP), best of the rounds, on one thread and on ``--threads``; each is printed in int8
+multiply-adds per second (M x K x N per call) and as a fraction of the peak on as many
+threads.
 
     python benchmarks/int8_peak.py [--threads 2] [--rounds 9]
 
@@ -47,12 +49,14 @@ def peak(threads: int, folder: str) -> tuple[float, float, int]:
     return float(wall), float(busy), int(width)
 
 
-def gemm_rate(m: int, k: int, n: int, threads: int, folder: str, rounds: int) -> float:
-    """iron's q4_0 GEMM of (m, k) x (n, k)^T on ``threads`` threads: multiply-adds per second,
-    best of ``rounds`` calls; per second of CPU time with one thread, else of wall time."""
+def gemm_rate(m: int, k: int, n: int, threads: int, folder: str, rounds: int,
+              x_block: int) -> float:
+    """iron's q4_0 GEMM of (m, k) x (n, k)^T, x rounded per ``x_block`` values, on ``threads``
+    threads: multiply-adds per second, best of ``rounds`` calls; per second of CPU time with
+    one thread, else of wall time."""
     kernel, call, _keep = quantized_gemm("q4_0", m, k, n, threads,
                                          Path(__file__).resolve().parents[1], folder,
-                                         np.random.default_rng(0))
+                                         np.random.default_rng(0), x_block)
     clock = time.process_time if threads == 1 else time.perf_counter
     kernel(call)  # warm-up
     best = float("inf")
@@ -74,13 +78,16 @@ def main():
         every, _, _ = peak(args.threads, folder)
         print(f"VPDPBUSD ({width * 8}-bit): {one / 1e9:.0f} G multiply-adds/s on 1 thread "
               f"(per CPU second), {every / 1e9:.0f} G on {args.threads} (per wall second)")
-        print(f"| q4_0 GEMM M x K x N | 1 thread: G/s | of the peak | {args.threads} threads: "
-              "G/s | of the peak |")
-        print("|---|---|---|---|---|")
+        print(f"| q4_0 GEMM M x K x N | x block | 1 thread: G/s | of the peak | "
+              f"{args.threads} threads: G/s | of the peak |")
+        print("|---|---|---|---|---|---|")
         for m, k, n in GEMM_SHAPES:
-            rates = [gemm_rate(m, k, n, t, folder, args.rounds) for t in (1, args.threads)]
-            print(f"| {m} x {k} x {n} | {rates[0] / 1e9:.0f} | {rates[0] / one:.0%} | "
-                  f"{rates[1] / 1e9:.0f} | {rates[1] / every:.0%} |", flush=True)
+            for x_block in (16, 32):
+                rates = [gemm_rate(m, k, n, t, folder, args.rounds, x_block)
+                         for t in (1, args.threads)]
+                print(f"| {m} x {k} x {n} | {x_block} | {rates[0] / 1e9:.0f} | "
+                      f"{rates[0] / one:.0%} | {rates[1] / 1e9:.0f} | {rates[1] / every:.0%} |",
+                      flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

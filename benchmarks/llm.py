@@ -11,7 +11,8 @@ bundle's decode as a fraction of its bandwidth ceiling (streaming bandwidth / th
 its decode token streams: every GEMV matrix, one embedding row, the norms; the bandwidth is
 probed at the start of every round and each round's decode is set against its own round's
 probe, since this figure moves between rounds on a shared host), and where the first bundle's
-decode token goes: time in kernels per operator against time outside kernels.
+decode token goes: time in kernels per operator against time outside kernels (with
+``--gguf``, also where a prompt's prefill goes, per operator and shape).
 
     python benchmarks/llm.py [--bundle build/llama/cpu] [--also build/llama/cpu-bf16]
                              [--rounds 3] [--dtype Q4_1]
@@ -108,15 +109,31 @@ def measure_iron(model, ids: list[int]) -> dict:
     for token in tokens[:n]:
         model.decode(token, (seconds, head_seconds))
     wall = (time.perf_counter() - start) / n
-    per_op = collections.Counter()
-    for step, t in zip(exe.program.steps, seconds):
-        op = step.op
-        label = type(op).__name__ + (f" {op.M}x{op.K}" if type(op).__name__ == "GEMV" else "")
-        per_op[label] += t / n
-    per_op[f"GEMV head {head.program.ops[0].M}x{head.program.ops[0].K}"] += head_seconds[0] / n
-    result["breakdown"] = {"wall_s": wall, "kernels": dict(per_op.most_common())}
+    result["breakdown"] = breakdown({exe: seconds, head: head_seconds}, head, wall, n)
+    # and where a prompt's prefill goes (its chunks' programs and the head on the last row)
+    seconds = {e: np.zeros(len(e.program.steps))
+               for e in (model.prefill_exe, model.tail_exe, head)}
+    start = time.perf_counter()
+    for _ in range(PREFILL_SAMPLES):
+        model.reset()
+        model.prefill(ids, seconds)
+    wall = (time.perf_counter() - start) / PREFILL_SAMPLES
+    result["prefill_breakdown"] = breakdown(seconds, head, wall, PREFILL_SAMPLES)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
+
+
+def breakdown(seconds: dict, head, wall: float, n: int) -> dict:
+    """Per-step kernel seconds of ``n`` runs (per executable) summed by operator and shape,
+    per run, most first, with the wall time of a run."""
+    per_op = collections.Counter()
+    for exe, times in seconds.items():
+        for step, t in zip(exe.program.steps, times):
+            op, name = step.op, type(step.op).__name__
+            label = (f"GEMV {'head ' if exe is head else ''}{op.M}x{op.K}" if name == "GEMV"
+                     else f"GEMM {op.N}x{op.K}" if name == "GEMM" else name)
+            per_op[label] += t / n
+    return {"wall_s": wall, "kernels": dict(per_op.most_common())}
 
 
 def abba(bundles: dict[str, str], ids: list[int]) -> dict:
@@ -423,10 +440,14 @@ def compare_gguf(args) -> None:
                  f"{streamed / 1e6:.1f} MB of iron's bundle: ceiling {ceiling:.1f} tok/s")
     for name, rs in runs.items():
         lines.append(f"- {name}: " + ceiling_share(rs, probes, streamed))
-    breakdown = iron_runs[-1]["breakdown"]
-    lines += ["", f"iron's decode token (last round, per-step clocks): "
-              f"{breakdown['wall_s'] * 1e3:.2f} ms", "", "| operator | ms |", "|---|---|"]
-    lines += [f"| {k} | {t * 1e3:.3f} |" for k, t in breakdown["kernels"].items()]
+    for what, key in (("decode token", "breakdown"), (f"prefill of {len(ids)} tokens",
+                                                      "prefill_breakdown")):
+        b = iron_runs[-1][key]
+        kernels = sum(b["kernels"].values())
+        lines += ["", f"iron's {what} (last round, per-step clocks): {b['wall_s'] * 1e3:.2f} ms, "
+                  f"in kernels {kernels * 1e3:.2f} ms", "", "| operator | ms | share |",
+                  "|---|---|---|"]
+        lines += [f"| {k} | {t * 1e3:.3f} | {t / kernels:.1%} |" for k, t in b["kernels"].items()]
     print("\n" + "\n".join(lines))
     write_result(f"llm-{path.stem}", lines, bandwidth,
                  {"runs": runs, "probes_gb_s": probes, "bundle": str(bundle)})

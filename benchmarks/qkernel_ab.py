@@ -72,14 +72,14 @@ def args_of(arrays):
     return (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
 
 
-def quantized_gemm(fmt, m, k, n, threads, tree, folder, rng):
-    """The GEMM of an (m, k) activation by an (n, k) ``fmt`` weight as ``tree``'s sources
-    compile it, on ``threads`` threads: (kernel, its arguments, the arrays they point at, to
-    keep alive while it runs)."""
+def quantized_gemm(fmt, m, k, n, threads, tree, folder, rng, x_block=16):
+    """The GEMM of an (m, k) activation by an (n, k) ``fmt`` weight, x rounded per
+    ``x_block`` values, as ``tree``'s sources compile it, on ``threads`` threads: (kernel, its
+    arguments, the arrays they point at, to keep alive while it runs)."""
     w = weight(fmt, n, k, rng)
     a = rng.standard_normal((m, k)).astype(BF16)
     fields = {"weight_format": fmt, "group_size": quant.GROUPS[fmt][0],
-              "num_aie_columns": threads}
+              "num_aie_columns": threads, "x_block": x_block}
     op = One(GEMM, fields).record_like([a, w]).ops[0]
     kernel = build(op, {"tree": tree}, folder)["tree"]
     arrays = [a, w, np.zeros((m, n), BF16)]

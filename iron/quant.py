@@ -275,24 +275,34 @@ def tiled_rows(fmt: str, w: np.ndarray, k: int, group: int, index: np.ndarray) -
     return rows[where.reshape(index.shape) * TILE + index % TILE]
 
 
-#: Values of x that share one int8 scale in a product with a quantized matrix.
+#: Values of x that share one int8 scale in a product with a quantized matrix, unless the
+#: operator's ``x_block`` says 32 (see ``activation_blocks``).
 ACTIVATION_BLOCK = 16
 
 
-def activation_values(x: np.ndarray) -> np.ndarray:
+def activation_blocks(fmt: str) -> tuple[int, ...]:
+    """The ``x_block`` values a GEMV or GEMM over a ``fmt`` weight may take: 16, and 32 where
+    every scale of the weight spans 32 values (all quantized formats but Q6_K, whose scale
+    changes every 16). A bf16 or f16 weight multiplies x unrounded: only the default."""
+    return (ACTIVATION_BLOCK,) if fmt in PLAIN or fmt == "q6_k" else (ACTIVATION_BLOCK, 32)
+
+
+def activation_values(x: np.ndarray, block: int = ACTIVATION_BLOCK) -> np.ndarray:
     """``x`` as a matrix-vector product with a quantized matrix multiplies it (float32).
 
-    Every ACTIVATION_BLOCK consecutive values become int8 codes with one float32 scale,
-    max |x| / 127, by rounding x * (127 / max |x|) half to even; the value is code * scale (a
-    block whose 127 / max |x| overflows float32, max |x| = 0 or below 3.7e-37, gets codes 0).
-    This makes every product of a 4-bit code with x an integer, so the cpu kernel sums them
-    exactly with integer dot products (vpdpbusd; vpmaddubsw on AVX2), in any order, at twice
-    the rate of bfloat16 ones. llama.cpp rounds x the same way in blocks of 32 (ggml-quants.c, quantize_row_q8_0 /
-    q8_1); blocks of 16 cost less than half as much accuracy (KL from the bf16 bundle, README)
-    for one more multiply-add per block. The last axis must be a multiple of the block.
+    Every ``block`` consecutive values (16, or 32: the operator's ``x_block``) become int8 codes
+    with one float32 scale, max |x| / 127, by rounding x * (127 / max |x|) half to even; the
+    value is code * scale (a block whose 127 / max |x| overflows float32, max |x| = 0 or below
+    3.7e-37, gets codes 0). This makes every product of a 4-bit code with x an integer, so the
+    cpu kernel sums them exactly with integer dot products (vpdpbusd; vpmaddubsw on AVX2), in
+    any order, at twice the rate of bfloat16 ones. llama.cpp rounds x the same way in blocks of
+    32 (ggml-quants.c, quantize_row_q8_0 / q8_1): one float conversion and multiply-add per 8
+    vpdpbusd instead of two, 7-8% faster at a prefill GEMM's shapes on Zen 4, for about
+    twice the KL of blocks of 16 (docs/performance.md). The last axis must be a multiple of
+    the block.
     """
     x = np.asarray(x, np.float32)
-    blocks = x.reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
+    blocks = x.reshape(*x.shape[:-1], -1, block)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", over="ignore"):
         inverse = np.float32(127) / amax

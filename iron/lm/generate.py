@@ -225,18 +225,18 @@ class LanguageModel:
         self._check_room(prompt_tokens + max(max_new_tokens - 1, 0),
                          f"a prompt of {prompt_tokens} tokens and {max_new_tokens} new tokens")
 
-    def _chunks(self, tokens: list[int]) -> Iterator[np.ndarray]:
+    def _chunks(self, tokens: list[int], seconds: dict | None = None) -> Iterator[np.ndarray]:
         """Run prompt tokens through the prefill programs a chunk at a time; yield each
         chunk's hidden states (a view of the program's output buffer, valid until the next
-        call)."""
+        call). ``seconds``: see ``prefill``."""
         self._check_room(len(tokens))
         start = 0
         while start < len(tokens):
-            hidden = self._prefill_chunk(tokens[start:])
+            hidden = self._prefill_chunk(tokens[start:], seconds)
             start += len(hidden)
             yield hidden
 
-    def _prefill_chunk(self, tokens: list[int]) -> np.ndarray:
+    def _prefill_chunk(self, tokens: list[int], seconds: dict | None = None) -> np.ndarray:
         """Run the first chunk of ``tokens`` at the current position (the tail program once no
         more than its rows are left); its hidden states, one row per token it took."""
         rows, exe = ((self.tail_chunk, self.tail_exe) if len(tokens) <= self.tail_chunk
@@ -245,17 +245,26 @@ class LanguageModel:
         ids = np.zeros(rows, np.int32)  # the last chunk is padded: its extra rows write
         ids[: len(part)] = part  # cache rows past the prompt, overwritten later
         pos = np.arange(self.position, self.position + rows, dtype=np.int32)
-        (out,) = exe.run([ids, pos], copy=False)
+        if seconds is None:
+            (out,) = exe.run([ids, pos], copy=False)
+        else:
+            (out,) = exe.run_timed([ids, pos], seconds[exe])
         self.position += len(part)
         return out[: len(part)]
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        """Run prompt tokens through the model; return the logits after the last one."""
+    def prefill(self, tokens: list[int], seconds: dict | None = None) -> np.ndarray:
+        """Run prompt tokens through the model; return the logits after the last one.
+
+        With ``seconds`` (per executable of the prefill, tail and head programs, one float64
+        array per step), each step's kernel time is added to it: where a prompt's time goes.
+        """
         if not tokens:
             raise IronError("the prompt is empty: give at least one token")
-        for hidden in self._chunks(tokens):
+        for hidden in self._chunks(tokens, seconds):
             pass
-        return self.head(hidden[-1:])
+        if seconds is None:
+            return self.head(hidden[-1:])
+        return self.head_exe.run_timed([hidden[-1:]], seconds[self.head_exe])[0][0]
 
     def prefill_hidden(self, tokens: list[int]) -> np.ndarray:
         """Hidden states of every prompt token (for accuracy checks of the prefill path)."""

@@ -10,8 +10,9 @@ from ..devices import Device
 from ..errors import ShapeError
 from ..operator import (ACCUMULATED, Operator, Rule, bfloat16, columns, expect, expect_dtype,
                         normal, param, pow2_tiles, rule, tunable)
-from ..quant import (FORMATS, PLAIN, TILE, FormatError, activation_values, check_format,
-                     dequantize, k_of, plain_dtype, random_matrix, row_bytes, tile, untile)
+from ..quant import (FORMATS, PLAIN, TILE, FormatError, activation_blocks, activation_values,
+                     check_format, dequantize, k_of, plain_dtype, random_matrix, row_bytes, tile,
+                     untile)
 from ..tensor import Tensor
 
 
@@ -50,9 +51,19 @@ def example_weight(rng: np.random.Generator, rows: int, k: int, weight_format: s
                  group_size))
 
 
-def output_fields(fields: dict, dtype: str) -> dict:
-    """A test case's call fields with its output dtype named where it is not the default."""
-    return fields if dtype == "bf16" else {**fields, "output_dtype": dtype}
+def output_fields(fields: dict, dtype: str, x_block: int = 16) -> dict:
+    """A test case's call fields with its output dtype and x block named where they are not
+    the defaults."""
+    fields = fields if dtype == "bf16" else {**fields, "output_dtype": dtype}
+    return fields if x_block == 16 else {**fields, "x_block": x_block}
+
+
+def expect_x_block(op: Operator) -> None:
+    """x_block must be one its weight format takes (``quant.activation_blocks``)."""
+    allowed = activation_blocks(op.weight_format)
+    expect(op.x_block in allowed, op, f"x_block={op.x_block} is not one of "
+           f"{', '.join(map(str, allowed))} for weight_format {op.weight_format!r} (x is "
+           "rounded per 32 values only against a quantized weight whose scales span 32)")
 
 
 def expect_weight(op: Operator, w: Tensor, rows: int, what: str) -> None:
@@ -92,7 +103,9 @@ class GEMV(Operator):
     property of the host's caches and prefetchers (on a Sapphire Rapids-class Xeon 3 KiB
     decoded 1.08-1.09x faster than 4 KiB; Zen hosts were measured at 4 KiB); the npu designs
     stream W by DMA and have no use for it.  ``output_dtype`` float32 keeps the float32 sums
-    unrounded (a model's head, whose logits decide the next token).
+    unrounded (a model's head, whose logits decide the next token).  ``x_block``: the values
+    of x that share one int8 scale against a quantized W (``quant.activation_values``): 16, or
+    32 (the cpu kernel's float steps halve; the npu designs round per 16 only).
     """
 
     kernel = "gemv"
@@ -116,7 +129,10 @@ class GEMV(Operator):
                    {"M": 64, "K": 576, "batches": 1, "weight_format": "f16",
                     "output_dtype": "float32"},
                    {"M": 32, "K": 576, "batches": 2, "weight_format": "q8_0",
-                    "output_dtype": "float32"})
+                    "output_dtype": "float32"},
+                   {"M": 48, "K": 576, "batches": 3, "weight_format": "q4_0", "x_block": 32},
+                   {"M": 32, "K": 512, "batches": 2, "weight_format": "q4_k", "group_size": 256,
+                    "x_block": 32})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
     M: int = param()
@@ -125,6 +141,7 @@ class GEMV(Operator):
     weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
     output_dtype: str = param("bf16", choices=OUTPUT_DTYPES)
+    x_block: int = param(16, optional=True)
     tile_size_input: int = tunable()
     tile_size_output: int = tunable()
     num_aie_columns: int = tunable()
@@ -141,6 +158,7 @@ class GEMV(Operator):
     def signature(self, w: Tensor, x: Tensor) -> list:
         expect(x.shape[-1] == self.K, self, f"x has {x.shape[-1]} columns, W has K={self.K}")
         expect_weight(self, w, self.M, "W")
+        expect_x_block(self)
         expect_dtype(x, bfloat16, self, "x")
         return [(x.shape[:-1] + (self.M,), stored_dtype(self))]
 
@@ -172,10 +190,10 @@ class GEMV(Operator):
                        "its layout are computed together)")
 
     @classmethod
-    def example(cls, rng, M, K, batches, output_dtype="bf16", **fmt):
+    def example(cls, rng, M, K, batches, output_dtype="bf16", x_block=16, **fmt):
         x = normal(rng, K) if batches == 1 else normal(rng, batches, K)
         fields, w = example_weight(rng, M, K, scale=0.1, **fmt)
-        return output_fields(fields, output_dtype), [w, x]
+        return output_fields(fields, output_dtype, x_block), [w, x]
 
     def example_input(self, index, shape, dtype, rng):
         if index == 0 and self.weight_format != "bf16":  # f16: example_weight's dtype
@@ -184,8 +202,8 @@ class GEMV(Operator):
         return super().example_input(index, shape, dtype, rng)
 
     def reference(self, w, x):
-        if self.weight_format not in PLAIN:  # x rounded to int8 codes per 16 values
-            x = activation_values(x)
+        if self.weight_format not in PLAIN:  # x rounded to int8 codes per x_block values
+            x = activation_values(x, self.x_block)
         return x @ weight_values(self.weight_format, w, self.K, self.group_size).T
 
 
@@ -196,8 +214,9 @@ class GEMM(Operator):
     columns split the N dimension.  On a cpu with AMX the hardware fixes the tiles (16 x 32), so
     there only ``tile_n`` and ``num_aie_columns`` change the kernel's speed.  B may be stored
     quantized (``weight_format``, see ``iron.quant``): each row of A is then multiplied as the
-    GEMV multiplies x (rounded to int8 codes per 16 values, integer dot products with B's
-    codes), so a row of C is what the GEMV gives for that row.  ``output_dtype`` as the GEMV's.
+    GEMV multiplies x (rounded to int8 codes per ``x_block`` values, integer dot products with
+    B's codes), so a row of C is what the GEMV gives for that row.  ``output_dtype`` and
+    ``x_block`` as the GEMV's.
     """
 
     kernel = "gemm"
@@ -215,7 +234,8 @@ class GEMM(Operator):
                    {"M": 7, "K": 3, "N": 5, "weight_format": "f16"},
                    {"M": 20, "K": 96, "N": 80, "weight_format": "f16"},
                    {"M": 5, "K": 20, "N": 12, "weight_format": "f16"},  # 8x8 blocks and rest
-                   {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0", "output_dtype": "float32"})
+                   {"M": 7, "K": 64, "N": 48, "weight_format": "q8_0", "output_dtype": "float32"},
+                   {"M": 20, "K": 256, "N": 48, "weight_format": "q4_1", "x_block": 32})
     sweep_shape = 3
     shape_fields = ("weight_format", "group_size")
     M: int = param()
@@ -224,6 +244,7 @@ class GEMM(Operator):
     weight_format: str = param("bf16", choices=FORMATS)
     group_size: int = param(32)
     output_dtype: str = param("bf16", choices=OUTPUT_DTYPES)
+    x_block: int = param(16, optional=True)
     tile_m: int = tunable()
     tile_k: int = tunable()
     tile_n: int = tunable()
@@ -239,6 +260,7 @@ class GEMM(Operator):
 
     def signature(self, a: Tensor, b: Tensor) -> list:
         expect_weight(self, b, self.N, "B")
+        expect_x_block(self)
         expect_dtype(a, bfloat16, self, "A")
         return [((self.M, self.N), stored_dtype(self))]
 
@@ -260,9 +282,9 @@ class GEMM(Operator):
                        "layout at a time)")
 
     @classmethod
-    def example(cls, rng, M, K, N, output_dtype="bf16", **fmt):
+    def example(cls, rng, M, K, N, output_dtype="bf16", x_block=16, **fmt):
         fields, b = example_weight(rng, N, K, scale=0.1, **fmt)
-        return output_fields(fields, output_dtype), [normal(rng, M, K), b]
+        return output_fields(fields, output_dtype, x_block), [normal(rng, M, K), b]
 
     def example_input(self, index, shape, dtype, rng):
         if index == 1 and self.weight_format != "bf16":
@@ -272,5 +294,5 @@ class GEMM(Operator):
 
     def reference(self, a, b):
         if self.weight_format not in PLAIN:  # A's rows rounded as the GEMV rounds x
-            a = activation_values(a)
+            a = activation_values(a, self.x_block)
         return a @ weight_values(self.weight_format, b, self.K, self.group_size).T

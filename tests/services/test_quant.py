@@ -4,6 +4,7 @@ cpus without AVX512-VNNI), compiled with -march=znver3 and run here against the 
 on an AVX512-VNNI host, against the VNNI build's bits."""
 
 import ctypes
+import dataclasses
 import shutil
 import subprocess
 
@@ -194,6 +195,13 @@ VNNI_CASES = [
     ("GEMV", {"M": 16, "K": 576, "batches": 2, "weight_format": "q4_1"}),
     ("GEMV", {"M": 32, "K": 96, "batches": 3, "weight_format": "q8_0"}),
     ("GEMV", {"M": 16, "K": 256, "batches": 1, "weight_format": "uint4", "group_size": 128}),
+    # x rounded per 32 values: one conversion per chunk of the two blocks' integer sums
+    ("GEMV", {"M": 32, "K": 512, "batches": 9, "weight_format": "q4_0", "x_block": 32}),
+    ("GEMM", {"M": 9, "K": 512, "N": 48, "weight_format": "q4_k", "group_size": 256,
+              "x_block": 32}),
+    ("GEMV", {"M": 32, "K": 96, "batches": 3, "weight_format": "q8_0", "x_block": 32}),
+    ("GEMV", {"M": 16, "K": 256, "batches": 2, "weight_format": "uint4", "group_size": 128,
+              "x_block": 32}),
 ]
 
 
@@ -203,7 +211,7 @@ VNNI_CASES = [
 @pytest.mark.parametrize("march", ["native", "icelake-server"])  # this host; VNNI without BF16
 @pytest.mark.parametrize("name,shape", VNNI_CASES,
                          ids=[f"{n}-{s['weight_format']}-{s.get('batches', s['M'])}"
-                              for n, s in VNNI_CASES])
+                              f"-x{s.get('x_block', 16)}" for n, s in VNNI_CASES])
 def test_avx512_vnni_build_gives_the_avx2_builds_bits(name, shape, march, tmp_path):
     """The AVX512-VNNI tile kernel (vpdpbusd on 16 rows) and the AVX2 one (vpmaddubsw +
     vpmaddwd on two halves of 8) sum the same integers and take the same float steps, so a
@@ -270,6 +278,40 @@ def test_x_is_rounded_to_int8_codes_per_block():
     assert np.all(np.abs(out[0] - x[0]) <= scale / 2 * 1.0001)
     assert out[1, 0] == 127.0 and out[1, 1] == 2.0
     assert not out[2:].any()
+
+
+def test_x_block_32_gives_both_halves_of_a_chunk_one_scale():
+    """With x_block 32 a value shares the scale of the largest in its 32, not in its 16: 2.5
+    beside 127 in the same 32 rounds to the even code 2 at scale 1, where blocks of 16 keep it
+    (the largest of its own 16); a 32-block of its own is kept at its maximum."""
+    x = np.zeros(64, np.float32)
+    x[0], x[20], x[40] = 127.0, 2.5, 1.0
+    per32, per16 = quant.activation_values(x, 32), quant.activation_values(x)
+    assert per32[0] == 127.0 and per32[20] == 2.0 and per32[40] == 1.0
+    assert per16[20] == 2.5
+
+
+@pytest.mark.parametrize("fmt,group", [("q6_k", 256), ("bf16", 32)])
+def test_x_block_32_is_refused_where_the_weight_cannot_take_it(fmt, group):
+    """Q6_K's scale changes every 16 values, and a bf16 weight multiplies x unrounded: x_block
+    32 is a one-line error naming the value, the format and the rule."""
+    shape = {"M": 16, "K": 256, "batches": 1, "weight_format": fmt, "group_size": group}
+    cls, fields, inputs = case_inputs("GEMV", shape, np.random.default_rng(0))
+    with pytest.raises(ShapeError, match=f"x_block=32 is not one of 16 for weight_format "
+                                         f"'{fmt}'"):
+        OneStep(cls, {**fields, "x_block": 32}).record_like(inputs)
+
+
+def test_npu_designs_take_x_block_16_only():
+    """The npu cores round x per 16 values (qmatrix.cc): a GEMV asking for 32 has no legal
+    setting there, and keeps its settings on the cpu."""
+    shape = {"M": 64, "K": 256, "batches": 1, "weight_format": "q4_0"}
+    cls, fields, inputs = case_inputs("GEMV", shape, np.random.default_rng(0))
+    for x_block, npu_settings in ((16, True), (32, False)):
+        op = OneStep(cls, {**fields, "x_block": x_block}).record_like(inputs).ops[0]
+        unset = dataclasses.replace(op, **{n: None for n in cls.tunables()})
+        assert bool(legal_settings(unset, "npu2")) == npu_settings, x_block
+        assert legal_settings(unset, "cpu")
 
 
 def test_the_activation_scale_benchmark_rounds_blocks_of_16_as_the_kernels_do():

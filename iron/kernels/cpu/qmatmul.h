@@ -1,20 +1,22 @@
 /* qmatmul.h: a block-quantized matrix W (iron_quant.h, tiled layout) times x vectors rounded
- * to int8 codes per 16 values, out[b, m] = sum_k W[m, k] x[b, k]: the quantized GEMV (x one
- * token's vectors) and GEMM (x a prompt chunk's rows) in one scheme, so that a row's result
- * does not depend on how many vectors share the kernel.
+ * to int8 codes per XBLOCK (16 or 32) values, out[b, m] = sum_k W[m, k] x[b, k]: the quantized
+ * GEMV (x one token's vectors) and GEMM (x a prompt chunk's rows) in one scheme, so that a
+ * row's result does not depend on how many vectors share the kernel.
  *
- * x is rounded to int8 codes per 16 values (quantize_group), so a code times x is an integer
- * product, summed exactly; the tile kernel of the instruction set (qmatmul_vnni.h: vpdpbusd on
- * the 16 rows of a tile in a zmm; qmatmul_avx2.h: vpmaddubsw + vpmaddwd on each half of 8 rows)
- * computes a tile of 16 rows for up to VECTORS vectors per expansion of its codes, in whole
- * registers without summing across lanes; per block of x the integer sums are scaled by x's
- * scale, per group by the 16 rows' d, and the term of the minimums and offsets (a multiple of
- * the group's sum of x) is added. Both give the same bits: same integer sums, same float steps.
+ * x is rounded to int8 codes per block of XBLOCK values (quantize_group), so a code times x is
+ * an integer product, summed exactly; the tile kernel of the instruction set (qmatmul_vnni.h:
+ * vpdpbusd on the 16 rows of a tile in a zmm; qmatmul_avx2.h: vpmaddubsw + vpmaddwd on each
+ * half of 8 rows) computes a tile of 16 rows for up to VECTORS vectors per expansion of its
+ * codes, in whole registers without summing across lanes; per block of x the integer sums are
+ * scaled by x's scale, per group by the 16 rows' d, and the term of the minimums and offsets
+ * (a multiple of the group's sum of x) is added. Both give the same bits: same integer sums,
+ * same float steps.
  *
  * macros (besides iron_quant.h's): Q_K (row length), Q_VECTORS (x vectors), Q_OUT_STRIDE (out's
  * row stride: W's rows), Q_ITEM_ROWS (rows of W per parallel work item, a multiple of 16),
  * Q_VECTOR_BLOCK (vectors swept over each tile in turn, dividing Q_VECTORS: a block's codes
- * stay in cache while the item's tiles pass), IRON_NUM_AIE_COLUMNS (threads).
+ * stay in cache while the item's tiles pass), IRON_NUM_AIE_COLUMNS (threads), IRON_X_BLOCK
+ * (values of x per int8 scale: 16 when absent, or 32).
  */
 #ifndef IRON_QMATMUL_H
 #define IRON_QMATMUL_H
@@ -35,7 +37,17 @@ _Static_assert(Q_K % 32 == 0 && Q_K % Q_SUPER_VALUES == 0 && Q_ITEM_ROWS % Q_TIL
 
 #define NG (Q_K / QG) /* groups per row */
 #define NC (Q_K / 32) /* 32-value chunks per row */
-#define XB (Q_K / 16) /* blocks of 16 values of x per row, each with its own scale */
+/* values of x per int8 scale (the operator's x_block): 16, or 32 (one scale per chunk: one
+ * conversion and one FMA per chunk instead of two) for a format whose own scales span 32 */
+#ifdef IRON_X_BLOCK
+#define XBLOCK IRON_X_BLOCK
+#else
+#define XBLOCK 16
+#endif
+_Static_assert(XBLOCK == 16 || (XBLOCK == 32 && QFMT != IRON_FMT_Q6_K),
+               "x_block is 16, or 32 for a format whose scales span 32 values (not q6_k)");
+#define XB (Q_K / XBLOCK) /* blocks of x per row, each with its own scale */
+#define XPC (32 / XBLOCK) /* blocks of x per 32-value chunk */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* 4-byte dot products with vpdpbusd; else vpmaddubsw + vpmaddwd (AVX2, the same bits) */
 #define VNNI 1
@@ -60,16 +72,16 @@ _Static_assert(Q_K % 32 == 0 && Q_K % Q_SUPER_VALUES == 0 && Q_ITEM_ROWS % Q_TIL
 /* x as the tile kernels read it, per vector (see quantize_group) */
 typedef struct {
     const uint32_t *x8; /* per chunk: 4 planes x 2 words of 4 int8 codes, in the planes' order */
-    const float *dx;    /* per block of 16: the scale of its codes */
+    const float *dx;    /* per block of x: the scale of its codes */
     const float *xs;    /* per group: the sum of the values the codes give back, dx * code */
-    const int32_t *xi;  /* per block of 16: the sum of its codes (q6_k's offset of 32) */
+    const int32_t *xi;  /* per block of x: the sum of its codes (q6_k's offset of 32) */
 } vectors_t;
 
-/* A quantized W multiplies x rounded to int8 codes per 16 values (scale = max |x| / 127, round
- * half to even; iron.quant.activation_values), so that a 4-bit code times x is an integer dot
- * product, exact in any order. This rounds group bg % NG of vector bg / NG (the threads share
- * the groups out) and sums its values. The codes of plane j are stored in the order lo/hi
- * below take the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
+/* A quantized W multiplies x rounded to int8 codes per XBLOCK values (scale = max |x| / 127,
+ * round half to even; iron.quant.activation_values), so that a 4-bit code times x is an
+ * integer dot product, exact in any order. This rounds group bg % NG of vector bg / NG (the
+ * threads share the groups out) and sums its values. The codes of plane j are stored in the
+ * order lo/hi below take the plane's nibbles: x 8j + 0, 4, 1, 5 then 2, 6, 3, 7. */
 static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *dx, float *xs,
                            int32_t *xi) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -79,21 +91,26 @@ static void quantize_group(const uint16_t *x, const long bg, int8_t *x8, float *
         const long k0 = b * (long)Q_K + 32 * c;
         __m256i q[4];
         float sum = 0.0f;
-        for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
-            const __m256 v0 = iron_load8_bf16(x + k0 + 16 * half);
-            const __m256 v1 = iron_load8_bf16(x + k0 + 16 * half + 8);
-            const float amax = iron_hmax8(_mm256_max_ps(_mm256_and_ps(v0, magnitude),
-                                                        _mm256_and_ps(v1, magnitude)));
+        __m256 v[4]; /* values 8i .. 8i + 7 */
+        for (int i = 0; i < 4; i++) v[i] = iron_load8_bf16(x + k0 + 8 * i);
+        for (int blk = 0; blk < XPC; blk++) { /* values XBLOCK blk .. XBLOCK (blk + 1) - 1 */
+            const int i0 = blk * XBLOCK / 8, i1 = i0 + XBLOCK / 8;
+            __m256 mag = _mm256_and_ps(v[i0], magnitude);
+            for (int i = i0 + 1; i < i1; i++)
+                mag = _mm256_max_ps(mag, _mm256_and_ps(v[i], magnitude));
+            const float amax = iron_hmax8(mag);
             const float scale = amax / 127.0f, over = 127.0f / amax;
             const float inv = over <= FLT_MAX ? over : 0.0f; /* max |x| 0 or tiny: codes 0 */
             /* cvtps rounds half to even (the default mode) */
-            q[2 * half] = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(inv)));
-            q[2 * half + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(inv)));
-            const __m256i s = _mm256_add_epi32(q[2 * half], q[2 * half + 1]);
+            __m256i s = _mm256_setzero_si256();
+            for (int i = i0; i < i1; i++) {
+                q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+                s = _mm256_add_epi32(s, q[i]);
+            }
             const float codes_sum = iron_hsum8(_mm256_cvtepi32_ps(s)); /* an integer, exact */
             sum += codes_sum * scale;
-            dx[b * XB + 2 * c + half] = scale;
-            xi[b * XB + 2 * c + half] = (int32_t)codes_sum;
+            dx[b * XB + XPC * c + blk] = scale;
+            xi[b * XB + XPC * c + blk] = (int32_t)codes_sum;
         }
         /* packs work per 128-bit half: bytes 4j..4j+3 of the low half are codes 8j..8j+3, of
          * the high half 8j+4..8j+7, so interleaving the halves' bytes gives the order */

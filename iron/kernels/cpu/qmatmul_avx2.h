@@ -10,8 +10,9 @@ typedef struct {
 } acc_t;
 
 /* acc[b] = the 16 rows of a tile times x vectors b0 .. b0 + nb - 1, the same arithmetic as
- * the AVX512-VNNI kernel: per block of 16 values of x, every row's integer sum of code times
- * x code, exact, then the same float steps in the same order. AVX2 has no 4-byte dot product:
+ * the AVX512-VNNI kernel: per block of XBLOCK values of x, every row's integer sum of code
+ * times x code, exact (with x_block 32 the two halves' 32-bit sums added), then the same float
+ * steps in the same order. AVX2 has no 4-byte dot product:
  * vpmaddubsw multiplies the unsigned code bytes by x's int8 codes and adds pairs into 16-bit
  * lanes (at most 2 * 15 * 127 per pair, 4 such sums per block: no saturation), and one
  * vpmaddwd per block adds the 16-bit pairs into 32-bit lanes. Each 64-byte plane holds the
@@ -39,6 +40,7 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
         for (int c = 0; c < Q_CHUNKS; c++) {
             const uint8_t *cp = gp + c * Q_CHUNK_BYTES;
             const long chunk = g * Q_CHUNKS + c;
+            __m256i chunk_sum[BB][2]; /* x_block 32: the first block's 32-bit sums */
             for (int blk = 0; blk < 2; blk++) { /* planes 2 blk, 2 blk + 1 */
                 __m256i part[BB][Q_NIBBLES][2];
                 for (int h = 0; h < Q_NIBBLES; h++)
@@ -77,16 +79,21 @@ static inline __attribute__((always_inline)) void tile_dot(const int nb, const u
                         if (Q_NIBBLES == 2) /* q8_0, q6_k: u = low + 16 high */
                             s = _mm256_add_epi32(
                                 s, _mm256_madd_epi16(part[b][Q_NIBBLES - 1][half], sixteens));
-                        const long xb = (b0 + b) * XB + 2 * chunk + blk;
+                        const long xb = (b0 + b) * XB + XPC * chunk + blk / (XBLOCK / 16);
 #if QFMT == IRON_FMT_Q6_K
                         s = _mm256_sub_epi32(s, _mm256_set1_epi32(Q_ZERO * v.xi[xb]));
                         const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s),
                                                        _mm256_broadcast_ss(v.dx + xb));
                         acc[b].h[half] = _mm256_fmadd_ps(f, block_d, acc[b].h[half]);
 #else
+                        if (XBLOCK == 32 && blk == 0) { /* converted with the second block's */
+                            chunk_sum[b][half] = s;
+                            continue;
+                        }
+                        if (XBLOCK == 32) s = _mm256_add_epi32(chunk_sum[b][half], s);
                         const __m256 f = _mm256_cvtepi32_ps(s);
                         const __m256 scale = _mm256_broadcast_ss(v.dx + xb);
-                        sum[b][half] = c == 0 && blk == 0
+                        sum[b][half] = c == 0 && blk == XBLOCK / 16 - 1
                                            ? _mm256_mul_ps(f, scale)
                                            : _mm256_fmadd_ps(f, scale, sum[b][half]);
 #endif

@@ -64,6 +64,8 @@ def rules(op: Operator, res: NpuResources) -> Iterator[Rule]:
     block = qmatrix_block()
     yield rule(op.K % block == 0, "",
                f"K % {block} == 0 (x is rounded to int8 codes per {block} values)")
+    yield rule(op.x_block == block, "", f"x_block == {block} (the core rounds x per {block} "
+               "values)")
     if isinstance(op, GEMM):
         yield rule(op.M % op.tile_m == 0, "tile_m", "M % tile_m == 0 (the core holds tile_m "
                    "rows of A at a time)")
