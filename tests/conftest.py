@@ -112,3 +112,19 @@ def copy_project(dest: Path) -> Path:
 def project(tmp_path):
     """A copy of the project's sources (no build/), importable on its own."""
     return copy_project(tmp_path / "project")
+
+
+@pytest.fixture(scope="session")
+def made_f16(tmp_path_factory):
+    """``made_f16(name)``: the F16 GGUF file of ``made_gguf.FILES[name]``, written once per
+    session (a file with a 150k-token vocabulary takes half a minute to write)."""
+    from made_gguf import write_f16
+
+    folder = tmp_path_factory.mktemp("made-f16")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = write_f16(name, folder)
+        return made[name]
+    return get
