@@ -10,7 +10,7 @@ For small differences KL(p || q) is half the variance under p of the log-probabi
 difference, so sqrt(KL) is (to second order) a seminorm of that difference and obeys the
 triangle inequality: KL(llama.cpp || iron) <= (sqrt(KL(f32 || iron)) + sqrt(KL(f32 ||
 llama.cpp)))^2 per position, and by Minkowski's inequality the same of the means. iron (bf16
-activations) is held to ``IRON_FLOAT32`` against float32, the gate test_qwen.py checks;
+activations) is held to ``IRON_FLOAT32`` against float32, test_qwen.py's gate;
 llama.cpp reached KL mean 0.000004, max 0.000008 against float32 on these files (its
 activations round to f16, three bits finer than bf16), held to ``LLAMA_CPP_FLOAT32``, 2.5x.
 """
@@ -22,26 +22,24 @@ import pytest
 
 from made_gguf import FILES
 from test_llama import Gate, assert_accurate, kl_stats
+from test_qwen import QWEN as IRON_FLOAT32, TIE
 
-#: iron against transformers' float32 on a Qwen F16 file (test_qwen.py's ``QWEN``)
-IRON_FLOAT32 = Gate(mean=0.0004, p90=0.0009, max=0.0013, top1=0.0)
 #: llama.cpp against transformers' float32 on these files: measured mean 4e-6, max 8e-6
 LLAMA_CPP_FLOAT32 = Gate(mean=0.00001, p90=0.00002, max=0.00002, top1=0.0)
 
 
 def triangle(a: float, b: float) -> float:
-    """The most KL(x || y) can be when KL(r || x) <= b and KL(r || y) <= a (second order)."""
+    """The most KL(x || y) can be, to second order, when KL(r || y) <= a and KL(r || x) <= b."""
     return (math.sqrt(a) + math.sqrt(b)) ** 2
 
 
-#: iron against llama.cpp: mean 0.00054, p90 0.0012, max 0.0016. Measured (2026-12-05): mean
-#: 0.00027 .. 0.00029, max 0.00041 .. 0.00047 (Llama 3.2, Llama 2, Qwen2), 0.00018, 0.00021
-#: (Qwen3). A dropped Qwen2 bias, Qwen3 q/k norm or rope_freqs puts the mean at 0.2 to 1.
+#: iron against llama.cpp: mean 0.00054, p90 0.0012, max 0.0016. Measured (2026-12-05) over the
+#: 4 positions: mean 0.00029, 0.00024, 0.00032, 0.00018 and max 0.00040, 0.00026, 0.00041,
+#: 0.00021 (Llama 3.2, Llama 2, Qwen2, Qwen3). Ignoring rope_freqs puts Llama 3.2's mean at
+#: 0.65, dropping Qwen2's biases 1.10, Qwen3's q/k norms 1.07; leaving a Llama file's q/k rows
+#: permuted puts Llama 2's at 1.69.
 IRON_LLAMA_CPP = Gate(*(triangle(getattr(IRON_FLOAT32, k), getattr(LLAMA_CPP_FLOAT32, k))
                         for k in ("mean", "p90", "max")), top1=0.0)
-#: The most iron's greedy token may fall below llama.cpp's likeliest, in nats: rounding moves
-#: these log-probabilities by a few hundredths, so a near tie may go either way.
-TIE = 0.06
 PROMPTS = ["Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
            "The quick brown fox jumps over the lazy dog, then 3 more times."]
 #: next-token distributions compared per prompt: after it and after each of llama.cpp's

@@ -10,23 +10,18 @@ import numpy as np
 import pytest
 
 import iron
-import llama_vocab
 from buildtools import iron_run_json
 from apps.llama.config import LlamaConfig
 from iron.errors import CheckpointError
-from test_llama import Gate, assert_accurate, kl_stats, log_softmax
+from made_gguf import FILES, STD
+from test_llama import Gate, assert_accurate, kl_stats
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import make_gguf  # noqa: E402
 
-#: a Qwen3 head_dim other than hidden / heads, as Qwen3's own (128 with hidden 1024, 16 heads)
-SHAPES = {"qwen2": make_gguf.Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512,
-                                   context=256, rope_base=1000000.0),
-          "qwen3": make_gguf.Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512,
-                                   context=256, rope_base=1000000.0, head_dim=128)}
-#: the weights' scale: logits of std ~1.4, so a distribution is not flat and an error shows
-STD = 0.1
+#: the Qwen files' shapes (``made_gguf.FILES``), whose Qwen3 head_dim is not hidden / heads
+SHAPES = {arch: FILES[arch][0]["shape"] for arch in ("qwen2", "qwen3")}
 #: iron (the files' F16 matrices run as stored, bf16 activations) against transformers'
 #: float32 on these F16 files reached KL mean 0.00020, p90 0.00028, max 0.00042 (Qwen2, its
 #: biases of std 0.5 sharpening the attention) and 0.00015, 0.00022, 0.00025 (Qwen3) over 24
@@ -37,11 +32,6 @@ QWEN = Gate(mean=0.0004, p90=0.0009, max=0.0013, top1=0.0)
 #: these logits by a few hundredths, so a near tie (every top-1 disagreement measured was a gap
 #: of 0.047 or less, llama.cpp agreeing with transformers) may go either way.
 TIE = 0.06
-#: The most iron's log-probability of one of llama.cpp's 20 likeliest tokens may differ from
-#: transformers' float32: measured 0.061 (Qwen2) and 0.053 (Qwen3), twice Qwen2's. llama.cpp's
-#: own differ by at most 0.0074: its activations stay float32 where iron rounds each step's
-#: output to bf16, so iron is held to its own measured closeness, not to llama.cpp's.
-LOGPROB_ERROR = 0.12
 PROMPT = "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～"
 
 
@@ -134,13 +124,13 @@ def test_a_qwen_gguf_converts_with_its_biases_norms_and_rows_unpermuted(qwen):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_iron_run_on_a_qwen_f16_gguf_tokenizes_and_predicts_as_llama_cpp(tmp_path, arch):
+def test_iron_run_on_a_qwen_f16_gguf_tokenizes_and_predicts_as_the_reference(
+        tmp_path, arch, made_f16):
     """`iron run` on a Qwen-shaped F16 file with Qwen2's vocabulary (llama.cpp's
     ``ggml-vocab-qwen2.gguf``): its prompt ids are llama.cpp's; at every prompt position its
     next-token distribution is within the ``QWEN`` KL gate of transformers' float32 model of
-    the same file, its greedy token is the reference's and llama.cpp's up to a near tie
-    (``TIE``), and its log-probabilities of llama.cpp's 20 likeliest tokens are within
-    ``LOGPROB_ERROR`` of transformers'."""
+    the same file, and its greedy token is the reference's up to a near tie (``TIE``).
+    test_gguf_kl.py compares the same file's distributions with llama.cpp's."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("xllamacpp")
@@ -149,11 +139,11 @@ def test_iron_run_on_a_qwen_f16_gguf_tokenizes_and_predicts_as_llama_cpp(tmp_pat
     import llamacpp
     from iron.lm.generate import LanguageModel
 
-    vocab = llama_vocab.vocab_file(REPO / "build", "qwen2")
-    src = make_gguf.write(tmp_path / f"{arch}.gguf", SHAPES[arch], "F16", seed=4, std=STD,
-                          vocab=vocab, arch=arch)
+    src = made_f16(arch)
     ran = iron_run_json(src, PROMPT, tmp_path / "build", REPO / "build" / "ops")
     ids = ran["prompt_ids"]
+    with llamacpp.LlamaCpp(src, n_ctx=256, warmup=False) as llama_cpp:
+        assert ids == llama_cpp.tokenize(PROMPT, add_special=True, parse_special=True)
 
     bundle, = (tmp_path / "build" / "llama").glob("cpu-*")
     model = LanguageModel(bundle)
@@ -166,25 +156,6 @@ def test_iron_run_on_a_qwen_f16_gguf_tokenizes_and_predicts_as_llama_cpp(tmp_pat
     assert ran["tokens"][0] == int(greedy[-1])
     gaps = ref.max(-1) - ref[np.arange(len(ids)), greedy]
     assert gaps.max() <= TIE, f"iron's greedy token is {gaps.max():.3f} below the reference's"
-
-    ours_lp, ref_lp = log_softmax(ours), log_softmax(ref)
-    errors = []
-    with llamacpp.LlamaCpp(src, n_ctx=256, warmup=False) as llama_cpp:
-        assert ids == llama_cpp.tokenize(PROMPT, add_special=True, parse_special=True)
-        for i in range(len(ids)):
-            reply = llama_cpp._server.handle_completions(
-                llama_cpp._request(ids[:i + 1], 1, logprobs=20))
-            top = reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-            top_ids = [t["id"] for t in top]
-            theirs = np.array([t["logprob"] for t in top])
-            assert greedy[i] in top_ids and theirs[0] - theirs[top_ids.index(greedy[i])] <= TIE
-            errors.append((np.abs(ours_lp[i, top_ids] - ref_lp[i, top_ids]).max(),
-                           np.abs(theirs - ref_lp[i, top_ids]).max()))
-    ours_err, theirs_err = np.array(errors).T
-    print(f"{arch}: log-probability error on llama.cpp's top 20, iron max "
-          f"{ours_err.max():.4f} mean {ours_err.mean():.4f}; llama.cpp max "
-          f"{theirs_err.max():.4f} mean {theirs_err.mean():.4f}")
-    assert ours_err.max() <= LOGPROB_ERROR, f"{ours_err.max():.4f} > {LOGPROB_ERROR}"
 
 
 def npu_decoder(model_type: str):
