@@ -215,29 +215,27 @@ def random_k_blocks(ggml_type: str, rows: int, cols: int, rng: np.random.Generat
 
 def non_text_tokens(reader) -> np.ndarray:
     """Indices of the vocabulary's tokens that do not decode to whole UTF-8 text on their own
-    (byte-level BPE pieces of a character, byte and control tokens)."""
+    (byte-level BPE pieces of a character, byte and control tokens); ``reader`` is an
+    ``iron.lm.gguf_file.GGUFFile``."""
     from tokenizers.decoders import ByteLevel
 
     decoder = ByteLevel()
-    field = reader.get_field("tokenizer.ggml.tokens")
-    types = reader.get_field("tokenizer.ggml.token_type").contents()
-    byte_level = reader.get_field("tokenizer.ggml.model").contents() == "gpt2"
-    bad = [i for i, token in enumerate(field.contents())
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    byte_level = reader.fields["tokenizer.ggml.model"].contents() == "gpt2"
+    bad = [i for i, token in enumerate(reader.fields["tokenizer.ggml.tokens"].contents())
            if types[i] != 1 or (byte_level and "\ufffd" in decoder.decode([token]))]
     return np.array(bad, dtype=np.int64)
 
 
 def tokenizer_fields(reader) -> list:
-    """The embedded file's tokenizer.* fields, as (name, value, value type, sub type)."""
+    """The vocabulary file's tokenizer.* fields, as (name, value, value type, sub type)."""
     import gguf
 
     out = []
-    for field in reader.fields.values():
-        if not field.name.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        out.append((field.name, field.contents(), vtype, sub))
+    for name, value in reader.fields.items():
+        if name.startswith("tokenizer."):
+            vtype = gguf.GGUFValueType.ARRAY if value.is_array else value.type
+            out.append((name, value.contents(), vtype, value.type if value.is_array else None))
     return out
 
 
@@ -263,6 +261,8 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
     sys.path.insert(0, str(HERE))
     from llamacpp import fetch_smollm2_gguf
 
+    from iron.lm.gguf_file import GGUFFile
+
     if qtype not in TYPES:
         raise SystemExit(f"make_gguf: --type {qtype!r} is not one of {', '.join(TYPES)}")
     if arch not in ARCHS:
@@ -273,9 +273,9 @@ def write(path: Path, shape: Shape, qtype: str, seed: int = 0, std: float = STD,
     shape.check()
     if vocab is not None and not Path(vocab).is_file():
         raise SystemExit(f"make_gguf: --vocab {vocab}: no such file")
-    reader = gguf.GGUFReader(vocab if vocab is not None else fetch_smollm2_gguf())
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    vocab = len(tokens.data)
+    # iron's bounded reader: gguf's GGUFReader takes most of a minute over 150k tokens' fields
+    reader = GGUFFile.open(vocab if vocab is not None else fetch_smollm2_gguf())
+    vocab = reader.fields["tokenizer.ggml.tokens"].count
     rng = np.random.default_rng(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
