@@ -40,7 +40,25 @@ class LlamaReference:
             str(path.parent), gguf_file=path.name, dtype=torch.float32,
             attn_implementation="eager", local_files_only=True, trust_remote_code=False)
         self.model.eval()
+        self._apply_rope_freqs(path)
         return self
+
+    def _apply_rope_freqs(self, path: Path) -> None:
+        """Divide the model's RoPE frequencies by the file's ``rope_freqs`` tensor, which
+        transformers' GGUF reader drops (it loads a Llama 3.2 file with unscaled RoPE). These
+        divisors are how llama.cpp's converter writes transformers' own ``llama3`` rule:
+        transformers' scaled frequencies are its plain ones over them (test_gguf_rope.py)."""
+        from iron.lm.gguf_file import GGUFFile
+
+        tensor = next((t for t in GGUFFile.open(path).tensors if t.name == "rope_freqs.weight"),
+                      None)
+        if tensor is None:
+            return
+        rotary = self.model.model.rotary_emb
+        factors = torch.as_tensor(np.asarray(tensor.data, np.float32))
+        with torch.no_grad():
+            rotary.inv_freq.copy_(rotary.inv_freq / factors)
+            rotary.original_inv_freq.copy_(rotary.inv_freq)
 
     def logits(self, token_ids: list[int] | np.ndarray) -> np.ndarray:
         """Next-token logits after each position: float32 ``(T, vocab)``."""

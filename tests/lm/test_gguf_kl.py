@@ -11,9 +11,9 @@ difference, so sqrt(KL) is (to second order) a seminorm of that difference and o
 triangle inequality: KL(llama.cpp || iron) <= (sqrt(KL(f32 || iron)) + sqrt(KL(f32 ||
 llama.cpp)))^2 per position, and by Minkowski's inequality the same of the means. iron (bf16
 activations) is held to ``IRON_FLOAT32`` against float32, test_qwen.py's gate (on these files
-it reached KL mean 0.00018 to 0.00030, max 0.00047; transformers reads no rope_freqs from a
-GGUF file, so the Llama 3.2 file was measured with its llama3 rule set on the model's rotary
-embedding); llama.cpp reached KL mean 0.000004, max 0.000008 against float32 (its activations
+it reached KL mean 0.00018 to 0.00030, max 0.00052, the Llama 3.2 file's reference with the
+rope_freqs that transformers' GGUF reader drops put back by ``LlamaReference.from_gguf``);
+llama.cpp reached KL mean 0.000004, max 0.000008 against float32 (its activations
 round to f16, three bits finer than bf16), held to ``LLAMA_CPP_FLOAT32``, 2.5x.
 """
 

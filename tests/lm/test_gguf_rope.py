@@ -177,3 +177,17 @@ def test_llama32_shaped_file_with_rope_freqs_runs_as_llama_cpp_runs_it(tmp_path)
                   f"{ours[n - 1].argmax()}, top-10 log-probability difference max {diff:.4f}")
             assert ours[n - 1].argmax() == top_ids[0]
             assert diff <= 0.3
+
+
+def test_the_float32_reference_rotates_a_rope_freqs_file_as_llama_cpp(tmp_path):
+    """transformers' GGUF reader drops rope_freqs; the reference (``LlamaReference.from_gguf``)
+    puts it back, so a Llama 3.2 file's float32 reference rotates as llama.cpp does."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llama_reference import LlamaReference
+
+    src = write(tmp_path / "llama3.gguf",
+                rope_freqs=make_gguf.llama3_rope_factors(HEAD_DIM, 10000.0, LLAMA3))
+    rotary = LlamaReference.from_gguf(src).model.model.rotary_emb
+    for freqs in (rotary.inv_freq, rotary.original_inv_freq):
+        np.testing.assert_allclose(freqs.numpy(), llama_cpp_inv_freq(src), rtol=1e-6, atol=0)
