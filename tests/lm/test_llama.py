@@ -402,9 +402,10 @@ def test_chat_answer_is_paris_where_the_logits_tied_in_bf16(smollm2_bf16_bundle)
 
 #: Greedy tokens of the chat answer compared with llama.cpp's, and the most the two engines may
 #: disagree (in nats) about the gap between their two tokens where they first part: llama.cpp's
-#: preference for its token plus iron's for its own. The float32 model and llama.cpp differ by
-#: 0.2 there, and rounding the residual stream to bf16 alone moves it 0.28 (transformers' model
-#: with hooks), so such a step is decided by the activations' rounding, not by the weights.
+#: preference for its token plus iron's for its own. Where llama.cpp puts " fem" 0.60 above
+#: " Cit" (the answer's 14th token) the float32 model puts it 0.40 above, and rounding the
+#: residual stream to bf16 alone moves that gap by 0.28 (transformers' model with hooks): a
+#: step this close is decided by the activations' rounding, not by the weights.
 CHAT_TOKENS, NEAR_TIE = 24, 0.75
 
 
@@ -417,8 +418,9 @@ def test_chat_answer_is_llama_cpps_on_the_same_file_up_to_a_near_tie(smollm2, sm
     and the same tokens up to the first position where the two engines' preferences between
     their two tokens add up to at most NEAR_TIE.
 
-    Measured: the first 13 tokens agree ("L'Étoile, la Marseillaise, la"); at the 14th llama.cpp
-    prefers " fem" by 0.60 nats, iron " Cit" by 0.002. "L" before "The" is the file's answer,
+    Measured: the first 22 tokens agree ("L'Étoile, la Marseillaise, la femme, la femme au
+    martyre"); at the 23rd llama.cpp prefers "," by 0.20 nats, iron "." by 0.03. "L" before
+    "The" is the file's answer,
     not iron's: llama.cpp's logprobs are -1.85 and -2.01; transformers' float32 model on the
     file's dequantized weights puts "The" 0.08 above "L", and with every Linear's input rounded
     to int8 in blocks of 32 with an fp16 scale, as llama.cpp's Q8_1 / Q8_0 products round it,
