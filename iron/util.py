@@ -126,6 +126,17 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def sources_digest(paths) -> str:
+    """sha256 of the names and contents of ``paths`` (source files): a stamp of the code that
+    makes some output, so a cache of that output is not reused once the code changed.  The
+    contents, not size and time: an edit that keeps both (same length, within the clock's
+    tick) must count too, and a few dozen source files hash in milliseconds."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(p) for p in paths):
+        digest.update(f"{path.name}\0{sha256_file(path)}\0".encode())
+    return digest.hexdigest()
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -128,3 +129,13 @@ def made_f16(tmp_path_factory):
             made[name] = write_f16(name, folder)
         return made[name]
     return get
+
+
+@pytest.fixture
+def build_here(tmp_path, monkeypatch):
+    """A build folder of the test's own (a cold build: no record, no bundle, no doit state);
+    the compiled instances come from the repository's cache, shared with the other tests."""
+    monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
+    monkeypatch.setenv("IRON_CACHE_DIR", str(REPO / "build" / "ops"))
+    yield tmp_path / "build"
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the build installs its own

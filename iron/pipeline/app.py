@@ -71,6 +71,12 @@ class Application(ABC):
         same; None (the default): never shared, the weights are written for each bundle."""
         return None
 
+    def weights_sources(self) -> list[Path]:
+        """The source files of the code that computes ``weights()`` (conversion, stacking,
+        derived tables): a shared weights file is reused only while they are as they were, and
+        the bundle is rewritten when one changes.  None by default."""
+        return []
+
     def files(self) -> dict[str, Path]:
         """Files the bundle carries as they are (``tokenizer.json``); none by default."""
         return {}

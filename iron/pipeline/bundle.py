@@ -52,7 +52,7 @@ from .. import host
 from ..errors import BundleError, IronError
 from ..jsonfile import loads
 from ..remote_cache import signing_key
-from ..util import atomic_write_bytes, read_bounded, sha256_file, umask
+from ..util import atomic_write_bytes, read_bounded, sha256_file, sources_digest, umask
 from ..store import Store, locked_temp_folder
 
 FORMAT = 2
@@ -171,11 +171,12 @@ WEIGHTS_POOL = "weights"
 
 def shared_weights(app, dest: Path, write) -> str:
     """Put the application's weights at ``dest`` and return their xxh3: a hard link to the pool's
-    file when one was written for the same ``app.weights_key()`` (what the weights depend on)
-    and the same ``iron/quant.py`` (the layout of quantized weights), and is still as written
-    (size and time), else ``write()`` then link the new file into the
-    pool.  Without a key, or where hard links cannot be made (another file system), the file
-    is written and not shared."""
+    file when one was written for the same ``app.weights_key()`` (what the weights depend on),
+    the same ``iron/quant.py`` (the layout of quantized weights) and the same
+    ``app.weights_sources()`` (the code that computes them: without it, a fixed conversion
+    would keep serving the old weights), and is still as written (size and time), else
+    ``write()`` then link the new file into the pool.  Without a key, or where hard links
+    cannot be made (another file system), the file is written and not shared."""
     from ..paths import build_dir
 
     depends = app.weights_key()
@@ -183,8 +184,8 @@ def shared_weights(app, dest: Path, write) -> str:
         write()
         return xxh3_file(dest)
     # the bytes of quantized weights are iron.quant's tiled layout: a change there is new weights
-    layout = hashlib.sha256(QUANT_SOURCE.read_bytes()).hexdigest()
-    key = hashlib.sha256(json.dumps([app.name, depends, layout], sort_keys=True).encode()
+    code = sources_digest([QUANT_SOURCE, *app.weights_sources()])
+    key = hashlib.sha256(json.dumps([app.name, depends, code], sort_keys=True).encode()
                          ).hexdigest()[:32]
     pool = build_dir() / WEIGHTS_POOL
     shared, index = pool / f"{key}.safetensors", pool / f"{key}.json"

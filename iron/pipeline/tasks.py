@@ -61,7 +61,7 @@ from . import variables as v
 from .buildrun import BuildRun, Reporter
 from .variables import Variable
 
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 
 
 class BuildError(IronError, InvalidDodoFile):
@@ -363,6 +363,7 @@ class BuildGraph:
                   "runtime_sources": runtime["sources"],
                   "warnings": warnings.getvalue().splitlines(),
                   "meta": plan["meta"], "sources": sources,
+                  "weights_sources": [str(p) for p in app.weights_sources()],
                   "inputs": _file_stamp(sources),
                   "generate": {"default": app.run_command(self.bundle_dir, None),
                                "prompt": app.run_command(self.bundle_dir, mark), "mark": mark}}
@@ -408,6 +409,7 @@ class BuildGraph:
                 for i in record["instances"].values()]
         deps += record["sources"]
         deps.append(str(QUANT_SOURCE))  # it lays out the bundle's quantized weights
+        deps += record["weights_sources"]  # the code that computes them
         if self.profile_file.exists():
             deps.append(str(self.profile_file))
         deps += record["runtime_sources"]

@@ -25,6 +25,16 @@ def iron_run_json(model, prompt: str, build: Path, ops: Path) -> dict:
     return json.loads(result.stdout)
 
 
+def doit_bundle(variables: dict[str, str]) -> int:
+    """The ``bundle`` task of ``variables``' build graph, run through doit in this process."""
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from iron.pipeline.tasks import dodo_namespace
+
+    return DoitMain(ModuleTaskLoader(dodo_namespace(variables))).run(["bundle"])
+
+
 def doit(project, *args, check=True, env=None, verbose=True):
     """doit on the demo application; ``verbose``: a line per task (``executed`` reads them)."""
     environment = {**os.environ, "PYTHONPATH": str(project), **(env or {})}

@@ -2,33 +2,12 @@
 once: counted in-process on the real functions (each still does its work)."""
 
 import collections
-import signal
 from pathlib import Path
 
 import pytest
+from buildtools import doit_bundle
 
 from iron.pipeline import bundle as bundles
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def build_here(tmp_path, monkeypatch):
-    """A build folder of the test's own (a cold build: no record, no bundle, no doit state);
-    the compiled instances come from the repository's cache, shared with the other tests."""
-    monkeypatch.setenv("IRON_BUILD_DIR", str(tmp_path / "build"))
-    monkeypatch.setenv("IRON_CACHE_DIR", str(REPO / "build" / "ops"))
-    yield tmp_path / "build"
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # the build installs its own
-
-
-def doit_bundle(variables: dict[str, str]) -> int:
-    from doit.cmd_base import ModuleTaskLoader
-    from doit.doit_cmd import DoitMain
-
-    from iron.pipeline.tasks import dodo_namespace
-
-    return DoitMain(ModuleTaskLoader(dodo_namespace(variables))).run(["bundle"])
 
 
 def test_a_cold_build_records_each_program_once(build_here, monkeypatch):
