@@ -72,10 +72,14 @@ def record(config: LlamaConfig, ctx: int, chunk: int, device=None, profile=None,
             HEAD: Head(config, **graph).record((1, config.hidden_size)),
         }
         one_row = programs[DECODE].ops + programs[HEAD].ops
-        for b in batch_sizes(batch):
-            # b slots: the cpu kernels do not depend on it and a runtime sizes the cache for
-            # its own (iron.lm.batch); an npu design moves exactly b slots' caches
-            program = SlotDecoder(config, b, ctx, slots=b, **graph).record(rows(b), rows(b),
-                                                                           rows(b))
+        sizes = batch_sizes(batch)
+        for b in sizes:
+            # the cpu kernels do not depend on the slot count and a runtime sizes the cache for
+            # its own (iron.lm.batch); an npu design moves exactly its slots' caches, so on an
+            # npu every batched program takes the one cache of the largest batch's slots (n
+            # sequences run the smallest b >= n, the rows past n padding)
+            slots = max(sizes) if iron.device(device).kind == "npu" else b
+            program = SlotDecoder(config, b, ctx, slots=slots, **graph).record(
+                rows(b), rows(b), rows(b))
             programs[decode_slots(b)] = match_tunables(program, one_row)
     return programs

@@ -177,3 +177,50 @@ def test_every_bucket_design_is_in_the_step_file_and_verifies():
                                             ctx=512), dataclasses.replace(WRITE, ctx=512)):
         for d in bucket_designs(op, "npu2").values():
             assert check_text(render(d, generic=True), d.name, render(d)) is None
+
+
+@pytest.mark.parametrize("device", ["npu2", "npu1"])
+def test_a_slotted_design_serves_fewer_live_rows_than_its_slots(device):
+    """A batch of 1 .. N sequences on a design of 2 rows over 4 slots (``iron.lm.batch`` pads
+    the rows past the live count at position -1 of slot 0): each live row's output and cache row
+    are, bit for bit, what the one-row decode gives on its own slot's cache, the padding row
+    writes nothing, and every other slot's cache keeps its bits."""
+    rng = np.random.default_rng(2)
+    slotted = target_for(iron.device(device)).emulated().load(Layer(device, 4).record_like(
+        layer_inputs(rng, [0, 0], [0, 0])))
+    one = target_for(iron.device(device)).emulated().load(Layer(device).record_like(
+        layer_inputs(rng, [0])))
+    start = {n: rng.standard_normal(a.shape).astype(a.dtype)
+             for n, a in slotted.states.items()}
+    slotted.bind_state({n: a.copy() for n, a in start.items()})
+    for live, position in (([3], 200), ([1, 2], 127)):
+        xs = layer_inputs(rng, [position] * len(live) + [-1] * (2 - len(live)),
+                          live + [0] * (2 - len(live)))
+        before = {n: a.copy() for n, a in slotted.states.items()}
+        (got,) = slotted.run([x.copy() for x in xs])
+        for r, s in enumerate(live):
+            one.bind_state({n: a[s].copy() for n, a in before.items()})
+            (want,) = one.run([xs[0][r:r + 1].copy(), xs[1][r:r + 1].copy(), xs[2]])
+            assert np.array_equal(bits(got[r:r + 1]), bits(want)), (live, r)
+            for n in start:
+                assert np.array_equal(bits(slotted.state(n)[s]), bits(one.state(n))), (n, s)
+        for s in set(range(4)) - set(live):  # the padding row's slot 0 among them
+            for n in start:
+                assert np.array_equal(bits(slotted.state(n)[s]), bits(before[n][s])), (n, s)
+
+
+def test_every_batched_program_of_an_npu_bundle_shares_the_largest_batchs_slots():
+    """An npu design moves exactly its slots' caches, so a runtime's one cache of N slots must
+    match every ``decode_slots<B>`` program: on an npu they are recorded over the largest B's
+    slots (a batch of n runs the smallest B >= n, padded); on the cpu over their own B."""
+    from apps.llama.config import LlamaConfig
+    from apps.llama.programs import record
+    from tiny_llama import TINY_CONFIG
+
+    config = LlamaConfig.from_dict({**TINY_CONFIG, "head_dim": 32, "hidden_size": 128})
+    for device, want in (("npu2", {2: 8, 4: 8, 8: 8}), ("cpu", {2: 2, 4: 4, 8: 8})):
+        programs = record(config, 256, 64, device=device, batch=8)
+        slots = {int(name.removeprefix("decode_slots")): {op.slots for op in p.ops
+                                                          if hasattr(op, "slots")}
+                 for name, p in programs.items() if name.startswith("decode_slots")}
+        assert slots == {b: {n} for b, n in want.items()}, (device, slots)
