@@ -40,7 +40,7 @@ def matrix(graph: iron.Graph, formats: Formats, name: str, rows: int, k: int):
 
 
 #: The products whose x is rounded per 32 values on the cpu (``product_fields``): the
-#: attention output and the MLP, 86% of a 1B prefill's GEMM time. q, k and v (x straight from
+#: attention output and the MLP, 86% of a 1B prefill's kernel time. q, k and v (x straight from
 #: RMSNorm, with its outlier channels) and the head keep blocks of 16.
 X_BLOCK_32 = ("self_attn.o_proj.", "mlp.")
 
