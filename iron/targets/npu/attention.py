@@ -24,12 +24,13 @@ position chosen per dispatch, ``buckets``) cuts both to the bucket's size.
 
 **The slotted forms** (batched decode, every row its own sequence at ``pos[r]`` of cache slot
 ``slot[r]``) are the same designs over ``slots`` caches: the slots follow the positions through
-the relay (a second element of its input FIFO, one transfer from the ``slot`` argument: the
-positions' shim tile has no third channel), the cache tiles of every slot pass (one transfer
-striding over the slots per head and direction), and the kernels score a row, or patch its
-cache row, only in its own slot's pass.  A dispatch moves ``slots`` times the bytes above,
-whatever the positions and slots; the design serves exactly ``slots`` slots (static argument
-sizes, as ``aiex.run`` needs), the operator's ``slots`` param.
+the relay (a second element of its input FIFO: the positions' shim tile has no third channel;
+the slots packed behind the positions in one runtime argument, ``pos+slot``, which one
+transfer sends, so every design takes at most aiecc's five buffers), the cache tiles of every
+slot pass (one transfer striding over the slots per head and direction), and the kernels
+score a row, or patch its cache row, only in its own slot's pass.  A dispatch moves ``slots``
+times the bytes above, whatever the positions and slots; the design serves exactly ``slots``
+slots (static argument sizes, as ``aiex.run`` needs), the operator's ``slots`` param.
 
 **Attention.** A work unit is a block of ``row_block`` query rows of one KV head with its
 ``heads // kv_heads`` query heads, so each key tile is read once for the group; columns split
@@ -59,8 +60,8 @@ from typing import Iterator
 from ...operator import Rule, rule
 from ...operators import Attention, CacheWrite, QKVRoPE
 from ...operators.llm import Slotted
-from .ir import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern,
-                     Tile, Transfer, consume, linear, produce, release, shim)
+from .ir import (Arg, Buf, Buffer, Call, Core, Design, Fifo, Iv, Link, Loop, Pattern, Place,
+                 Tile, Transfer, consume, linear, produce, release, shim)
 from .kernels import lanes
 from . import qkv_weights
 from .resources import NpuResources
@@ -141,17 +142,22 @@ def attention(op: Attention, res: NpuResources) -> Design:
         cores.append(Core(Tile(c, 2), (*consume(pos), units_loop, *release("consume", pos))))
     cache = slots * op.kv_heads * op.ctx * op.head_dim
     args = (Arg("q", rows * op.heads * op.head_dim), Arg("k_cache", cache),
-            Arg("v_cache", cache), Arg("pos", rows, "i32"),
-            *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
-            Arg("out", rows * op.heads * op.head_dim))
+            Arg("v_cache", cache), position_arg(op), Arg("out", rows * op.heads * op.head_dim))
+    places = (*map(Place, range(4)), Place(3, rows), Place(4)) if slotted(op) else ()
     return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links),
                   tuple(buffers), tuple(cores), attention_sequence(op), "attention.cc",
-                  ("tile_size",))
+                  ("tile_size",), places)
 
 
 def slot_count(op) -> int:
     """Cache slots a design moves: the slotted forms' ``slots``, else the one sequence."""
     return op.slots if slotted(op) else 1
+
+
+def position_arg(op) -> Arg:
+    """The runtime argument of the positions: slotted, the rows' slots packed behind them
+    (``pos+slot``, one buffer: aiecc's xclbin kernel binds five, ``trip_rules``)."""
+    return Arg("pos+slot", 2 * op.rows, "i32") if slotted(op) else Arg("pos", op.rows, "i32")
 
 
 def position_param(op, function: str) -> tuple:
@@ -228,16 +234,12 @@ def relay(fifos: list, feed: Tile, at: Tile, to: Tile, params,
     return core, shared
 
 
-def relay_transfers(feed: Tile, stem: str, args: tuple[int, ...], n: int,
-                    suffix: str = "") -> list[Transfer]:
-    """The transfers filling relay parameter ``stem``: ``n`` elements from each of ``args``,
-    one element of its input FIFO each, in order."""
-    return [Transfer("in", a, f"{stem}_in{suffix}", feed, linear(0, n)) for a in args]
-
-
-def position_args(op, pos: int, slot: int) -> tuple[int, ...]:
-    """The runtime arguments relayed as the positions: ``pos``, and slotted ``slot`` after."""
-    return (pos, slot) if slotted(op) else (pos,)
+def relay_transfer(feed: Tile, stem: str, arg: Arg, at: int, suffix: str = "") -> Transfer:
+    """The transfer filling relay parameter ``stem`` from runtime argument ``arg`` (index
+    ``at``), all of it: every element of the parameter's input FIFO in turn (slotted
+    positions: the positions, then the slots packed behind them).  32-bit words: at most
+    1023 to a DMA dimension."""
+    return Transfer("in", at, f"{stem}_in{suffix}", feed, linear(0, arg.numel, 1023))
 
 
 def attention_sequence(op: Attention) -> tuple:
@@ -250,11 +252,10 @@ def attention_sequence(op: Attention) -> tuple:
                                        op.tile_size)
     group, rb, cols = heads // kvh, row_block(op), op.num_aie_columns
     per, most = units(op) // cols, -(-ctx // tile)
-    out_arg = 5 if slotted(op) else 4
     phases = []
     for i in range(per):
-        phase = [t for c in range(cols) for t in relay_transfers(
-            shim(c), "pos", position_args(op, 3, 4), rows, f"_{c}")] if i == 0 else []
+        phase = [relay_transfer(shim(c), "pos", position_arg(op), 3, f"_{c}")
+                 for c in range(cols)] if i == 0 else []
         for c in range(cols):
             b, h = divmod(c * per + i, kvh)
             qp = Pattern(b * rb * heads * hd + h * group * hd, (1, 1, rb, group * hd),
@@ -262,7 +263,7 @@ def attention_sequence(op: Attention) -> tuple:
             phase.append(Transfer("in", 0, f"q_{c}", shim(c), qp))
             for arg, name in ((1, "k"), (2, "v")):
                 phase += slot_tile_transfers(op, arg, f"{name}_{c}", shim(cols + c), h, most)
-            phase.append(Transfer("out", out_arg, f"out_{c}", shim(c), qp))
+            phase.append(Transfer("out", 4, f"out_{c}", shim(c), qp))
         phases.append(tuple(phase))
     return tuple(phases)
 
@@ -342,14 +343,14 @@ def qkv_rope(op: QKVRoPE, res: NpuResources) -> Design:
             *release("consume", pos, freq))
     cores.append(Core(core, body))
     cache = slots * kvh * ctx * hd
-    ins = (Arg("qkv", rows * width), Arg("pos", rows, "i32"), Arg("inv_freq", hd // 2, "f32"),
-           Arg("k_cache", cache), Arg("v_cache", cache),
-           *((Arg("slot", rows, "i32"),) if slotted(op) else ()),
-           *(Arg(name, n) for name, n in qkv_weights.weights(op)))
-    args = (*ins, Arg("q", rows * heads * hd), Arg("k_cache_out", cache),
-            Arg("v_cache_out", cache))
+    rows_arg = qkv_weights.rows_arg(op)
+    args = (rows_arg, position_arg(op), Arg("inv_freq", hd // 2, "f32"), Arg("k_cache", cache),
+            Arg("v_cache", cache))
+    *weights, q, _ = qkv_weights.offsets(op)[1:]
+    places = (*map(Place, range(5)), *((Place(1, rows),) if slotted(op) else ()),
+              *(Place(0, at) for at in weights), Place(0, q), Place(3), Place(4))
     return Design(op.describe(True), res.name, args, tuple(fifos), tuple(links), buffers,
-                  tuple(cores), qkv_rope_sequence(op, res), "rope.cc")
+                  tuple(cores), qkv_rope_sequence(op, res), "rope.cc", (), places)
 
 
 def patch_loops(op, kept: str, pos: str) -> tuple[Loop, ...]:
@@ -387,17 +388,17 @@ def qkv_rope_sequence(op: QKVRoPE, res: NpuResources) -> tuple:
     ``qkv_weights``), the head group's rotated q out (strided into the q rows), the head's keys
     and then its values through the core and back (of every slot, slotted), a wait."""
     rows, heads, kvh, hd = op.rows, op.heads, op.kv_heads, op.head_dim
-    first = 5 + int(slotted(op))  # the runtime argument after the inputs QKVRoPE always has
-    group, q = heads // kvh, first + len(qkv_weights.weights(op))  # q's runtime argument
+    group, q = heads // kvh, qkv_weights.offsets(op)[-2]  # where q starts in argument 0
     phases = []
     for h in range(kvh):
-        phase = [*relay_transfers(shim(1), "pos", position_args(op, 1, 5), rows),
-                 *relay_transfers(shim(1), "freq", (2,), hd // 2)] if h == 0 else []
-        phase += [*qkv_weights.row_transfers(op, 0, rows, WEIGHT_FEEDS, shim(0), res, first),
-                  Transfer("out", q, "q", shim(0), Pattern(h * group * hd, (1, 1, rows,
-                                                                           group * hd),
-                                                          (0, 0, heads * hd, 1))),
-                  *cache_pass(op, h, (3, 4), (q + 1, q + 2))]
+        phase = [relay_transfer(shim(1), "pos", position_arg(op), 1),
+                 relay_transfer(shim(1), "freq", Arg("inv_freq", hd // 2, "f32"), 2)
+                 ] if h == 0 else []
+        phase += [*qkv_weights.row_transfers(op, 0, rows, WEIGHT_FEEDS, shim(0), res),
+                  Transfer("out", 0, "q", shim(0), Pattern(q + h * group * hd,
+                                                           (1, 1, rows, group * hd),
+                                                           (0, 0, heads * hd, 1))),
+                  *cache_pass(op, h, (3, 4), (3, 4))]
         phases.append(tuple(phase))
     return tuple(phases)
 
@@ -427,7 +428,7 @@ def cache_write(op: CacheWrite, res: NpuResources) -> Design:
     cache = kvh * ctx * hd
     args = (Arg("cache", cache), Arg("x", rows * kvh * hd), Arg("pos", rows, "i32"),
             Arg("cache_out", cache))
-    phases = tuple(tuple((relay_transfers(shim(1), "pos", (2,), rows) if h == 0 else [])
+    phases = tuple(tuple(([relay_transfer(shim(1), "pos", args[2], 2)] if h == 0 else [])
                          + [Transfer("in", 1, "x", shim(0), linear(0, rows * kvh * hd)),
                             *cache_pass(op, h, (0,), (3,))]) for h in range(kvh))
     return Design(op.describe(True), res.name, args, tuple(fifos), (),

@@ -70,7 +70,7 @@ import numpy as np
 from ...errors import BundleError
 from ...program import Program
 from .coresidence import Pack, make_pack, pack
-from .ir import DTYPE_BYTES, Design
+from .ir import DTYPE_BYTES, Arg, Design, Place
 from .resources import resources
 
 #: The roles of a folded configuration's host buffers, in the main runtime sequence's argument
@@ -243,9 +243,9 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
             distinct.append(d)
         step = program.steps[i]
         tensors = tuple(step.inputs) + tuple(step.outputs)
-        if len(tensors) != len(d.args):
+        if len(tensors) != len(d.placed()):
             raise BundleError(f"step {i} ({step.op.describe()}) has {len(tensors)} tensors, "
-                              f"its design {len(d.args)} runtime arguments")
+                              f"its design places {len(d.placed())}")
         runs.append(Run(i, found[id(d)], tensors))
     inside = set(steps)
     used_outside = {t for j, s in enumerate(program.steps) if j not in inside
@@ -264,7 +264,7 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
             source = step.inputs[j]
             if step.outputs[out] != source:  # a state is often its own output: one tensor
                 alias[step.outputs[out]] = alias.get(source, source)
-        for pos, t in enumerate(run.tensors):
+        for pos, (t, place) in enumerate(zip(run.tensors, d.placed())):
             tensor = program.tensors[t]
             if tensor.kind == "weight":
                 kinds[t] = 0
@@ -272,7 +272,7 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
                 kinds.setdefault(t, 2)
             else:
                 kinds[t] = 1
-            arg = d.args[pos]
+            arg = d.args[place.arg]
             if arg.dtype not in DTYPE_BYTES:
                 raise BundleError(f"step {run.step}: design argument {arg.name} has dtype "
                                   f"{arg.dtype!r}, which iron.targets.npu.ir.DTYPE_BYTES "
@@ -281,12 +281,12 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
                 raise BundleError(f"step {run.step}: design argument {arg.name} takes tensor {t} "
                                   f"({tensor.name or 'temp'}) as {arg.dtype}, an earlier step as "
                                   f"{elements[t]}: a fold's tensor has one element type")
-            want = arg.numel * DTYPE_BYTES[arg.dtype]
+            want = share(d, place) * DTYPE_BYTES[arg.dtype]
             have = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
             if want != have:
-                raise BundleError(f"step {run.step}: design argument {arg.name} is {want} "
-                                  f"bytes, the program's tensor {t} ({tensor.name or 'temp'}) "
-                                  f"{have} bytes")
+                raise BundleError(f"step {run.step}: design argument {arg.name} gives "
+                                  f"{want} bytes from element {place.offset}, the program's "
+                                  f"tensor {t} ({tensor.name or 'temp'}) is {have} bytes")
             if pos < n_in and t not in written and t not in reads:
                 reads.append(t)
             if pos >= n_in:
@@ -308,24 +308,92 @@ def make_fold(program: Program, designs: Sequence[Design | None], steps: list[in
             configurations[p.key()] = len(chosen)
             chosen.append(p)
         where.append(configurations[p.key()])
+    pins = packed(program, [(distinct[r.design], r) for r in runs], alias, kinds)
     return Fold(f"fold{k}", distinct[0].device, tuple(distinct), tuple(runs),
-                *layout(program, kinds, elements, alias), tuple(reads), tuple(writes),
+                *layout(program, kinds, elements, alias, pins), tuple(reads), tuple(writes),
                 tuple(chosen), tuple(where))
 
 
+def share(design: Design, place: Place) -> int:
+    """Elements of argument ``place.arg`` from ``place.offset`` up to the next tensor's start
+    in it (or its end): what the tensor placed there must fill exactly."""
+    starts = {p.offset for p in design.placed() if p.arg == place.arg}
+    later = [o for o in starts if o > place.offset]
+    return (min(later) if later else design.args[place.arg].numel) - place.offset
+
+
+def starts(design: Design, tensors: Sequence[int]) -> list[int]:
+    """The tensor at element 0 of each runtime argument: where the argument's window begins
+    (a packed argument's other tensors follow it, ``packed``)."""
+    first = {}
+    for t, p in zip(tensors, design.placed()):
+        if p.offset == 0:
+            first.setdefault(p.arg, t)
+    missing = [a.name for i, a in enumerate(design.args) if i not in first]
+    if missing:
+        raise BundleError(f"{design.name}: no tensor starts runtime argument {missing[0]} "
+                          "(a design places one at element 0 of every argument)")
+    return [first[i] for i in range(len(design.args))]
+
+
+def packed(program: Program, runs: list[tuple[Design, Run]], alias: dict[int, int],
+           kinds: dict[int, int]) -> dict[int, tuple[int, int, int]]:
+    """The tensors a design packs behind another in one runtime argument: tensor -> (the
+    argument's first tensor, byte offset from it, the argument's bytes).  They must lie there
+    in every design of the fold; the group takes the role of its most host-facing member (the
+    host's, else the weights', else the fold's own), so one buffer holds it."""
+    pins: dict[int, tuple[int, int, int]] = {}
+    for design, run in runs:
+        first = starts(design, run.tensors)
+        for t, p in zip(run.tensors, design.placed()):
+            t, anchor = alias.get(t, t), alias.get(first[p.arg], first[p.arg])
+            if t == anchor:
+                continue
+            arg = design.args[p.arg]
+            pin = (anchor, p.offset * DTYPE_BYTES[arg.dtype], arg.numel * DTYPE_BYTES[arg.dtype])
+            if pins.setdefault(t, pin)[:2] != pin[:2]:
+                raise BundleError(f"step {run.step}: {design.name} packs tensor {t} "
+                                  f"{pin[1]} bytes after tensor {anchor}, an earlier step "
+                                  f"{pins[t][1]} bytes after tensor {pins[t][0]}: a fold "
+                                  "lays a tensor out once")
+    for t, (anchor, _, _) in pins.items():
+        if anchor in pins:
+            raise BundleError(f"tensor {anchor} starts a packed argument and is packed behind "
+                              f"tensor {pins[anchor][0]} in another: a fold lays a group "
+                              "out only from its first tensor")
+    for anchor in {a for a, _, _ in pins.values()}:
+        group = [anchor, *(t for t, pin in pins.items() if pin[0] == anchor)]
+        role = next(r for r in (1, 0, 2) if any(kinds[t] == r for t in group))
+        kinds.update(dict.fromkeys(group, role))
+    return pins
+
+
 def layout(program: Program, kinds: dict[int, int], elements: dict[int, str],
-           alias: dict[int, int]) -> tuple[tuple[tuple[int, Slot], ...], tuple[HostBuffer, ...]]:
+           alias: dict[int, int], pins: dict[int, tuple[int, int, int]]
+           ) -> tuple[tuple[tuple[int, Slot], ...], tuple[HostBuffer, ...]]:
     """Every tensor's place: a host buffer per (role, element type), in ``ROLES`` order, each
-    tensor at the next ``ALIGN``-ed offset of its buffer; an in-place output at its input's."""
+    tensor at the next ``ALIGN``-ed offset of its buffer; an in-place output at its input's; a
+    packed tensor (``pins``) at its offset from its argument's first tensor, whose place
+    spans the whole argument."""
     keys = sorted({(kinds[t], elements[t]) for t in kinds})
     sizes = dict.fromkeys(keys, 0)
+    spans: dict[int, int] = {}
+    for anchor, _, nbytes in pins.values():
+        spans[anchor] = max(spans.get(anchor, 0), nbytes)
     placed: dict[int, Slot] = {}
-    for t in sorted(kinds, key=lambda t: (kinds[t], t)):
-        key = (kinds[t], elements[t])
+
+    def nbytes(t: int) -> int:
         tensor = program.tensors[t]
-        nbytes = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
-        placed[t] = Slot(keys.index(key), sizes[key], nbytes)
-        sizes[key] += -(-nbytes // ALIGN) * ALIGN
+        return int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
+
+    for t in sorted(kinds, key=lambda t: (kinds[t], t)):
+        if t in pins:
+            continue
+        key = (kinds[t], elements[t])
+        placed[t] = Slot(keys.index(key), sizes[key], nbytes(t))
+        sizes[key] += -(-max(nbytes(t), spans.get(t, 0)) // ALIGN) * ALIGN
+    for t, (anchor, at, _) in pins.items():
+        placed[t] = Slot(placed[anchor].buffer, placed[anchor].offset + at, nbytes(t))
     slots = [(t, placed[t]) for t in placed] + [(t, placed[s]) for t, s in alias.items()]
     buffers = tuple(HostBuffer(ROLES[role], dtype, sizes[(role, dtype)]) for role, dtype in keys)
     return tuple(slots), buffers
@@ -366,8 +434,10 @@ def render(fold: Fold, generic: bool = False) -> str:
             design = fold.designs[run.design]
             callee = configuration.member(design).symbol
             values, types = [], []
-            for t, a in zip(run.tensors, design.args):
-                value, ty = view(lines, fold, fold.slot(t), a.numel, next(names), custom)
+            for t, a in zip(starts(design, run.tensors), design.args):
+                at = fold.slot(t)
+                whole = Slot(at.buffer, at.offset, a.numel * DTYPE_BYTES[a.dtype])
+                value, ty = view(lines, fold, whole, a.numel, next(names), custom)
                 values.append(value)
                 types.append(ty)
             if custom:
@@ -460,6 +530,13 @@ class Configured:
         s = self.fold.slot(tensor)
         return self.buffers[s.buffer][s.offset:s.offset + s.nbytes].view(self.np_dtype[dtype])
 
+    def window(self, tensor: int, arg: Arg) -> np.ndarray:
+        """Runtime argument ``arg`` as its design sees it: from ``tensor``'s place on (a
+        packed argument's other tensors follow it)."""
+        s = self.fold.slot(tensor)
+        end = s.offset + arg.numel * DTYPE_BYTES[arg.dtype]
+        return self.buffers[s.buffer][s.offset:end].view(self.np_dtype[arg.dtype])
+
     def put(self, tensor: int, value: np.ndarray) -> None:
         """Write a tensor the host holds into its place (before the dispatch); a weight once,
         while the host binds the same array (weights are bound once, not changed)."""
@@ -487,6 +564,6 @@ class Configured:
             for run in runs:
                 design = fold.designs[run.design]
                 loaded = self.array.configure(fold.configurations[c], design)
-                loaded.dispatch([self.view(t, a.dtype) for t, a in zip(run.tensors,
-                                                                       design.args)])
+                loaded.dispatch([self.window(t, a) for t, a in zip(
+                    starts(design, run.tensors), design.args)])
         self.dispatches += 1

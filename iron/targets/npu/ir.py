@@ -173,8 +173,19 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a step's tensor lies among its design's runtime arguments: argument ``arg``, from
+    element ``offset``.  Several tensors share an argument when the design packs them (one
+    host buffer addressed by offsets) or writes an output in place of an input."""
+
+    arg: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
 class Design:
-    """One resolved operator instance on one NPU."""
+    """One resolved operator instance on one NPU.  ``places`` puts each of the step's tensors
+    (inputs, then outputs) in a runtime argument; empty, tensor ``i`` is argument ``i``."""
 
     name: str
     device: str
@@ -186,6 +197,11 @@ class Design:
     sequence: tuple[tuple[Transfer, ...], ...]  # phases
     kernel_source: str  # file in iron/kernels/npu/ holding the core functions
     memory_fields: tuple[str, ...] = field(default=())  # tunables that size the buffers
+    places: tuple[Place, ...] = ()
+
+    def placed(self) -> tuple[Place, ...]:
+        """Each step tensor's ``Place`` (``places``, or argument ``i`` for tensor ``i``)."""
+        return self.places or tuple(Place(i) for i in range(len(self.args)))
 
     def fifo(self, name: str) -> Fifo:
         return next(f for f in self.fifos if f.name == name)
@@ -228,6 +244,7 @@ class Design:
                     out.append({type(op).__name__.lower(): op.fifo, "port": op.port})
             return out
 
+        places = {"places": [[p.arg, p.offset] for p in self.places]} if self.places else {}
         return {
             "name": self.name, "device": self.device, "kernel_source": self.kernel_source,
             "args": [{"name": a.name, "numel": a.numel, "dtype": a.dtype} for a in self.args],
@@ -243,6 +260,7 @@ class Design:
                            "tile": tile(t.tile), "offset": t.pattern.offset,
                            "sizes": list(t.pattern.sizes), "strides": list(t.pattern.strides)}
                           for t in phase] for phase in self.sequence],
+            **places,
         }
 
 
@@ -329,4 +347,5 @@ def design_from_json(doc: dict) -> Design:
         tuple(tuple(Transfer(t["direction"], int(t["arg"]), t["fifo"], tile(t["tile"]),
                              Pattern(int(t["offset"]), tuple(t["sizes"]), tuple(t["strides"])))
                     for t in phase) for phase in doc["sequence"]),
-        doc["kernel_source"], ())
+        doc["kernel_source"], (),
+        tuple(Place(int(a), int(o)) for a, o in doc.get("places", ())))

@@ -40,7 +40,7 @@ from .coresidence import one_core_per_tile
 from .ir import DTYPE_BYTES, Fifo, Tile
 from .rotation import fifo_rotation
 from .traced import untraceable
-from .trip_rules import constant_trip_counts
+from .trip_rules import constant_trip_counts, sequence_arguments
 from .violation import Violation
 
 # ---- the target model (AIETargetModel.h) ---------------------------------------------------
@@ -450,6 +450,7 @@ RULES: tuple[Callable[[Device], Iterator[Violation]], ...] = (
     descriptors,
     memory,
     constant_trip_counts,
+    sequence_arguments,
     fifo_rotation,
 )
 

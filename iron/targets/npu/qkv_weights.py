@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...operators import QKVRoPE
-from .ir import Buf, Buffer, Call, Fifo, Iv, Link, Tile, Transfer, linear
+from .ir import Arg, Buf, Buffer, Call, Fifo, Iv, Link, Tile, Transfer, linear
 from .resources import NpuResources
 
 
@@ -49,25 +49,44 @@ def row_fifos(op: QKVRoPE, core: Tile, mem: Tile, depth: int, feeds: tuple[Tile,
     return fifos, [Link(tuple(f.name for f in fifos[:-1]), ("qkv",), tuple(offsets))]
 
 
+def offsets(op: QKVRoPE) -> list[int]:
+    """Where runtime argument 0 (``rows_arg``) holds each of its tensors, in elements: the
+    rows at 0, then each weight of the variant, then the rotated q; last its end."""
+    at = [0, op.rows * row_width(op)]
+    for _, n in weights(op):
+        at.append(at[-1] + n)
+    return at + [at[-1] + op.rows * op.heads * op.head_dim]
+
+
+def rows_arg(op: QKVRoPE) -> Arg:
+    """Runtime argument 0: the rows, the variant's weights and the rotated q packed in one
+    buffer (``offsets``), so every variant takes five (aiecc's xclbin kernel binds five,
+    ``trip_rules``): the positions, frequencies and the two caches (written in place) are
+    the others."""
+    names = ["qkv", *(name for name, _ in weights(op)), "q"]
+    return Arg("+".join(names), offsets(op)[-1])
+
+
 def row_transfers(op: QKVRoPE, first: int, rows: int, feeds: tuple[Tile, ...], source: Tile,
-                  res: NpuResources, weight_arg: int = 5) -> list[Transfer]:
+                  res: NpuResources) -> list[Transfer]:
     """The rows ``first ..`` (``rows`` of them) of runtime argument 0 into the row FIFO, and for a
-    variant a copy of each weight (runtime arguments ``weight_arg`` ..: 6 .. slotted, after the
-    slots) per row."""
+    variant a copy of each weight (behind the rows in the same argument, ``offsets``) per
+    row."""
     width = row_width(op)
     parts = weights(op)
     out = [Transfer("in", 0, "qkv_in" if parts else "qkv", source,
                     linear(first * width, rows * width))]
-    for i, ((name, n), feed) in enumerate(zip(parts, feeds)):
-        out += repeated(weight_arg + i, f"{name}_in", feed, n, rows, res)
+    for (name, n), feed, at in zip(parts, feeds, offsets(op)[1:]):
+        out += repeated(0, at, f"{name}_in", feed, n, rows, res)
     return out
 
 
-def repeated(arg: int, fifo: str, tile: Tile, n: int, times: int,
+def repeated(arg: int, at: int, fifo: str, tile: Tile, n: int, times: int,
              res: NpuResources) -> list[Transfer]:
-    """``times`` copies of the ``n`` elements of runtime argument ``arg``: transfers whose
-    outermost dimension repeats them with stride 0, at most ``res.ap_repeat_max`` times each."""
-    one = linear(0, n)
+    """``times`` copies of the ``n`` elements of runtime argument ``arg`` from element ``at``:
+    transfers whose outermost dimension repeats them with stride 0, at most
+    ``res.ap_repeat_max`` times each."""
+    one = linear(at, n)
     out = []
     while times:
         r = min(times, res.ap_repeat_max)

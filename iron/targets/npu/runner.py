@@ -19,7 +19,7 @@ from ...errors import BundleError, ShapeError
 from ...program import Program, upcast
 from .ir import Design, design_from_json
 from .buckets import at_bucket, bucket_positions, covering, reached
-from .fold import Array, Configured, Fold, plan
+from .fold import Array, Configured, Fold, plan, starts
 
 
 @functools.lru_cache(maxsize=1024)
@@ -85,9 +85,10 @@ class Bucketed(Configured):
         self.sources = []  # (op, its positions tensor) of every KV-cache run
         for run in fold.runs:
             op = program.steps[run.step].op
-            names = [a.name for a in fold.designs[run.design].args]
+            design = fold.designs[run.design]
+            names = [a.name.split("+")[0] for a in design.args]  # "pos+slot": slots packed
             if bucket_positions(op) and "pos" in names:
-                self.sources.append((op, run.tensors[names.index("pos")]))
+                self.sources.append((op, starts(design, run.tensors)[names.index("pos")]))
         if any(t not in fold.reads for _, t in self.sources):
             self.variants, self.sizes = {}, []  # positions made inside: whole context
         self.chosen: list[int | None] = []  # the bucket of every dispatch (None: whole)

@@ -1,8 +1,6 @@
 """Two preconditions of the pinned mlir-aie toolchain (``ods.UPSTREAM``) as rules over a
-parsed ``aie.device`` (``preconditions.Device``), in the form of ``preconditions.RULES``.
-Every design loops a constant number of times, so ``constant_trip_counts`` is in that table;
-``sequence_arguments`` joins it once every design meets it: QKVRoPE's and the slotted forms'
-sequences take 6 to 9 buffers.
+parsed ``aie.device`` (``preconditions.Device``), both in ``preconditions.RULES``: every design
+loops a constant number of times and takes at most five runtime buffers.
 
 **Constant trip counts around acquires** (``constant_trip_counts``).  mlir-aie's object FIFO
 lowering (``lib/Dialect/AIE/Transforms/AIEObjectFifoStatefulTransform.cpp``) gives each
@@ -22,12 +20,16 @@ description with ``emit_design_kernel_json`` (``python/compiler/aiecc/main.py``)
 no ``buffer_args``: the kernel declares ``opcode``, ``instr``, ``ninstr`` and five buffers,
 ``bo0`` .. ``bo4`` (``AIECC_BUFFERS``), and XRT binds no more to a run.  A runtime sequence
 taking more buffers cannot be called through that xclbin.  The rule is for a design compiled
-alone: inside a fold the devices' sequences are inlined by ``aiex.run``, and the fold's main
-sequence goes to aiecc's full-ELF flow, which has no such limit: its kernel description
+alone, a module of one ``aie.device``: a module of several (a fold) compiles only to a full ELF
+(``fold``), where the devices' sequences are inlined by ``aiex.run`` and the main sequence goes
+to aiecc's full-ELF flow, which has no such limit: its kernel description
 (``generate_full_elf_config_json`` in the same file, read in a stored copy newer than the
 pin, mlir-aie e97e1fe0) declares each device's kernel with as many ``char *`` arguments as
 its longest runtime sequence takes (``max_arg_count``).  Whether XRT binds that many to a run
 was not read (on the bundles of 2026-12-04 the folds' main sequences take 6 buffers).
+The designs meet it by packing: a design's ``places`` put several of its step's tensors in
+one runtime argument at element offsets (``ir.Place``), the folds lay such a group out
+together (``fold.packed``), and an output written in place shares its input's argument.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def constant_trip_counts(d: Device) -> Iterator[Violation]:
 
 
 def sequence_arguments(d: Device) -> Iterator[Violation]:
+    module = d.op.parent_op()
+    if module is not None and sum(isinstance(o, ods.DeviceOp) for o in module.walk()) > 1:
+        return  # a full-ELF module (a fold): see the module docstring
     for o in d.op.body_region.block.ops:
         if isinstance(o, ods.RuntimeSequenceOp):
             n = len(o.body.block.args)
@@ -96,7 +101,3 @@ def sequence_arguments(d: Device) -> Iterator[Violation]:
                                 f"{AIECC_BUFFERS} aiecc's xclbin kernel declares "
                                 "(python/compiler/aiecc/main.py, emit_design_kernel_json: "
                                 "bo0..bo4)")
-
-
-#: The rule not yet in ``preconditions.RULES``.
-RULES = (sequence_arguments,)
