@@ -37,8 +37,7 @@ KV_CACHE = (Attention, QKVRoPE, CacheWrite)
 FLOOR = 128
 #: The KV-cache designs' runtime arguments that are caches (``attention``): these keep the
 #: whole context's size in a bucket's design, the rest are the bucket's drawing unchanged.
-CACHE_ARGS = frozenset({"k_cache", "v_cache", "k_cache_out", "v_cache_out", "cache",
-                        "cache_out"})
+CACHE_ARGS = frozenset({"k_cache", "v_cache", "cache", "cache_out"})
 
 
 def context_buckets(ctx: int, least: int = 1) -> list[int]:
